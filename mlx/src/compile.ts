@@ -1,0 +1,73 @@
+// mx.compile: the function is traced through a JS callback into MLX's compiler, keyed by a
+// per-closure id exactly as Python keys it by function id, so the same graph yields the same
+// fused kernel (and the same cached .so) as Python.
+import { FFIType, JSCallback } from "bun:ffi";
+import { handles, MlxArray, own, ownVec } from "./array.ts";
+import { checkPtr, checkStatus, MlxError } from "./errors.ts";
+import { lib } from "./native.ts";
+
+export type Traceable = (...inputs: MlxArray[]) => MlxArray | MlxArray[];
+
+export interface CompiledFunction<F extends Traceable> extends Disposable {
+  (...inputs: MlxArray[]): ReturnType<F>;
+  dispose(): void;
+}
+
+export function compile<F extends Traceable>(fn: F, { shapeless = false }: { shapeless?: boolean } = {}): CompiledFunction<F> {
+  let single: boolean | undefined;
+  let traceError: unknown = null;
+
+  const trace = new JSCallback(
+    (vec: number): number | null => {
+      const inputs: MlxArray[] = [];
+      let outputs: MlxArray[] = [];
+      try {
+        const n = checkStatus(lib.mlxb_vec_size(vec), "compile");
+        for (let i = 0; i < n; i++) inputs.push(own(lib.mlxb_vec_get(vec, i), "compile"));
+        const result = fn(...inputs);
+        single = !Array.isArray(result);
+        outputs = Array.isArray(result) ? result : [result];
+        const hs = handles(outputs);
+        return checkPtr(lib.mlxb_vec_new(hs.length ? hs : new Float64Array(1), hs.length), "compile");
+      } catch (e) {
+        traceError = e;
+        return null;
+      } finally {
+        for (const a of inputs) a.dispose();
+        for (const a of outputs) if (!inputs.includes(a)) a.dispose();
+      }
+    },
+    { args: [FFIType.ptr], returns: FFIType.ptr },
+  );
+
+  let handle: number = checkPtr(lib.mlxb_compile(trace.ptr, shapeless ? 1 : 0), "compile");
+
+  const call = ((...inputs: MlxArray[]) => {
+    if (handle === 0) throw new MlxError("compile", "compiled function used after dispose()");
+    const hs = handles(inputs);
+    traceError = null;
+    const p = lib.mlxb_compiled_call(handle, hs.length ? hs : new Float64Array(1), hs.length);
+    if (p === null || p === 0) {
+      const e = traceError;
+      traceError = null;
+      if (e !== null) throw e;
+    }
+    const outs = ownVec(p, "compile");
+    return single ? outs[0] : outs;
+  }) as CompiledFunction<F>;
+
+  call.dispose = () => {
+    if (handle === 0) return;
+    lib.mlxb_compiled_free(handle);
+    handle = 0;
+    trace.close();
+  };
+  call[Symbol.dispose] = call.dispose;
+  return call;
+}
+
+/** 0 disabled, 1 no_simplify, 2 no_fuse, 3 enabled (mlx::core::CompileMode). */
+export function setCompileMode(mode: "disabled" | "no_simplify" | "no_fuse" | "enabled"): void {
+  const code = ["disabled", "no_simplify", "no_fuse", "enabled"].indexOf(mode);
+  checkStatus(lib.mlxb_set_compile_mode(code), "set_compile_mode");
+}

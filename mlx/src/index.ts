@@ -1,0 +1,13 @@
+// @mlx-bun/mlx: MLX for Bun, in mlx.core's vocabulary.
+export { array, fromBytes, MlxArray, scalar } from "./array.ts";
+export * from "./dtype.ts";
+export { MlxError } from "./errors.ts";
+export * from "./ops.ts";
+export * as fast from "./fast.ts";
+export * as random from "./random.ts";
+export * from "./io.ts";
+export * from "./transforms.ts";
+export { compile, setCompileMode } from "./compile.ts";
+export * from "./memory.ts";
+export * from "./device.ts";
+export { pyFloat, pyInt, PyScalar } from "./scalar.ts";

@@ -1,0 +1,107 @@
+#!/usr/bin/env node
+// One-command setup, idempotent: npm dependencies, the oracle's Python venv, the native shim.
+// Each step is skipped when its inputs are unchanged (a content hash is stored beside the
+// result), so a second run costs well under a second. Failures end with one clear message.
+import { execFileSync, spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = join(dirname(fileURLToPath(import.meta.url)), "..");
+const quiet = process.argv.includes("--quiet");
+const isMac = process.platform === "darwin";
+const log = (msg) => quiet || process.stderr.write(`[setup] ${msg}\n`);
+
+function fail(what, how) {
+  process.stderr.write(`\n[setup] error: ${what}\n[setup] ${how}\n`);
+  process.exit(1);
+}
+
+const sha = (...parts) => createHash("sha256").update(parts.join("\0")).digest("hex");
+const readOr = (p, d = "") => (existsSync(p) ? readFileSync(p, "utf8") : d);
+
+function run(cmd, args, what, how, opts = {}) {
+  const r = spawnSync(cmd, args, { cwd: root, stdio: quiet ? "pipe" : ["ignore", "inherit", "inherit"], ...opts });
+  if (r.error) fail(`${what}: ${r.error.message}`, how);
+  if (r.status !== 0) {
+    if (quiet && r.stderr) process.stderr.write(r.stderr);
+    fail(`${what} (exit ${r.status})`, how);
+  }
+  return r;
+}
+
+function which(cmd) {
+  const r = spawnSync(isMac || process.platform === "linux" ? "sh" : cmd, ["-c", `command -v ${cmd}`], { encoding: "utf8" });
+  return r.status === 0 ? r.stdout.trim() : null;
+}
+
+// 1. npm dependencies (package-lock.json decides).
+function npmDeps() {
+  const lock = join(root, "package-lock.json");
+  const stamp = join(root, "node_modules", ".setup-lock.sha256");
+  const want = sha(readOr(lock));
+  if (readOr(stamp) === want && existsSync(join(root, "node_modules", ".bin", "bun"))) return;
+  log("installing npm dependencies (npm ci)");
+  run("npm", ["ci", "--no-audit", "--no-fund"], "npm ci failed", "Check network access to the npm registry and Node >= 20 (`node --version`).");
+  writeFileSync(stamp, want);
+}
+
+// 2. Python venv with the pinned oracle packages (requirements.txt decides).
+function findPython() {
+  for (const cand of [process.env.PYTHON, "python3", "python"]) {
+    if (!cand) continue;
+    const r = spawnSync(cand, ["-c", "import sys; print(sys.version_info[0], sys.version_info[1]); print(sys.executable)"], { encoding: "utf8" });
+    if (r.status !== 0) continue;
+    const [ver, exe] = r.stdout.trim().split("\n");
+    const [maj, min] = ver.split(" ").map(Number);
+    if (maj === 3 && min >= 10) return exe;
+  }
+  return null;
+}
+
+function venv() {
+  const dir = join(root, ".venv");
+  const py = join(dir, "bin", "python");
+  const stamp = join(dir, ".requirements.sha256");
+  const want = sha(readOr(join(root, "requirements.txt")), process.platform, process.arch);
+  if (readOr(stamp) === want && existsSync(py)) return py;
+  const base = findPython();
+  if (!base) fail("Python 3.10+ was not found on PATH.", "Install Python 3.10 or newer (e.g. `apt-get install python3 python3-venv`), or set PYTHON=/path/to/python3.");
+  if (!existsSync(py)) {
+    log(`creating the oracle venv with ${base}`);
+    rmSync(dir, { recursive: true, force: true });
+    run(base, ["-m", "venv", dir], "could not create the Python venv", "Install the venv module (Debian: `apt-get install python3-venv`).");
+  }
+  log("installing the pinned oracle packages (pip install -r requirements.txt)");
+  run(py, ["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", "requirements.txt"], "pip install of the pinned oracle packages failed",
+    "Check access to PyPI; the pins need Linux x86_64/aarch64 (mlx-cpu) or macOS arm64 (mlx-metal) with Python 3.10+.");
+  writeFileSync(stamp, want);
+  return py;
+}
+
+// 3. The native shim, linked against the wheel's libmlx with an rpath.
+function shim(py) {
+  const cxx = process.env.CXX ?? (which("g++") ? "g++" : which("clang++") ? "clang++" : null);
+  if (!cxx) fail("no C++ compiler (g++ or clang++) on PATH.", "Install one (Debian: `apt-get install g++`; macOS: `xcode-select --install`). MLX's compile() also needs g++ at run time on Linux.");
+  const mlxDir = execFileSync(py, ["-I", "-c", "import mlx, os; print(os.path.dirname(mlx.__path__[0]) + '/mlx')"], { encoding: "utf8" }).trim();
+  const inc = join(mlxDir, "include");
+  const libDir = join(mlxDir, "lib");
+  if (!existsSync(join(inc, "mlx", "mlx.h"))) fail(`MLX headers not found under ${inc}.`, "The backend wheel (mlx-cpu on Linux, mlx-metal on macOS) must be installed: delete .venv and rerun.");
+  const src = join(root, "mlx", "native", "shim.cpp");
+  const out = join(root, "mlx", "build", `libmlx_bun.${isMac ? "dylib" : "so"}`);
+  const args = ["-std=c++20", "-O2", "-fPIC", "-shared", `-I${inc}`, src, "-o", `${out}.tmp`, `-L${libDir}`, "-lmlx", `-Wl,-rpath,${libDir}`];
+  const want = sha(readOr(src), args.join(" "), cxx);
+  const stamp = `${out}.sha256`;
+  if (readOr(stamp) === want && existsSync(out)) return;
+  log(`building the native shim with ${cxx}`);
+  mkdirSync(dirname(out), { recursive: true });
+  run(cxx, args, "building the native shim failed", "See the compiler output above; a C++20 compiler is required.");
+  renameSync(`${out}.tmp`, out);
+  writeFileSync(stamp, want);
+}
+
+npmDeps();
+const py = venv();
+shim(py);
+if (!which("g++") && !isMac) log("warning: g++ is not on PATH, so MLX compile() is a no-op in both Python and TS.");
