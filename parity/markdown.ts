@@ -1,0 +1,39 @@
+// parity.md: the report as Markdown.
+import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow } from "./format.ts";
+import type { ParityReport } from "./schema.ts";
+
+const esc = (s: string) => s.replaceAll("|", "\\|");
+
+export function renderMarkdown(rep: ParityReport): string {
+  const out: string[] = [];
+  out.push("# Gemma 4 parity report: TypeScript vs mlx-lm", "");
+  out.push(`Generated ${rep.createdAt}. Verdict: **${rep.ok ? "PASS" : "FAIL"}** (budget: ${rep.budget.ulp} ULP, atol ${rep.budget.atol}).`, "");
+  out.push("| " + Object.keys(rep.versions).join(" | ") + " |", "|" + Object.keys(rep.versions).map(() => "---").join("|") + "|");
+  out.push("| " + Object.values(rep.versions).map(esc).join(" | ") + " |", "");
+  if (rep.opLevel) {
+    const o = rep.opLevel;
+    out.push("## Op-level parity (binding vs Python MLX)", "");
+    out.push("| ops exposed | ops parity-tested | cases | bit-exact cases |", "|---|---|---|---|");
+    out.push(`| ${o.opsExposed} | ${o.opsTested} (${pct(o.opsTested, o.opsExposed)}) | ${o.cases} | ${o.bitExact} (${pct(o.bitExact, o.cases)}) |`, "");
+  }
+  if (rep.runs.length) {
+    out.push("## Models", "");
+    out.push("| " + SUMMARY_HEADER.join(" | ") + " |", "|" + SUMMARY_HEADER.map(() => "---").join("|") + "|");
+    for (const r of rep.runs) out.push("| " + summaryRow(r).map(esc).join(" | ") + " |");
+    out.push("");
+    const diverged = rep.runs.filter((r) => r.firstDivergence);
+    if (diverged.length) {
+      out.push("## First divergences", "");
+      for (const r of diverged) {
+        const d = r.firstDivergence!;
+        out.push(`- **${esc(r.model)} · ${esc(r.variant)} · ${esc(r.scenario)}**: ${esc(fmtDivergence(d))}, first differing index ${d.firstIndex}.`);
+        if (d.bisect) {
+          const ins = d.bisect.inputs.map((i) => `${i.dtype}[${i.shape.join(",")}]`).join(", ");
+          out.push(`  - bisect: first differing op \`${d.bisect.op}\` on (${ins}), max abs ${fmtNum(d.bisect.maxAbs)}, max ULP ${fmtNum(d.bisect.maxUlp)}`);
+        }
+      }
+      out.push("");
+    }
+  }
+  return out.join("\n");
+}

@@ -1,0 +1,79 @@
+// The parity report's data model: what parity.json holds (documented in parity/SCHEMA.md).
+
+export const SCHEMA_ID = "gemma4-parity/report@1";
+
+/** How one tap of one step compared. */
+export interface TapResult {
+  step: number;
+  /** The full tap name of the shared scheme (oracle/TAPS.md). */
+  name: string;
+  /** Decoder layer index, or null for model-level taps (embed, final norm, logits). */
+  layer: number | null;
+  /** The name without step and layer prefixes, e.g. "self_attn/q_norm". */
+  kind: string;
+  dtype: string;
+  shape: number[];
+  size: number;
+  /** Elements whose bits differ. */
+  mismatches: number;
+  maxAbs: number;
+  maxUlp: number;
+  /** First differing flat index, or -1. */
+  firstIndex: number;
+}
+
+export interface Divergence {
+  step: number;
+  tap: string;
+  layer: number | null;
+  maxAbs: number;
+  maxUlp: number;
+  mismatches: number;
+  firstIndex: number;
+  /** Filled by --bisect: the first MLX op inside the block whose output differs. */
+  bisect?: { op: string; inputs: { dtype: string; shape: number[] }[]; maxAbs: number; maxUlp: number } | null;
+}
+
+export interface RunResult {
+  /** Fixture id or checkpoint directory. */
+  model: string;
+  /** e.g. "bfloat16 · flat", "q4-g32 · wrapper". */
+  variant: string;
+  scenario: string;
+  steps: number;
+  tapsCompared: number;
+  bitExact: number;
+  /** Taps within the --ulp/--atol budget (equals bitExact when the budget is 0). */
+  withinBudget: number;
+  firstDivergence: Divergence | null;
+  tokens: { ts: number[]; oracle: number[] };
+  taps: TapResult[];
+  seconds: number;
+}
+
+export interface OpLevelSummary {
+  opsExposed: number;
+  opsTested: number;
+  cases: number;
+  bitExact: number;
+}
+
+export interface ParityReport {
+  schema: typeof SCHEMA_ID;
+  createdAt: string;
+  versions: Record<string, string>;
+  budget: { ulp: number; atol: number };
+  opLevel: OpLevelSummary | null;
+  runs: RunResult[];
+  /** True when every run is within budget (and every op case bit-exact). */
+  ok: boolean;
+}
+
+export function runOk(r: RunResult): boolean {
+  return r.withinBudget === r.tapsCompared;
+}
+
+export function reportOk(runs: RunResult[], op: OpLevelSummary | null): boolean {
+  const opOk = op === null || (op.bitExact === op.cases && op.opsTested === op.opsExposed);
+  return opOk && runs.every(runOk);
+}

@@ -1,0 +1,79 @@
+// The HTML report renders in a real headless Chromium: plots, heatmap and tables are present.
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type Browser, chromium } from "playwright-core";
+import { CHROMIUM_ARGS, findChromium } from "../../parity/browser.ts";
+import { renderHtml } from "../../parity/html.ts";
+import { reportOk, type RunResult, SCHEMA_ID, type TapResult } from "../../parity/schema.ts";
+
+function tap(step: number, layer: number | null, kind: string, maxUlp: number): TapResult {
+  const name = `step${step}/${layer === null ? "" : `layers.${layer}/`}${kind}`;
+  return { step, name, layer, kind, dtype: "bfloat16", shape: [1, 4, 64], size: 256, mismatches: maxUlp ? 3 : 0, maxAbs: maxUlp * 1e-3, maxUlp, firstIndex: maxUlp ? 7 : -1 };
+}
+
+// A small synthetic report: one exact run, one diverging from layer 2 of step 1 on.
+function runWith(diverge: boolean): RunResult {
+  const taps: TapResult[] = [];
+  for (let step = 0; step < 3; step++) {
+    taps.push(tap(step, null, "embed_scaled", 0));
+    for (let layer = 0; layer < 4; layer++) {
+      for (const kind of ["input_layernorm", "self_attn/q_norm", "mlp/down_proj", "layer_scalar"]) {
+        taps.push(tap(step, layer, kind, diverge && step >= 1 && layer >= 2 ? (layer - 1) * 4 : 0));
+      }
+    }
+    taps.push(tap(step, null, "logits", diverge && step >= 1 ? 12 : 0));
+  }
+  const bad = taps.filter((t) => t.maxUlp > 0);
+  const first = bad[0];
+  return {
+    model: diverge ? "perturbed" : "c1_dense", variant: "bfloat16 · flat", scenario: "gen L=5", steps: 3,
+    tapsCompared: taps.length, bitExact: taps.length - bad.length, withinBudget: taps.length - bad.length,
+    firstDivergence: first ? { step: first.step, tap: first.name, layer: first.layer, maxAbs: first.maxAbs, maxUlp: first.maxUlp, mismatches: first.mismatches, firstIndex: first.firstIndex } : null,
+    tokens: { ts: [1, 2, 3], oracle: diverge ? [1, 2, 4] : [1, 2, 3] }, taps, seconds: 0.1,
+  };
+}
+
+const chromiumPath = findChromium();
+const runs = [runWith(false), runWith(true)];
+const report = { schema: SCHEMA_ID, createdAt: "2026-11-30T00:00:00Z", versions: { mlx: "0.32.4" }, budget: { ulp: 0, atol: 0 }, opLevel: { opsExposed: 10, opsTested: 10, cases: 30, bitExact: 30 }, runs, ok: reportOk(runs, null) } as const;
+
+// Skipped only where no Chromium is installed (setup installs Debian's chromium when it runs as root).
+describe.skipIf(chromiumPath === null)("parity.html in headless Chromium", () => {
+  let browser: Browser;
+  let dir: string;
+  beforeAll(async () => {
+    browser = await chromium.launch({ executablePath: chromiumPath!, args: CHROMIUM_ARGS });
+    dir = mkdtempSync(join(tmpdir(), "parity-html-"));
+  });
+  afterAll(async () => {
+    await browser?.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("renders the tables, one line per step, and the heatmap", async () => {
+    const file = join(dir, "parity.html");
+    writeFileSync(file, renderHtml({ ...report, runs: [...runs] }));
+    const page = await browser.newPage({ viewport: { width: 1100, height: 900 } });
+    const errors: string[] = [];
+    page.on("pageerror", (e) => errors.push(String(e)));
+    await page.goto(`file://${file}`);
+    expect(await page.locator("#summary tr").count()).toBe(3); // header + 2 runs
+    expect(await page.locator("#summary tr.bad").count()).toBe(1);
+    expect(await page.locator(".verdict").textContent()).toBe("FAIL");
+    // The diverging run opens by default: two line plots with 3 steps each, and a heatmap.
+    const open = page.locator("details.run[open]");
+    expect(await open.count()).toBe(1);
+    expect(await open.locator("svg.plot").count()).toBe(2);
+    expect(await open.locator("svg.plot").first().locator("polyline.series").count()).toBe(3);
+    // 6 layer slots (in, 0..3, out) × 6 tap kinds.
+    expect(await open.locator("svg.heatmap rect.cell").count()).toBe(36);
+    const box = await open.locator("svg.plot").first().boundingBox();
+    expect(box!.width).toBeGreaterThan(300);
+    expect(errors).toEqual([]);
+    mkdirSync("report/screenshots", { recursive: true });
+    await page.screenshot({ path: "report/screenshots/parity-html.png", fullPage: true });
+    await page.close();
+  });
+});
