@@ -101,7 +101,23 @@ function shim(py) {
   writeFileSync(stamp, want);
 }
 
+// 4. A system Chromium for the HTML report test (playwright-core drives it; Playwright's own
+// browser download is never used). Installed from Debian's packages where setup runs as root.
+function chromium() {
+  if (process.platform !== "linux" || process.env.CHROMIUM_PATH) return;
+  if (existsSync("/usr/bin/chromium") || existsSync("/usr/bin/chromium-browser")) return;
+  if (process.getuid?.() !== 0 || !which("apt-get")) {
+    log("note: Chromium is not installed, so the HTML report test is skipped (Debian: `apt-get install chromium`).");
+    return;
+  }
+  log("installing Debian's chromium for the HTML report test (apt-get install chromium)");
+  const env = { ...process.env, DEBIAN_FRONTEND: "noninteractive" };
+  run("apt-get", ["update", "-qq"], "apt-get update failed", "Install Chromium by hand (`apt-get install chromium`) or set CHROMIUM_PATH.", { env });
+  run("apt-get", ["install", "-y", "-qq", "chromium"], "apt-get install chromium failed", "Install Chromium by hand or set CHROMIUM_PATH.", { env });
+}
+
 npmDeps();
 const py = venv();
 shim(py);
+chromium();
 if (!which("g++") && !isMac) log("warning: g++ is not on PATH, so MLX compile() is a no-op in both Python and TS.");
