@@ -159,7 +159,8 @@ const UnaryOp kUnary[] = {
     U(sqrt), U(rsqrt), U(square), U(reciprocal), U(sin), U(cos), U(tan), U(tanh),
     U(sinh), U(cosh), U(arcsin), U(arccos), U(arctan), U(erf), U(erfinv), U(sigmoid),
     U(floor), U(ceil), U(logical_not), U(isnan), U(isinf), U(isfinite), U(stop_gradient),
-    U(bitwise_invert), U(copy), U(zeros_like), U(ones_like),
+    U(bitwise_invert), U(copy), U(zeros_like), U(ones_like), U(arcsinh), U(arccosh), U(arctanh),
+    U(degrees), U(radians), U(isposinf), U(isneginf),
 };
 #undef U
 
@@ -169,6 +170,7 @@ const BinaryOp kBinary[] = {
     B(maximum), B(minimum), B(equal), B(not_equal), B(greater), B(greater_equal), B(less),
     B(less_equal), B(logical_and), B(logical_or), B(bitwise_and), B(bitwise_or),
     B(bitwise_xor), B(left_shift), B(right_shift), B(logaddexp), B(arctan2), B(matmul),
+    B(logical_xor), B(outer), B(inner), B(kron),
 };
 #undef B
 
@@ -256,6 +258,9 @@ int mlxb_free(Arr* h) {
     return 0;
   })
 }
+
+// A second owned handle to the same array (shares the graph node; freed independently).
+Arr* mlxb_retain(const Arr* h) { GUARD_PTR("retain", { return wrap(A(h)); }) }
 
 int mlxb_is_live(const Arr* h) { return h != nullptr && h->magic == kLive ? 1 : 0; }
 
@@ -361,6 +366,12 @@ int mlxb_copy_out(const Arr* h, void* dst, double nbytes) {
 Arr* mlxb_arange(double start, double stop, double step, int dtype) {
   GUARD_PTR("arange", { return wrap(mx::arange(start, stop, step, dtype_of(dtype))); })
 }
+Arr* mlxb_linspace(double start, double stop, int num, int dtype) {
+  GUARD_PTR("linspace", { return wrap(mx::linspace(start, stop, num, dtype_of(dtype))); })
+}
+Arr* mlxb_eye(int n, int m, int k, int dtype) {
+  GUARD_PTR("eye", { return wrap(mx::eye(n, m, k, dtype_of(dtype))); })
+}
 Arr* mlxb_zeros(const int32_t* shape, int ndim, int dtype) {
   GUARD_PTR("zeros", { return wrap(mx::zeros(shape_of(shape, ndim), dtype_of(dtype))); })
 }
@@ -419,6 +430,17 @@ Arr* mlxb_where(const Arr* c, const Arr* x, const Arr* y, double sv, int kind) {
 
 Arr* mlxb_clip(const Arr* a, const Arr* lo, const Arr* hi) {
   GUARD_PTR("clip", { return wrap(mx::clip(A(a), opt(lo), opt(hi))); })
+}
+
+// clip with weak-scalar bounds (Python mx.clip(a, lo, hi) with Python scalars): kind < 0 means
+// that bound is absent; a non-null array bound takes precedence over its scalar.
+Arr* mlxb_clip_scalar(const Arr* a, const Arr* lo, double lov, int lokind, const Arr* hi, double hiv, int hikind) {
+  GUARD_PTR("clip", {
+    const array& x = A(a);
+    std::optional<array> l = lo ? std::optional<array>(A(lo)) : lokind < 0 ? std::nullopt : std::optional<array>(weak_scalar(lov, lokind, x.dtype()));
+    std::optional<array> h = hi ? std::optional<array>(A(hi)) : hikind < 0 ? std::nullopt : std::optional<array>(weak_scalar(hiv, hikind, x.dtype()));
+    return wrap(mx::clip(x, l, h));
+  })
 }
 
 Arr* mlxb_round(const Arr* a, int decimals) {
@@ -885,5 +907,32 @@ int mlxb_default_stream_index(int type) {
   GUARD_INT("default_stream", { return mx::default_stream(mx::Device(type == 0 ? mx::Device::cpu : mx::Device::gpu, 0)).index; })
 }
 int mlxb_synchronize() { GUARD_INT("synchronize", { mx::synchronize(); return 0; }) }
+// Makes stream `index` of the device the default stream of this thread (mx.set_default_stream).
+int mlxb_set_default_stream(int type, int index) {
+  GUARD_INT("set_default_stream", {
+    mx::Device d(type == 0 ? mx::Device::cpu : mx::Device::gpu, 0);
+    bool found = false;
+    for (auto& s : mx::get_streams()) {
+      if (s.index == index && s.device == d) found = true;
+    }
+    if (!found) throw std::invalid_argument("no stream with index " + std::to_string(index) + " on that device");
+    mx::set_default_stream(mx::Stream(index, d));
+    return 0;
+  })
+}
+int mlxb_synchronize_stream(int type, int index) {
+  GUARD_INT("synchronize", {
+    mx::synchronize(mx::Stream(index, mx::Device(type == 0 ? mx::Device::cpu : mx::Device::gpu, 0)));
+    return 0;
+  })
+}
+double mlxb_set_wired_limit(double bytes) {
+  try {
+    return static_cast<double>(mx::set_wired_limit(static_cast<size_t>(bytes)));
+  } catch (const std::exception& e) {
+    set_error("set_wired_limit", e.what());
+  }
+  return -1;
+}
 
 }  // extern "C"

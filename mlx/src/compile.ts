@@ -13,9 +13,28 @@ export interface CompiledFunction<F extends Traceable> extends Disposable {
   dispose(): void;
 }
 
-export function compile<F extends Traceable>(fn: F, { shapeless = false }: { shapeless?: boolean } = {}): CompiledFunction<F> {
+/** Captured implicit state (Python's compile `inputs=`/`outputs=`), e.g. `random.state`. */
+export interface CompileState {
+  /** Current arrays, as new handles owned by the caller. */
+  get(): MlxArray[];
+  /** Replaces the state; takes ownership of the arrays. */
+  set(arrays: MlxArray[]): void;
+}
+
+export interface CompileOptions {
+  shapeless?: boolean;
+  /** State read as extra inputs on every call (Python `inputs=`). */
+  inputs?: CompileState;
+  /** State written back from extra outputs after every call (Python `outputs=`). */
+  outputs?: CompileState;
+}
+
+export function compile<F extends Traceable>(fn: F, { shapeless = false, inputs: stateIn, outputs: stateOut }: CompileOptions = {}): CompiledFunction<F> {
   let single: boolean | undefined;
   let traceError: unknown = null;
+  // Number of user inputs of the call being traced (the rest are captured state).
+  let userCount = 0;
+  let stateOutCount = 0;
 
   const trace = new JSCallback(
     (vec: number): number | null => {
@@ -24,9 +43,15 @@ export function compile<F extends Traceable>(fn: F, { shapeless = false }: { sha
       try {
         const n = checkStatus(lib.mlxb_vec_size(vec), "compile");
         for (let i = 0; i < n; i++) inputs.push(own(lib.mlxb_vec_get(vec, i), "compile"));
-        const result = fn(...inputs);
+        if (stateIn) stateIn.set(inputs.slice(userCount).map((a) => own(lib.mlxb_retain(a.handle), "compile")));
+        const result = fn(...inputs.slice(0, userCount));
         single = !Array.isArray(result);
-        outputs = Array.isArray(result) ? result : [result];
+        outputs = Array.isArray(result) ? [...result] : [result];
+        if (stateOut) {
+          const st = stateOut.get();
+          stateOutCount = st.length;
+          outputs.push(...st);
+        }
         const hs = handles(outputs);
         return checkPtr(lib.mlxb_vec_new(hs.length ? hs : new Float64Array(1), hs.length), "compile");
       } catch (e) {
@@ -44,15 +69,19 @@ export function compile<F extends Traceable>(fn: F, { shapeless = false }: { sha
 
   const call = ((...inputs: MlxArray[]) => {
     if (handle === 0) throw new MlxError("compile", "compiled function used after dispose()");
-    const hs = handles(inputs);
+    const extra = stateIn ? stateIn.get() : [];
+    const hs = handles(extra.length ? [...inputs, ...extra] : inputs);
+    userCount = inputs.length;
     traceError = null;
     const p = lib.mlxb_compiled_call(handle, hs.length ? hs : new Float64Array(1), hs.length);
+    for (const a of extra) a.dispose();
     if (p === null || p === 0) {
       const e = traceError;
       traceError = null;
       if (e !== null) throw e;
     }
     const outs = ownVec(p, "compile");
+    if (stateOut) stateOut.set(outs.splice(outs.length - stateOutCount, stateOutCount));
     return single ? outs[0] : outs;
   }) as CompiledFunction<F>;
 

@@ -11,6 +11,23 @@ export const isAvailable = (t: DeviceType): boolean => checkStatus(lib.mlxb_is_a
 /** Creates a new stream on the device; returns its index. */
 export const newStream = (t: DeviceType): number => checkStatus(lib.mlxb_new_stream(code(t)), "new_stream");
 export const defaultStreamIndex = (t: DeviceType): number => checkStatus(lib.mlxb_default_stream_index(code(t)), "default_stream");
-export const synchronize = (): void => void checkStatus(lib.mlxb_synchronize(), "synchronize");
+/** mx.synchronize(stream?): waits for the default stream, or stream `index` of device `t`. */
+export function synchronize(stream?: { device: DeviceType; index: number }): void {
+  if (stream === undefined) checkStatus(lib.mlxb_synchronize(), "synchronize");
+  else checkStatus(lib.mlxb_synchronize_stream(code(stream.device), stream.index), "synchronize");
+}
+/** mx.set_default_stream: makes stream `index` (from newStream) the default of its device on this thread. */
+export const setDefaultStream = (t: DeviceType, index: number): void =>
+  void checkStatus(lib.mlxb_set_default_stream(code(t), index), "set_default_stream");
+/** `with mx.stream(s):` — runs fn with stream `index` of device `t` as the default, then restores. */
+export function withStream<T>(t: DeviceType, index: number, fn: () => T): T {
+  const prev = defaultStreamIndex(t);
+  setDefaultStream(t, index);
+  try {
+    return fn();
+  } finally {
+    setDefaultStream(t, prev);
+  }
+}
 /** libmlx's version string, e.g. "0.32.4". */
 export const version = (): string => cstring(lib.mlxb_version());

@@ -12,5 +12,7 @@ export const clearCache = (): void => void checkStatus(lib.mlxb_clear_cache(), "
 export const setMemoryLimit = (bytes: number): number => checkStatus(lib.mlxb_set_limit(0, bytes), "set_memory_limit");
 /** Returns the previous limit. */
 export const setCacheLimit = (bytes: number): number => checkStatus(lib.mlxb_set_limit(1, bytes), "set_cache_limit");
+/** mx.set_wired_limit (Metal only; a no-op returning 0 elsewhere). Returns the previous limit. */
+export const setWiredLimit = (bytes: number): number => checkStatus(lib.mlxb_set_wired_limit(bytes), "set_wired_limit");
 /** Native array handles currently alive (for leak tests). */
 export const liveHandles = (): number => lib.mlxb_live_handles();

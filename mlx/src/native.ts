@@ -20,6 +20,7 @@ const symbols = {
   mlxb_live_handles: { args: [], returns: f64 },
   mlxb_free: { args: [ptr], returns: i32 },
   mlxb_is_live: { args: [ptr], returns: i32 },
+  mlxb_retain: { args: [ptr], returns: ptr },
   mlxb_version: { args: [], returns: ptr },
   mlxb_ndim: { args: [ptr], returns: i32 },
   mlxb_dim: { args: [ptr, i32], returns: i32 },
@@ -50,6 +51,9 @@ const symbols = {
   mlxb_binary_scalar: { args: [i32, ptr, f64, i32, i32], returns: ptr },
   mlxb_where: { args: [ptr, ptr, ptr, f64, i32], returns: ptr },
   mlxb_clip: { args: [ptr, ptr, ptr], returns: ptr },
+  mlxb_clip_scalar: { args: [ptr, ptr, f64, i32, ptr, f64, i32], returns: ptr },
+  mlxb_linspace: { args: [f64, f64, i32, i32], returns: ptr },
+  mlxb_eye: { args: [i32, i32, i32, i32], returns: ptr },
   mlxb_round: { args: [ptr, i32], returns: ptr },
   mlxb_reduce: { args: [i32, ptr, ptr, i32, i32, i32, i32], returns: ptr },
   mlxb_argreduce: { args: [i32, ptr, i32, i32, i32], returns: ptr },
@@ -121,6 +125,9 @@ const symbols = {
   mlxb_new_stream: { args: [i32], returns: i32 },
   mlxb_default_stream_index: { args: [i32], returns: i32 },
   mlxb_synchronize: { args: [], returns: i32 },
+  mlxb_set_default_stream: { args: [i32, i32], returns: i32 },
+  mlxb_synchronize_stream: { args: [i32, i32], returns: i32 },
+  mlxb_set_wired_limit: { args: [f64], returns: f64 },
 } as const;
 
 type Arg = number | ArrayBufferView | null;

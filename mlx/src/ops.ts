@@ -98,6 +98,13 @@ export const bitwiseInvert = unary("bitwise_invert");
 export const copy = unary("copy");
 export const zerosLike = unary("zeros_like");
 export const onesLike = unary("ones_like");
+export const arcsinh = unary("arcsinh");
+export const arccosh = unary("arccosh");
+export const arctanh = unary("arctanh");
+export const degrees = unary("degrees");
+export const radians = unary("radians");
+export const isposinf = unary("isposinf");
+export const isneginf = unary("isneginf");
 
 export const add = binary("add");
 export const subtract = binary("subtract");
@@ -124,6 +131,10 @@ export const rightShift = binary("right_shift");
 export const logaddexp = binary("logaddexp");
 export const arctan2 = binary("arctan2");
 export const matmul = binary("matmul");
+export const logicalXor = binary("logical_xor");
+export const outer = binary("outer");
+export const inner = binary("inner");
+export const kron = binary("kron");
 
 /** mx.where(cond, x, y); one of x/y may be a weak scalar taking the other's dtype. */
 export function where(cond: MlxArray, x: Operand, y: Operand): MlxArray {
@@ -140,8 +151,18 @@ export function where(cond: MlxArray, x: Operand, y: Operand): MlxArray {
   throw new MlxError("where", "needs at least one MlxArray among x and y");
 }
 
-export function clip(a: MlxArray, lo: MlxArray | null, hi: MlxArray | null): MlxArray {
-  return own(lib.mlxb_clip(arr(a, "clip").handle, lo ? lo.handle : 0, hi ? hi.handle : 0), "clip");
+/** mx.clip(a, a_min, a_max): each bound an array, a weak scalar (Python rule), or null. */
+export function clip(a: MlxArray, lo: Operand | null, hi: Operand | null): MlxArray {
+  const h = arr(a, "clip").handle;
+  if ((lo === null || lo instanceof MlxArray) && (hi === null || hi instanceof MlxArray)) {
+    return own(lib.mlxb_clip(h, lo ? lo.handle : 0, hi ? hi.handle : 0), "clip");
+  }
+  const [lv, lk] = lo === null || lo instanceof MlxArray ? [0, -1] : scalarParts(lo);
+  const [hv, hk] = hi === null || hi instanceof MlxArray ? [0, -1] : scalarParts(hi);
+  return own(
+    lib.mlxb_clip_scalar(h, lo instanceof MlxArray ? lo.handle : 0, lv, lk, hi instanceof MlxArray ? hi.handle : 0, hv, hk),
+    "clip",
+  );
 }
 
 export function round(a: MlxArray, decimals = 0): MlxArray {
@@ -160,6 +181,16 @@ export function arange(start: number, stop?: number, step = 1, dtype?: Dtype): M
   // mx.arange: int32 when every argument is an int, else float32.
   const dt = dtype ?? ([lo, hi, step].every(Number.isInteger) ? "int32" : "float32");
   return own(lib.mlxb_arange(lo, hi, step, dtypeCode(dt)), "arange");
+}
+
+/** mx.linspace(start, stop, num=50, dtype=float32). */
+export function linspace(start: number, stop: number, num = 50, dtype: Dtype = "float32"): MlxArray {
+  return own(lib.mlxb_linspace(start, stop, num, dtypeCode(dtype)), "linspace");
+}
+
+/** mx.eye(n, m=n, k=0, dtype=float32). */
+export function eye(n: number, m = n, k = 0, dtype: Dtype = "float32"): MlxArray {
+  return own(lib.mlxb_eye(n, m, k, dtypeCode(dtype)), "eye");
 }
 
 export function zeros(shape: readonly number[], dtype: Dtype = "float32"): MlxArray {
@@ -418,6 +449,16 @@ export function roll(a: MlxArray, shift: number, axis?: number): MlxArray {
 
 export function contiguous(a: MlxArray, allowColMajor = false): MlxArray {
   return own(lib.mlxb_contiguous(arr(a, "contiguous").handle, allowColMajor ? 1 : 0), "contiguous");
+}
+
+/**
+ * A second owned handle to the same array: no new graph node, no copy (Python's `b = a`).
+ * Disposing either handle leaves the other valid.
+ */
+export function alias(a: MlxArray): MlxArray {
+  const hs = handles([arr(a, "alias")]);
+  const [out] = ownVec(lib.mlxb_vec_new(hs, 1), "alias");
+  return out!;
 }
 
 export function repeat(a: MlxArray, repeats: number, axis?: number): MlxArray {

@@ -20,6 +20,24 @@ export function seed(s: number): void {
   state = k;
 }
 
+/**
+ * mx.random.state: the global key as a list of arrays, for compile({inputs, outputs}) capture
+ * (Python's `@partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)`).
+ * get() returns new handles the caller owns; set() takes ownership of what it is given.
+ */
+export const state_ = {
+  get(): MlxArray[] {
+    if (state === null) seed(Date.now() % 2 ** 32);
+    return [own(lib.mlxb_retain(state!.handle), "random.state")];
+  },
+  set(arrays: MlxArray[]): void {
+    if (arrays.length !== 1) throw new MlxError("random.state", `expected 1 key array, got ${arrays.length}`);
+    state?.dispose();
+    state = arrays[0]!;
+  },
+};
+export { state_ as state };
+
 /** mx.random.split(key, num=2) → an array of shape (num, 2). */
 export function split(k: MlxArray, num = 2): MlxArray {
   const [out] = ownVec(lib.mlxb_random_split(k.handle, num), "random.split");
