@@ -1,0 +1,63 @@
+"""Deterministic golden files: one uncompressed .npz per (checkpoint, scenario).
+
+Entry names are the full tap names plus ".npy" (np.load(...)[tap_name] works). Zip entries carry a
+fixed timestamp and no compression, so identical tensors give byte-identical files. bfloat16
+tensors are stored as uint16 .npy; the manifest's per-tap "dtype" says "bfloat16".
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from common import npy_bytes, sha256_bytes
+
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def tap_records(calls: list[Any]) -> list[dict]:
+    """Manifest entries for every tap, in execution order (stored ones carry sha256 of the .npy)."""
+    out = []
+    for c in calls:
+        for t in c.taps.values():
+            r: dict[str, Any] = {"name": t.name, "kind": t.kind}
+            if t.kind == "array":
+                r["dtype"] = t.dtype
+                r["shape"] = t.shape
+                r["stored"] = t.data is not None
+            elif t.kind == "str":
+                r["value"] = t.value
+            if t.meta:
+                r["meta"] = t.meta
+            out.append(r)
+    return out
+
+
+def call_records(calls: list[Any]) -> list[dict]:
+    return [{"prefix": c.prefix, "kind": c.kind, "index": c.index, "batch": c.batch, "length": c.length,
+             "tokens": c.tokens, "offset_before": c.offset_before, "cache_after": c.cache_after,
+             "taps": len(c.taps)} for c in calls]
+
+
+def write_npz(path: Path, calls: list[Any]) -> dict[str, str]:
+    """Write the stored taps; returns {tap name: sha256 of its .npy bytes}. Atomic (tmp + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    shas: dict[str, str] = {}
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=False) as zf:
+        for c in calls:
+            for t in c.taps.values():
+                if t.data is None:
+                    continue
+                b = npy_bytes(t.data)
+                shas[t.name] = sha256_bytes(b)
+                info = zipfile.ZipInfo(t.name + ".npy", date_time=_EPOCH)
+                info.compress_type = zipfile.ZIP_STORED
+                info.external_attr = 0o644 << 16
+                info.create_system = 3
+                zf.writestr(info, b)
+    os.replace(tmp, path)
+    return shas

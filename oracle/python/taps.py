@@ -1,0 +1,99 @@
+"""The tap scheme (oracle/taps.json) expanded for one model call.
+
+`expand(args, batch=B, length=L, cache=bool, step=bool)` returns the ordered tap names (without
+the call prefix) that mlx-lm produces for that call; capture.py checks every recorded call
+against it, and oracle/taps.ts implements the same expansion for the TS model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TAPS_JSON = Path(__file__).resolve().parents[1] / "taps.json"
+_SPEC: dict | None = None
+
+
+def spec() -> dict:
+    global _SPEC
+    if _SPEC is None:
+        _SPEC = json.loads(TAPS_JSON.read_text())
+    return _SPEC
+
+
+def _get(args: Any, key: str, default=None):
+    return args.get(key, default) if isinstance(args, dict) else getattr(args, key, default)
+
+
+def layer_conditions(args: Any, i: int, *, batch: int, length: int, cache: bool) -> set[str]:
+    n = _get(args, "num_hidden_layers")
+    shared = _get(args, "num_kv_shared_layers", 0) or 0
+    lt = _get(args, "layer_types")[i]
+    has_kv = i < n - shared
+    conds: set[str] = set()
+    conds.add("has_kv" if has_kv else "kv_shared")
+    k_eq_v = bool(_get(args, "attention_k_eq_v", False)) and lt != "sliding_attention"
+    if has_kv and not k_eq_v:
+        conds.add("v_proj")
+    if has_kv and cache:
+        conds.add("cache")
+    if _get(args, "enable_moe_block", False):
+        conds.add("moe")
+        if batch * length * _get(args, "top_k_experts") >= 64:
+            conds.add("sorted")
+    else:
+        conds.add("dense")
+    if _get(args, "hidden_size_per_layer_input", 0):
+        conds.add("ple")
+    return conds
+
+
+def model_conditions(args: Any, *, step: bool) -> set[str]:
+    conds: set[str] = set()
+    if _get(args, "hidden_size_per_layer_input", 0):
+        conds.add("ple")
+    if step:
+        conds.add("step")
+    return conds
+
+
+def mask_types(args: Any) -> list[str]:
+    seen: list[str] = []
+    for t in _get(args, "layer_types"):
+        if t not in seen:
+            seen.append(t)
+    return seen
+
+
+def expand(args: Any, *, batch: int, length: int, cache: bool, step: bool) -> list[str]:
+    entries = spec()["taps"]
+    n = _get(args, "num_hidden_layers")
+    mconds = model_conditions(args, step=step)
+    out: list[str] = []
+    idx = 0
+    while idx < len(entries):
+        e = entries[idx]
+        if e["repeat"] == "layer":
+            block = []
+            while idx < len(entries) and entries[idx]["repeat"] == "layer":
+                block.append(entries[idx])
+                idx += 1
+            for i in range(n):
+                lconds = layer_conditions(args, i, batch=batch, length=length, cache=cache)
+                for b in block:
+                    if all(c in lconds for c in b["when"]):
+                        out.append(b["name"].replace("{i}", str(i)))
+            continue
+        if e["repeat"] == "mask":
+            for t in mask_types(args):
+                out.append(e["name"].replace("{type}", t))
+        elif all(c in mconds for c in e["when"]):
+            out.append(e["name"])
+        idx += 1
+    return out
+
+
+def observed_as_input() -> set[str]:
+    """Template names whose value is recorded where it is consumed, not where it is made."""
+    return {e["name"] for e in spec()["taps"] if e["observed"] == "input"}
