@@ -1,0 +1,414 @@
+#!/usr/bin/env python
+"""Live oracle: one long-lived Python process answering JSON-lines requests on stdio.
+
+Protocol (one JSON object per line):
+  startup  -> {"event": "ready", "pid", "versions", "tmpdir"}
+  request  <- {"id": N, "cmd": NAME, ...fields}
+  reply    -> {"id": N, "ok": true, ...result}
+            | {"id": N, "ok": false, "error": {"type", "message", "traceback"}}
+Arrays travel as .npy files: {"npy": PATH, "dtype": NAME, "shape": [...]}; bfloat16 data is
+stored as uint16 and tagged "bfloat16". Output files go to the run's tmpdir (--tmpdir, or a
+fresh temp dir removed at exit). Anything printed by libraries goes to stderr: the protocol
+owns the real stdout. Commands: see HANDLERS below and oracle/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Keep the protocol channel private before anything can print to fd 1.
+_PROTO = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+
+import mlx.core as mx  # noqa: E402
+import mlx_lm  # noqa: E402
+import numpy as np  # noqa: E402
+from mlx_lm.models import base as mbase  # noqa: E402
+from mlx_lm.models import cache as mcache  # noqa: E402
+
+import capture as cap  # noqa: E402
+import golden_io  # noqa: E402
+import make_checkpoints as mkc  # noqa: E402
+from common import (  # noqa: E402
+    DEFAULT_CKPT_ROOT,
+    REPO,
+    from_numpy,
+    load_scenarios,
+    npy_bytes,
+    sha256_bytes,
+    to_numpy,
+)
+
+
+class Server:
+    def __init__(self, tmpdir: Path, ckpt_root: Path, ops_module: str | None):
+        self.tmpdir = tmpdir
+        self.ckpt_root = ckpt_root
+        self.ops_module = ops_module
+        self._ops = None
+        self._models: dict[str, Any] = {}
+        self._seq = 0
+
+    # ------------------------------------------------------------ arrays
+    def out_array(self, a: mx.array, tag: str = "a") -> dict:
+        data, dtype = to_numpy(a)
+        return self.out_numpy(data, dtype, tag)
+
+    def out_numpy(self, data: np.ndarray, dtype: str, tag: str = "a") -> dict:
+        self._seq += 1
+        p = self.tmpdir / f"out-{self._seq}-{tag}.npy"
+        p.write_bytes(npy_bytes(data))
+        return {"npy": str(p), "dtype": dtype, "shape": list(data.shape)}
+
+    @staticmethod
+    def in_array(spec: dict) -> mx.array:
+        arr = np.load(spec["npy"], allow_pickle=False)
+        return from_numpy(arr, spec["dtype"])
+
+    def in_value(self, spec: dict) -> Any:
+        if "npy" in spec:
+            return self.in_array(spec)
+        if "scalar" in spec:
+            kind = spec.get("kind", "float")
+            v = spec["scalar"]
+            if kind == "int":
+                return int(v)
+            if kind == "bool":
+                return bool(v)
+            if kind == "float":
+                return float(v)
+            raise ValueError(f"unknown scalar kind {kind!r}")
+        raise ValueError(f"input must have 'npy' or 'scalar': {spec!r}")
+
+    # ------------------------------------------------------------ models
+    def checkpoint_dir(self, ref: str) -> Path:
+        """A path, or an id like 'c1_dense/f32' (built into the checkpoint cache on demand)."""
+        p = Path(ref)
+        if p.is_absolute() or (p / "config.json").exists():
+            if not (p / "config.json").exists():
+                raise FileNotFoundError(f"no config.json in checkpoint dir {p}")
+            return p
+        ids = {t[0] for t in mkc.matrix_ids()}
+        if ref not in ids:
+            raise FileNotFoundError(f"unknown checkpoint {ref!r} (not a dir, not one of {len(ids)} matrix ids)")
+        d = self.ckpt_root / ref
+        stamp = d / ".stamp"
+        if not stamp.exists() or stamp.read_text() != mkc.stamp_for(ref, mkc.DEFAULT_SEED):
+            mkc.main(["--out", str(self.ckpt_root), "--only", ref])
+        return d
+
+    def model(self, ref: str):
+        d = self.checkpoint_dir(ref)
+        key = str(d.resolve())
+        stamp = (d / "model.safetensors").stat().st_mtime_ns if (d / "model.safetensors").exists() else 0
+        hit = self._models.get(key)
+        if hit is None or hit[0] != stamp:
+            if len(self._models) >= 8:
+                self._models.pop(next(iter(self._models)))
+            self._models[key] = (stamp, cap.load(d))
+        return self._models[key][1]
+
+    @staticmethod
+    def scenario(req: dict) -> dict:
+        s = req.get("scenario")
+        if isinstance(s, dict):
+            return s
+        for scn in load_scenarios():
+            if scn["id"] == s:
+                return scn
+        raise KeyError(f"unknown scenario {s!r}")
+
+    # ------------------------------------------------------------ commands
+    def cmd_ping(self, req: dict) -> dict:
+        return {"pong": True, "pid": os.getpid(), "versions": versions()}
+
+    def cmd_fingerprint(self, req: dict) -> dict:
+        return {"versions": versions(), "fingerprint": fingerprint()}
+
+    def cmd_sleep(self, req: dict) -> dict:
+        time.sleep(float(req.get("seconds", 0)))
+        return {"slept": float(req.get("seconds", 0))}
+
+    def cmd_op(self, req: dict) -> dict:
+        ops = self.ops_table()
+        inputs = [self.in_value(x) for x in req.get("inputs", [])]
+        outs = ops.run_op(req["name"], inputs, req.get("params") or {})
+        mx.eval(outs)
+        return {"outputs": [self.out_array(o, f"op{i}") for i, o in enumerate(outs)]}
+
+    def ops_table(self):
+        if self._ops is None:
+            path = Path(self.ops_module) if self.ops_module else Path(__file__).with_name("ops_table.py")
+            if not path.exists():
+                raise FileNotFoundError(f"ops table {path} does not exist")
+            spec = importlib.util.spec_from_file_location("ops_table", path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)  # type: ignore[union-attr]
+            self._ops = mod
+        return self._ops
+
+    def cmd_forward(self, req: dict) -> dict:
+        model = self.model(req["checkpoint"])
+        logits = cap.run_forward(model, req["tokens"])
+        return {"logits": self.out_array(logits, "logits")}
+
+    def cmd_generate(self, req: dict) -> dict:
+        """Plain mlx_lm generate_step (no taps): yielded tokens and logprobs per step."""
+        model = self.model(req["checkpoint"])
+        cache = mcache.make_prompt_cache(model)
+        gen = cap.mlg.generate_step(mx.array(req["prompt"], dtype=mx.int32), model,
+                                    max_tokens=int(req.get("max_tokens", 20)),
+                                    prefill_step_size=int(req.get("prefill_step_size", 2048)),
+                                    prompt_cache=cache)
+        tokens, logprobs = [], []
+        for t, lp in gen:
+            tokens.append(int(t))
+            logprobs.append(self.out_array(lp, "logprobs"))
+        return {"tokens": tokens, "logprobs": logprobs,
+                "cache": [dict(layer=i, **cap.cache_meta(c)) for i, c in enumerate(cache)]}
+
+    def cmd_capture(self, req: dict) -> dict:
+        """All taps of a scenario; each stored tap comes back as an .npy file."""
+        model = self.model(req["checkpoint"])
+        scn = self.scenario(req)
+        calls, meta = cap.capture(model, scn, req.get("mode", "full"))
+        want = req.get("only")
+        taps = []
+        for r, t in zip(golden_io.tap_records(calls), (t for c in calls for t in c.taps.values())):
+            if t.data is not None and (want is None or any(fnmatch.fnmatchcase(t.name, g) for g in want)):
+                r.update(self.out_numpy(t.data, t.dtype, "tap"))
+            taps.append(r)
+        return {"meta": meta, "calls": golden_io.call_records(calls), "taps": taps}
+
+    def cmd_golden(self, req: dict) -> dict:
+        """Capture one (checkpoint, scenario) into a golden .npz + .json index (used by regen)."""
+        model = self.model(req["checkpoint"])
+        scn = self.scenario(req)
+        mode = req["mode"]
+        calls, meta = cap.capture(model, scn, mode)
+        npz = Path(req["npz"])
+        shas = golden_io.write_npz(npz, calls)
+        taps = golden_io.tap_records(calls)
+        for t in taps:
+            if t["name"] in shas:
+                t["sha256"] = shas[t["name"]]
+        index = {"checkpoint": req["checkpoint"], "scenario": scn["id"], "mode": mode, "meta": meta,
+                 "calls": golden_io.call_records(calls) if mode == "full" else None, "taps": taps}
+        if mode != "full":  # logits-only: keep the index small, list only what is stored
+            index["taps"] = [t for t in taps if t.get("stored")]
+            index["tap_count"] = len(taps)
+        text = index_json(index)
+        ip = Path(req["index"])
+        tmp = ip.with_name(f".{ip.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, ip)
+        return {"npz_sha256": sha256_bytes(npz.read_bytes()), "npz_bytes": npz.stat().st_size,
+                "index_sha256": sha256_bytes(text.encode()), "index_bytes": len(text.encode()),
+                "taps": len(taps), "stored": len(shas), "calls": len(calls)}
+
+    def cmd_make_checkpoints(self, req: dict) -> dict:
+        out = Path(req.get("out") or self.ckpt_root)
+        argv = ["--out", str(out)]
+        for g in req.get("only") or []:
+            argv += ["--only", g]
+        if req.get("force"):
+            argv.append("--force")
+        rc = mkc.main(argv)
+        if rc != 0:
+            raise RuntimeError(f"make_checkpoints exited with {rc}")
+        return {"index": json.loads((out / "index.json").read_text())}
+
+    def cmd_plan(self, req: dict) -> dict:
+        return {"checkpoints": [{"id": t[0], "fixture": t[1], "variant": t[2],
+                                 "moe": mkc.is_moe(t[1])} for t in mkc.matrix_ids()],
+                "scenarios": [{k: v for k, v in s.items() if k in ("id", "kind", "applies_to")}
+                              for s in load_scenarios()]}
+
+    def cmd_make_mask(self, req: dict) -> dict:
+        """base.create_attention_mask(h, cache, window_size, return_array) with h of length N,
+        or base.create_causal_mask(N, offset, window_size) when fn == "create_causal_mask"."""
+        n = int(req["N"])
+        fn = req.get("fn", "create_attention_mask")
+        if fn == "create_causal_mask":
+            out = mbase.create_causal_mask(n, int(req.get("offset", 0)), window_size=req.get("window_size"))
+        elif fn == "create_attention_mask":
+            c = make_cache(req["cache"]) if req.get("cache") else None
+            out = mbase.create_attention_mask(mx.zeros((1, n, 1)), c, window_size=req.get("window_size"),
+                                              return_array=bool(req.get("return_array", False)))
+        else:
+            raise ValueError(f"unknown make_mask fn {fn!r}")
+        return {"mask": mask_value(self, out)}
+
+    def cmd_cache_ops(self, req: dict) -> dict:
+        """Run a sequence of cache calls; every result and the cache state after each op."""
+        caches: dict[str, Any] = {}
+        results = []
+        for op in req["ops"]:
+            name = op.get("cache", "c")
+            kind = op["op"]
+            r: dict[str, Any] = {"op": kind}
+            if kind == "new":
+                caches[name] = make_cache(op)
+            else:
+                c = caches[name]
+                if kind == "update_and_fetch":
+                    k, v = c.update_and_fetch(self.in_array(op["keys"]), self.in_array(op["values"]))
+                    r["keys"], r["values"] = self.out_array(k, "k"), self.out_array(v, "v")
+                elif kind == "make_mask":
+                    r["mask"] = mask_value(self, c.make_mask(int(op["N"]), window_size=op.get("window_size"),
+                                                             return_array=bool(op.get("return_array", False))))
+                elif kind == "trim":
+                    r["trimmed"] = int(c.trim(int(op["n"])))
+                elif kind in ("size", "is_trimmable", "empty"):
+                    r["value"] = getattr(c, kind)()
+                elif kind == "state":
+                    st = c.state
+                    r["state"] = [self.out_array(x, "s") if isinstance(x, mx.array)
+                                  else (None if x is None else int(x)) for x in st]
+                elif kind == "from_state":  # clone: rebuild `to` from the state of this cache
+                    caches[op["to"]] = type(c).from_state(c.state)
+                else:
+                    raise ValueError(f"unknown cache op {kind!r}")
+            r["meta"] = cap.cache_meta(caches[name]) if name in caches else None
+            results.append(r)
+        return {"results": results}
+
+    def cmd_shutdown(self, req: dict) -> dict:
+        return {"bye": True}
+
+
+def make_cache(spec: dict):
+    t = spec.get("type", "KVCache")
+    if t == "KVCache":
+        c = mcache.KVCache()
+    elif t == "RotatingKVCache":
+        c = mcache.RotatingKVCache(max_size=int(spec["max_size"]), keep=int(spec.get("keep", 0)))
+        if "idx" in spec:
+            c._idx = int(spec["idx"])
+    else:
+        raise ValueError(f"unknown cache type {t!r}")
+    if "offset" in spec:
+        c.offset = int(spec["offset"])
+    return c
+
+
+def mask_value(server: Server, m: Any) -> dict:
+    if m is None:
+        return {"kind": "none"}
+    if isinstance(m, str):
+        return {"kind": m}
+    return {"kind": "array", **server.out_array(m, "mask")}
+
+
+def index_json(index: dict) -> str:
+    """Readable, diff-friendly JSON: one tap / one call per line."""
+    head = {k: v for k, v in index.items() if k not in ("taps", "calls")}
+    lines = ["{"]
+    for k, v in head.items():
+        lines.append(f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)},")
+    for key in ("calls", "taps"):
+        v = index.get(key)
+        if v is None:
+            lines.append(f"  {json.dumps(key)}: null,")
+            continue
+        lines.append(f"  {json.dumps(key)}: [")
+        lines += [f"    {json.dumps(x, sort_keys=True)}," for x in v]
+        if v:
+            lines[-1] = lines[-1][:-1]
+        lines.append("  ],")
+    lines[-1] = lines[-1][:-1]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def versions() -> dict:
+    return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "numpy": np.__version__,
+            "python": platform.python_version()}
+
+
+def fingerprint() -> dict:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cxx = shutil.which("g++") or shutil.which("c++")
+    compiler = None
+    if cxx:
+        try:
+            compiler = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=10).stdout.splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            compiler = cxx
+    return {"os": platform.system(), "os_release": platform.release(), "libc": "-".join(platform.libc_ver()),
+            "machine": platform.machine(), "cpu_model": cpu, "backend": str(mx.default_device()),
+            "metal": bool(mx.metal.is_available()) if hasattr(mx, "metal") else False,
+            "compiler": compiler, "compile_enabled": not bool(os.environ.get("MLX_DISABLE_COMPILE"))}
+
+
+def reply(obj: dict) -> None:
+    _PROTO.write(json.dumps(obj) + "\n")
+    _PROTO.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="server.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tmpdir", type=Path, help="where output .npy files go (default: a fresh temp dir, removed at exit)")
+    ap.add_argument("--checkpoints", type=Path, default=DEFAULT_CKPT_ROOT, help="checkpoint cache root")
+    ap.add_argument("--ops-module", default=os.environ.get("ORACLE_OPS_TABLE"),
+                    help="python file providing run_op (default oracle/python/ops_table.py)")
+    args = ap.parse_args(argv)
+    own_tmp = args.tmpdir is None
+    tmpdir = Path(tempfile.mkdtemp(prefix="oracle-")) if own_tmp else args.tmpdir
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    server = Server(tmpdir, args.checkpoints, args.ops_module)
+    reply({"event": "ready", "pid": os.getpid(), "versions": versions(), "tmpdir": str(tmpdir), "repo": str(REPO)})
+    try:
+        for line in sys.stdin:
+            line = line.strip()
+            if not line:
+                continue
+            rid = None
+            try:
+                req = json.loads(line)
+                if not isinstance(req, dict):
+                    raise ValueError("request must be a JSON object")
+                rid = req.get("id")
+                cmd = req.get("cmd")
+                handler: Callable | None = getattr(server, f"cmd_{cmd}", None) if isinstance(cmd, str) else None
+                if handler is None:
+                    raise LookupError(f"unknown command {cmd!r}")
+                result = handler(req)
+                reply({"id": rid, "ok": True, **result})
+                if cmd == "shutdown":
+                    break
+            except Exception as e:  # noqa: BLE001 - every failure goes back to the caller
+                reply({"id": rid, "ok": False, "error": {"type": type(e).__name__, "message": str(e),
+                                                          "traceback": traceback.format_exc()}})
+    finally:
+        if own_tmp:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
