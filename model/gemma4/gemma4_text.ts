@@ -1,0 +1,874 @@
+// mlx_lm/models/gemma4_text.py (mlx-lm 0.32.2), block for block and op for op.
+//
+// Each class below has the Python class's name, attributes (= checkpoint keys) and call order.
+// Bit parity rules applied throughout (spec §0, §12):
+// - Python scalars are weak: a JS number combined with an array becomes a scalar in the array's
+//   dtype exactly as Python's (float → float32 → dtype; int → dtype), with the array kept first
+//   for reflected ops (`c * x` → multiply(x, c)).
+// - Linear is matmul(x, transpose(W)); norms run before the head transpose; every reshape and
+//   transpose of the Python source is mirrored (GEMM flags and kernel choice follow the view).
+// - geglu, gelu_approx, logit_softcap and _complete_square go through mx.compile(shapeless) with
+//   the same graphs, so the fused kernels are the ones Python builds.
+// - Parameter dtypes come from the checkpoint; MLX promotion decides every result dtype.
+//
+// Ownership: every intermediate is disposed when the block returns (`using` / DisposableStack);
+// a block returns arrays the caller owns.
+
+import * as mx from "@mlx-bun/mlx";
+import type { MlxArray } from "@mlx-bun/mlx";
+import type { KVCacheLike } from "../cache/index.ts";
+import { createAttentionMask, disposeMask, type Mask } from "../mask.ts";
+import type { LayerType, ModelArgs } from "./config.ts";
+import { mutated } from "./mutations.ts";
+import {
+  Embedding,
+  gelu_approx,
+  geluApproxBody,
+  Linear,
+  Module,
+  placeholder,
+  type QuantizedEmbedding,
+  type QuantizedLinear,
+  RMSNorm,
+  type RopeLike,
+} from "./nn.ts";
+import { initializeRope } from "./rope_utils.ts";
+import { SwitchGLU } from "./switch_layers.ts";
+import type { TapSink } from "./taps.ts";
+import type { Tensor } from "./tensors.ts";
+
+export type { ModelArgs } from "./config.ts";
+
+/** The cache interface the model consumes (implemented by model/cache/). */
+export type LayerCache = KVCacheLike;
+
+/** A Linear or its quantized replacement (nn.quantize swaps the module in place). */
+export type AnyLinear = Linear | QuantizedLinear;
+export type AnyEmbedding = Embedding | QuantizedEmbedding;
+
+/** Python float exponentiation (`x ** y` on floats, libm pow); see tests pinning the f32 values. */
+export function pyPow(x: number, y: number): number {
+  return Math.pow(x, y);
+}
+
+// ------------------------------------------------------------------ RMSNormNoScale
+
+/** RMSNormNoScale: mx.fast.rms_norm(x, None, eps); no parameters. */
+export class RMSNormNoScale extends Module {
+  constructor(
+    readonly dims: number,
+    readonly eps = 1e-6,
+  ) {
+    super();
+  }
+
+  call(x: MlxArray): MlxArray {
+    return mx.fast.rmsNorm(x, null, this.eps);
+  }
+}
+
+// ------------------------------------------------------------------ compiled helpers
+
+const logitSoftcapCompiled = new Map<number, (x: MlxArray) => MlxArray>();
+
+/**
+ * @partial(mx.compile, shapeless=True) logit_softcap(softcap, x) = tanh(x / softcap) * softcap.
+ * Python passes `softcap` as a compile-time constant; here each value gets its own closure.
+ */
+export function logit_softcap(softcap: number, x: MlxArray): MlxArray {
+  let f = logitSoftcapCompiled.get(softcap);
+  if (!f) {
+    const c = mx.pyFloat(softcap); // a Python float from the config (30.0)
+    f = mx.compile(
+      (t: MlxArray) => {
+        using d = mx.divide(t, c);
+        using th = mx.tanh(d);
+        return mx.multiply(th, c);
+      },
+      { shapeless: true },
+    ) as (x: MlxArray) => MlxArray;
+    logitSoftcapCompiled.set(softcap, f);
+  }
+  return f(x);
+}
+
+let completeSquareCompiled: ((x2: MlxArray, y2: MlxArray, xy: MlxArray) => MlxArray) | null = null;
+
+/** @partial(mx.compile, shapeless=True) _complete_square(x2, y2, xy) = x2 + expand_dims(y2, -1) - 2 * xy. */
+export function _complete_square(x2: MlxArray, y2: MlxArray, xy: MlxArray): MlxArray {
+  completeSquareCompiled ??= mx.compile(
+    (a: MlxArray, b: MlxArray, c: MlxArray) => {
+      using be = mx.expandDims(b, -1);
+      using s = mx.add(a, be);
+      using t = mx.multiply(c, 2); // 2 * xy → __rmul__ → multiply(xy, 2)
+      return mx.subtract(s, t);
+    },
+    { shapeless: true },
+  ) as (x2: MlxArray, y2: MlxArray, xy: MlxArray) => MlxArray;
+  return completeSquareCompiled(x2, y2, xy);
+}
+
+type Geglu = (gate: MlxArray, x: MlxArray) => MlxArray;
+let gegluCompiled: Geglu | null = null;
+let gegluMutantCompiled: Geglu | null = null; // the gelu_cube_mul mutation traces its own graph
+
+/**
+ * @partial(mx.compile, shapeless=True) geglu(gate, x) = nn.gelu_approx(gate) * x.
+ * Inside a trace the nested compiled gelu_approx sees tracers and is inlined by MLX
+ * (compile.cpp), so tracing its body directly yields the identical graph: one fused kernel.
+ */
+export function geglu(gate: MlxArray, x: MlxArray): MlxArray {
+  const body = (g: MlxArray, u: MlxArray) => {
+    using a = geluBody(g);
+    return mx.multiply(a, u);
+  };
+  if (mutated("gelu_cube_mul")) {
+    gegluMutantCompiled ??= mx.compile(body, { shapeless: true }) as Geglu;
+    return gegluMutantCompiled(gate, x);
+  }
+  gegluCompiled ??= mx.compile(body, { shapeless: true }) as Geglu;
+  return gegluCompiled(gate, x);
+}
+
+/** gelu_approx body, or the `x*x*x` bug when that mutation is on (traced inside geglu). */
+function geluBody(x: MlxArray): MlxArray {
+  if (!mutated("gelu_cube_mul")) return geluApproxBody(x);
+  using half = mx.multiply(x, 0.5);
+  using x2 = mx.multiply(x, x);
+  using cube = mx.multiply(x2, x);
+  using t2 = mx.multiply(cube, 0.044715);
+  using t3 = mx.add(x, t2);
+  using t4 = mx.multiply(t3, Math.sqrt(2 / Math.PI));
+  using t5 = mx.tanh(t4);
+  using t6 = mx.add(t5, 1);
+  return mx.multiply(half, t6);
+}
+
+/** Standalone nn.gelu_approx (own compiled kernel); the mutation switch reaches it too. */
+function geluStandalone(x: MlxArray): MlxArray {
+  if (mutated("gelu_cube_mul")) return geluBody(x);
+  return gelu_approx(x);
+}
+
+// ------------------------------------------------------------------ MLP
+
+export class MLP extends Module {
+  gate_proj: AnyLinear;
+  down_proj: AnyLinear;
+  up_proj: AnyLinear;
+  constructor(config: ModelArgs, layer_idx = 0) {
+    super();
+    const first_kv_shared_layer_idx = config.num_hidden_layers - config.num_kv_shared_layers;
+    // Python's chained comparison: layer_idx >= first > 0
+    const is_kv_shared_layer = layer_idx >= first_kv_shared_layer_idx && first_kv_shared_layer_idx > 0;
+    const use_double_wide = config.use_double_wide_mlp && is_kv_shared_layer && !mutated("no_double_wide");
+    const intermediate_size = config.intermediate_size * (use_double_wide ? 2 : 1);
+    this.gate_proj = new Linear(config.hidden_size, intermediate_size);
+    this.down_proj = new Linear(intermediate_size, config.hidden_size);
+    this.up_proj = new Linear(config.hidden_size, intermediate_size);
+  }
+
+  /** down_proj(geglu(gate_proj(x), up_proj(x))) — gate_proj runs first (argument order). */
+  call(x: MlxArray, taps?: TapSink, tp = ""): MlxArray {
+    using gate = this.gate_proj.call(x);
+    if (taps) taps(`${tp}gate_proj`, gate);
+    using up = this.up_proj.call(x);
+    if (taps) taps(`${tp}up_proj`, up);
+    using g = geglu(gate, up);
+    if (taps) taps(`${tp}geglu`, g);
+    const out = this.down_proj.call(g);
+    if (taps) taps(`${tp}down_proj`, out);
+    return out;
+  }
+}
+
+// ------------------------------------------------------------------ Router
+
+/** Expert router: norm -> scale -> project -> top-k (argpartition) -> softmax over k -> per-expert scale. */
+export class Router extends Module {
+  proj: AnyLinear;
+  scale: MlxArray;
+  per_expert_scale: MlxArray;
+  readonly eps: number;
+  readonly _root_size: number;
+  readonly top_k: number;
+  constructor(config: ModelArgs) {
+    super();
+    this.eps = config.rms_norm_eps;
+    this.proj = new Linear(config.hidden_size, config.num_experts!);
+    this.scale = placeholder([config.hidden_size]);
+    this.per_expert_scale = placeholder([config.num_experts!]);
+    this._root_size = pyPow(config.hidden_size, -0.5);
+    this.top_k = config.top_k_experts!;
+  }
+
+  call(x: MlxArray, taps?: TapSink, tp = ""): [MlxArray, MlxArray] {
+    using w_eff = mx.multiply(this.scale, this._root_size); // self.scale * self._root_size
+    using xn = mx.fast.rmsNorm(x, w_eff, this.eps);
+    if (taps) taps(`${tp}norm`, xn);
+    using expert_scores = this.proj.call(xn);
+    if (taps) taps(`${tp}proj`, expert_scores);
+    const k = this.top_k;
+    const E = expert_scores.shape[expert_scores.ndim - 1]!;
+    if (mutated("router_softmax_all")) {
+      // pre-#1114: softmax over all experts, gather the top-k, renormalise
+      using probs = mx.softmax(expert_scores, -1);
+      using part = mx.argpartition(probs, -k, -1);
+      const s = part.shape;
+      const top_k_indices = mx.slice(part, s.map((_, i) => (i === s.length - 1 ? E - k : 0)), s);
+      if (taps) taps(`${tp}indices`, top_k_indices);
+      using pk = mx.takeAlongAxis(probs, top_k_indices, -1);
+      using denom = mx.sum(pk, -1, true);
+      using wn = mx.divide(pk, denom);
+      using pes = mx.take(this.per_expert_scale, top_k_indices, 0);
+      const top_k_weights = mx.multiply(wn, pes);
+      if (taps) taps(`${tp}weights`, top_k_weights);
+      return [top_k_indices, top_k_weights];
+    }
+    using part = mx.argpartition(expert_scores, -k, -1);
+    const s = part.shape;
+    using sliced = mx.slice(part, s.map((_, i) => (i === s.length - 1 ? E - k : 0)), s); // [..., -k:]
+    const top_k_indices = mx.stopGradient(sliced);
+    if (taps) taps(`${tp}indices`, top_k_indices);
+    using tk = mx.takeAlongAxis(expert_scores, top_k_indices, -1);
+    using sm = mx.softmax(tk, -1); // precise=False
+    using pes = mx.take(this.per_expert_scale, top_k_indices, 0); // per_expert_scale[top_k_indices]
+    const top_k_weights = mx.multiply(sm, pes);
+    if (taps) taps(`${tp}weights`, top_k_weights);
+    return [top_k_indices, top_k_weights];
+  }
+}
+
+// ------------------------------------------------------------------ GeGLU / Experts
+
+/** GELU-gated linear unit activation for SwitchGLU: GeGLU()(x, gate) = geglu(gate, x). */
+export class GeGLU extends Module {
+  call(x: MlxArray, gate: MlxArray): MlxArray {
+    return geglu(gate, x);
+  }
+}
+
+/** Sparse MoE using SwitchGLU with gather_mm / gather_qmm. */
+export class Experts extends Module {
+  switch_glu: SwitchGLU;
+  constructor(config: ModelArgs) {
+    super();
+    this.switch_glu = new SwitchGLU(config.hidden_size, config.moe_intermediate_size!, config.num_experts!, new GeGLU(), false);
+  }
+
+  /** (expand_dims(top_k_weights, -1) * switch_glu(x, top_k_indices)).sum(-2) */
+  call(x: MlxArray, top_k_indices: MlxArray, top_k_weights: MlxArray, taps?: TapSink, tp = ""): MlxArray {
+    using w = mx.expandDims(top_k_weights, -1);
+    using y = this.switch_glu.call(x, top_k_indices, taps, `${tp}switch_glu/`);
+    if (taps) taps(`${tp}switch_glu`, y);
+    using wy = mx.multiply(w, y);
+    return mx.sum(wy, -2);
+  }
+}
+
+// ------------------------------------------------------------------ Attention
+
+/** RoPE offset: a Python int (no cache) or the int32 0-d array mx.array(cache.offset). */
+export type Offset = number | MlxArray;
+
+/** (keys, values) as the attention layer returns them (post-cache when a cache is used). */
+export type KV = [MlxArray, MlxArray];
+
+export class Attention extends Module {
+  readonly layer_idx: number;
+  readonly layer_type: LayerType;
+  readonly is_sliding: boolean;
+  readonly has_kv: boolean;
+  readonly head_dim: number;
+  readonly n_heads: number;
+  readonly use_k_eq_v: boolean;
+  readonly n_kv_heads: number;
+  readonly scale = 1.0;
+  q_proj: AnyLinear;
+  k_proj?: AnyLinear;
+  v_proj?: AnyLinear;
+  o_proj: AnyLinear;
+  q_norm: RMSNorm;
+  k_norm?: RMSNorm;
+  v_norm?: RMSNormNoScale;
+  rope: RopeLike & Module;
+
+  constructor(config: ModelArgs, layer_idx: number) {
+    super();
+    this.layer_idx = layer_idx;
+    this.layer_type = config.layer_types[layer_idx]!;
+    this.is_sliding = this.layer_type === "sliding_attention";
+    this.has_kv = layer_idx < config.num_hidden_layers - config.num_kv_shared_layers;
+    this.head_dim = this.layer_type === "full_attention" && config.global_head_dim ? config.global_head_dim : config.head_dim;
+    const dim = config.hidden_size;
+    this.n_heads = config.num_attention_heads;
+    // K-eq-V for full attention layers (26B/31B models)
+    this.use_k_eq_v = config.attention_k_eq_v && !this.is_sliding;
+    this.n_kv_heads =
+      this.use_k_eq_v && config.num_global_key_value_heads !== null ? config.num_global_key_value_heads : config.num_key_value_heads;
+
+    this.q_proj = new Linear(dim, this.n_heads * this.head_dim);
+    if (this.has_kv) {
+      this.k_proj = new Linear(dim, this.n_kv_heads * this.head_dim);
+      if (!this.use_k_eq_v) this.v_proj = new Linear(dim, this.n_kv_heads * this.head_dim);
+    }
+    this.o_proj = new Linear(this.n_heads * this.head_dim, dim);
+    this.q_norm = new RMSNorm(this.head_dim, config.rms_norm_eps);
+    if (this.has_kv) {
+      this.k_norm = new RMSNorm(this.head_dim, config.rms_norm_eps);
+      this.v_norm = new RMSNormNoScale(this.head_dim, config.rms_norm_eps);
+    }
+    // RoPE (with partial rotation support)
+    const layer_key = this.is_sliding ? "sliding_attention" : "full_attention";
+    const rope_params = config.rope_parameters[layer_key] ?? {};
+    const rope_theta = rope_params.rope_theta ?? 10000.0;
+    if (mutated("rope_contiguous_partial") && !this.is_sliding) {
+      // pre-merge bug: nn.RoPE over a contiguous prefix of int(head_dim * prf) dims
+      const prf = rope_params.partial_rotary_factor ?? 1.0;
+      this.rope = initializeRope(Math.trunc(this.head_dim * prf), rope_theta, config.rope_traditional, { rope_type: "default" }) as RopeLike & Module;
+    } else {
+      this.rope = initializeRope(this.head_dim, rope_theta, config.rope_traditional, rope_params) as RopeLike & Module;
+    }
+  }
+
+  /**
+   * Returns [o_proj(output), (keys, values), offset]. The returned keys/values/offset are owned
+   * by the caller (the model keeps them for the KV-shared layers). `shared_kv`/`offset` are
+   * borrowed: the layer returns fresh aliases of them.
+   */
+  call(
+    x: MlxArray,
+    mask: Mask,
+    cache: LayerCache | null,
+    shared_kv: KV | null,
+    offset: Offset | null,
+    taps?: TapSink,
+    tp = "",
+  ): [MlxArray, KV, Offset] {
+    const [B, L] = x.shape as [number, number];
+    using stack = new DisposableStack();
+    const q = stack.use(this.q_proj.call(x));
+    if (taps) taps(`${tp}q_proj`, q);
+    const qr = stack.use(mx.reshape(q, [B, L, this.n_heads, this.head_dim]));
+    const qn = stack.use(this.q_norm.call(qr)); // norm over head_dim, before the transpose
+    if (taps) taps(`${tp}q_norm`, qn);
+
+    let keys: MlxArray;
+    let values: MlxArray;
+    let off: Offset;
+    if (shared_kv !== null) {
+      keys = mx.alias(shared_kv[0]);
+      values = mx.alias(shared_kv[1]);
+      off = offset instanceof mx.MlxArray ? mx.alias(offset) : (offset ?? 0);
+      if (taps) taps(`${tp}offset`, off);
+    } else if (!this.has_kv) {
+      throw new Error(`Layer ${this.layer_idx} is a KV-shared layer but received no shared_kv`);
+    } else {
+      const kp = stack.use(this.k_proj!.call(x));
+      if (taps) taps(`${tp}k_proj`, kp);
+      const k = stack.use(mx.reshape(kp, [B, L, this.n_kv_heads, this.head_dim]));
+      let v = k;
+      if (!this.use_k_eq_v) {
+        const vp = stack.use(this.v_proj!.call(x));
+        if (taps) taps(`${tp}v_proj`, vp);
+        v = stack.use(mx.reshape(vp, [B, L, this.n_kv_heads, this.head_dim]));
+      }
+      // mx.array(cache.offset): a copy taken BEFORE the cache update (absolute position)
+      if (cache === null) off = 0;
+      else off = mx.array(mutated("rope_offset_after_update") ? cache.offset + L : cache.offset);
+      if (taps) taps(`${tp}offset`, off);
+
+      const kn = stack.use(this.k_norm!.call(k));
+      if (taps) taps(`${tp}k_norm`, kn);
+      const kt = stack.use(mx.transpose(kn, [0, 2, 1, 3]));
+      keys = this.rope.call(kt, off);
+      if (taps) taps(`${tp}rope_k`, keys);
+
+      if (mutated("keqv_values_after_norm") && this.use_k_eq_v) v = kn;
+      const vn = stack.use(mutated("v_norm_missing") ? mx.alias(v) : this.v_norm!.call(v));
+      if (taps) taps(`${tp}v_norm`, vn);
+      values = mx.transpose(vn, [0, 2, 1, 3]);
+    }
+
+    const queries = stack.use(mx.transpose(qn, [0, 2, 1, 3]));
+    const rq = stack.use(this.rope.call(queries, off));
+    if (taps) taps(`${tp}rope_q`, rq);
+
+    if (cache !== null) {
+      const [ck, cv] = cache.updateAndFetch(keys, values);
+      keys.dispose();
+      values.dispose();
+      keys = ck;
+      values = cv;
+      if (taps) {
+        taps(`${tp}cache_keys`, keys);
+        taps(`${tp}cache_values`, values);
+      }
+    }
+
+    const out = stack.use(mx.fast.scaledDotProductAttention(rq, keys, values, { scale: mutated("sdpa_scale_rsqrt") ? 1 / Math.sqrt(this.head_dim) : this.scale, mask }));
+    if (taps) taps(`${tp}sdpa`, out);
+    const ot = stack.use(mx.transpose(out, [0, 2, 1, 3]));
+    const or = stack.use(mx.reshape(ot, [B, L, -1]));
+    const o = this.o_proj.call(or);
+    if (taps) taps(`${tp}o_proj`, o);
+    return [o, [keys, values], off];
+  }
+}
+
+// ------------------------------------------------------------------ DecoderLayer
+
+export class DecoderLayer extends Module {
+  readonly layer_idx: number;
+  readonly layer_type: LayerType;
+  readonly enable_moe: boolean;
+  readonly hidden_size_per_layer_input: number | null;
+  self_attn: Attention;
+  mlp: MLP;
+  input_layernorm: RMSNorm;
+  post_attention_layernorm: RMSNorm;
+  pre_feedforward_layernorm: RMSNorm;
+  post_feedforward_layernorm: RMSNorm;
+  router?: Router;
+  experts?: Experts;
+  post_feedforward_layernorm_1?: RMSNorm;
+  post_feedforward_layernorm_2?: RMSNorm;
+  pre_feedforward_layernorm_2?: RMSNorm;
+  per_layer_input_gate: AnyLinear | null = null;
+  per_layer_projection: AnyLinear | null = null;
+  post_per_layer_input_norm: RMSNorm | null = null;
+  layer_scalar: MlxArray;
+
+  constructor(config: ModelArgs, layer_idx: number) {
+    super();
+    const H = config.hidden_size;
+    const eps = config.rms_norm_eps;
+    this.layer_idx = layer_idx;
+    this.layer_type = config.layer_types[layer_idx]!;
+    this.self_attn = new Attention(config, layer_idx);
+    this.mlp = new MLP(config, layer_idx);
+    this.input_layernorm = new RMSNorm(H, eps);
+    this.post_attention_layernorm = new RMSNorm(H, eps);
+    this.pre_feedforward_layernorm = new RMSNorm(H, eps);
+    this.post_feedforward_layernorm = new RMSNorm(H, eps);
+    // MoE (26B model)
+    this.enable_moe = config.enable_moe_block;
+    if (this.enable_moe) {
+      this.router = new Router(config);
+      this.experts = new Experts(config);
+      this.post_feedforward_layernorm_1 = new RMSNorm(H, eps);
+      this.post_feedforward_layernorm_2 = new RMSNorm(H, eps);
+      this.pre_feedforward_layernorm_2 = new RMSNorm(H, eps);
+    }
+    // Per-layer input gating (2B/4B models)
+    this.hidden_size_per_layer_input = config.hidden_size_per_layer_input;
+    if (this.hidden_size_per_layer_input) {
+      this.per_layer_input_gate = new Linear(H, this.hidden_size_per_layer_input);
+      this.per_layer_projection = new Linear(this.hidden_size_per_layer_input, H);
+      this.post_per_layer_input_norm = new RMSNorm(H, eps);
+    }
+    this.layer_scalar = placeholder([1]);
+  }
+
+  call(
+    x: MlxArray,
+    mask: Mask,
+    cache: LayerCache | null,
+    per_layer_input: MlxArray | null,
+    shared_kv: KV | null,
+    offset: Offset | null,
+    taps?: TapSink,
+    tp = "",
+  ): [MlxArray, KV, Offset] {
+    using stack = new DisposableStack();
+    if (taps && per_layer_input !== null && this.per_layer_input_gate !== null) taps(`${tp}per_layer_input`, per_layer_input);
+    const residual0 = x;
+    const hn = stack.use(this.input_layernorm.call(x));
+    if (taps) taps(`${tp}input_layernorm`, hn);
+    const [attn, kv, off] = this.self_attn.call(hn, mask, cache, shared_kv, offset, taps, taps ? `${tp}self_attn/` : "");
+    stack.use(attn);
+    const pa = stack.use(this.post_attention_layernorm.call(attn));
+    if (taps) taps(`${tp}post_attention_layernorm`, pa);
+    let h = stack.use(mx.add(residual0, pa));
+    if (taps) taps(`${tp}attn_residual`, h);
+
+    const residual = h;
+    let ff: MlxArray;
+    if (this.enable_moe) {
+      let h1 = stack.use(this.pre_feedforward_layernorm.call(h));
+      if (taps) taps(`${tp}pre_feedforward_layernorm`, h1);
+      h1 = stack.use(this.mlp.call(h1, taps, taps ? `${tp}mlp/` : ""));
+      h1 = stack.use(this.post_feedforward_layernorm_1!.call(h1));
+      if (taps) taps(`${tp}post_feedforward_layernorm_1`, h1);
+
+      const routerIn = mutated("router_normed_input") ? stack.use(this.pre_feedforward_layernorm.call(h)) : h;
+      const [top_k_indices, top_k_weights] = this.router!.call(routerIn, taps, taps ? `${tp}router/` : "");
+      stack.use(top_k_indices);
+      stack.use(top_k_weights);
+      let h2 = stack.use(this.pre_feedforward_layernorm_2!.call(h));
+      if (taps) taps(`${tp}pre_feedforward_layernorm_2`, h2);
+      h2 = stack.use(this.experts!.call(h2, top_k_indices, top_k_weights, taps, taps ? `${tp}experts/` : ""));
+      if (taps) taps(`${tp}experts`, h2);
+      h2 = stack.use(this.post_feedforward_layernorm_2!.call(h2));
+      if (taps) taps(`${tp}post_feedforward_layernorm_2`, h2);
+      ff = stack.use(mx.add(h1, h2));
+      if (taps) taps(`${tp}ffw_sum`, ff);
+    } else {
+      const pre = stack.use(this.pre_feedforward_layernorm.call(h));
+      if (taps) taps(`${tp}pre_feedforward_layernorm`, pre);
+      ff = stack.use(this.mlp.call(pre, taps, taps ? `${tp}mlp/` : ""));
+    }
+    const pf = stack.use(this.post_feedforward_layernorm.call(ff));
+    if (taps) taps(`${tp}post_feedforward_layernorm`, pf);
+    h = stack.use(mx.add(residual, pf));
+
+    // Per-layer input gating
+    if (this.per_layer_input_gate !== null && this.per_layer_projection !== null && this.post_per_layer_input_norm !== null && per_layer_input !== null) {
+      if (taps) taps(`${tp}ffw_residual`, h);
+      const residual2 = h;
+      let gate = stack.use(this.per_layer_input_gate.call(h));
+      if (taps) taps(`${tp}per_layer_input_gate`, gate);
+      gate = stack.use(geluStandalone(gate));
+      if (taps) taps(`${tp}per_layer_gelu`, gate);
+      gate = stack.use(mx.multiply(gate, per_layer_input));
+      if (taps) taps(`${tp}per_layer_gated`, gate);
+      gate = stack.use(this.per_layer_projection.call(gate));
+      if (taps) taps(`${tp}per_layer_projection`, gate);
+      gate = stack.use(this.post_per_layer_input_norm.call(gate));
+      if (taps) taps(`${tp}post_per_layer_input_norm`, gate);
+      h = stack.use(mx.add(residual2, gate));
+    }
+
+    const out = mutated("no_layer_scalar") ? mx.alias(h) : mx.multiply(h, this.layer_scalar);
+    if (taps) taps(`${tp}output`, out);
+    return [out, kv, off];
+  }
+}
+
+// ------------------------------------------------------------------ Gemma4TextModel
+
+export interface TextModelCallOptions {
+  cache?: (LayerCache | null)[] | null;
+  input_embeddings?: MlxArray | null;
+  per_layer_inputs?: MlxArray | null;
+  taps?: TapSink;
+}
+
+export class Gemma4TextModel extends Module {
+  readonly config: ModelArgs;
+  readonly vocab_size: number;
+  readonly window_size: number;
+  readonly num_hidden_layers: number;
+  readonly embed_scale: number;
+  readonly hidden_size_per_layer_input: number | null;
+  readonly embed_tokens_per_layer_scale: number | null = null;
+  readonly per_layer_input_scale: number | null = null;
+  readonly per_layer_projection_scale: number | null = null;
+  readonly previous_kvs: number[];
+  embed_tokens: AnyEmbedding;
+  layers: DecoderLayer[];
+  norm: RMSNorm;
+  embed_tokens_per_layer: AnyEmbedding | null = null;
+  per_layer_model_projection: AnyLinear | null = null;
+  per_layer_projection_norm: RMSNorm | null = null;
+
+  constructor(config: ModelArgs) {
+    super();
+    this.config = config;
+    this.vocab_size = config.vocab_size;
+    this.window_size = config.sliding_window;
+    this.num_hidden_layers = config.num_hidden_layers;
+    this.embed_tokens = new Embedding(config.vocab_size, config.hidden_size);
+    this.embed_scale = pyPow(config.hidden_size, 0.5);
+    this.layers = Array.from({ length: config.num_hidden_layers }, (_, i) => new DecoderLayer(config, i));
+    this.norm = new RMSNorm(config.hidden_size, config.rms_norm_eps);
+
+    // Per-layer input embeddings (2B/4B models)
+    this.hidden_size_per_layer_input = config.hidden_size_per_layer_input;
+    if (this.hidden_size_per_layer_input) {
+      const P = this.hidden_size_per_layer_input;
+      this.embed_tokens_per_layer = new Embedding(config.vocab_size_per_layer_input, config.num_hidden_layers * P);
+      this.embed_tokens_per_layer_scale = pyPow(P, 0.5);
+      this.per_layer_input_scale = pyPow(2.0, -0.5);
+      this.per_layer_projection_scale = pyPow(config.hidden_size, -0.5);
+      this.per_layer_model_projection = new Linear(config.hidden_size, config.num_hidden_layers * P);
+      this.per_layer_projection_norm = new RMSNorm(P, config.rms_norm_eps);
+    }
+
+    // Arrange for shared KVs: the LAST non-shared layer of each type is the source
+    this.previous_kvs = Array.from({ length: this.layers.length }, (_, i) => i);
+    if (config.num_kv_shared_layers > 0) {
+      const N = this.layers.length;
+      const M = N - config.num_kv_shared_layers;
+      const kvs_by_type = new Map<LayerType, number>();
+      for (let i = 0; i < M; i++) {
+        const t = this.layers[i]!.layer_type;
+        if (mutated("shared_kv_first_source") && kvs_by_type.has(t)) continue;
+        kvs_by_type.set(t, i);
+      }
+      for (let j = M; j < N; j++) {
+        const src = kvs_by_type.get(this.layers[j]!.layer_type);
+        if (src === undefined) throw new Error(`KV-shared layer ${j} (${this.layers[j]!.layer_type}) has no source layer`);
+        this.previous_kvs[j] = src;
+      }
+    }
+  }
+
+  /** _get_per_layer_inputs(input_ids, input_embeddings) → (B, L, nL, P). */
+  _get_per_layer_inputs(input_ids: MlxArray | null, input_embeddings: MlxArray | null, taps?: TapSink): MlxArray {
+    using stack = new DisposableStack();
+    let ids = input_ids;
+    if (ids === null) {
+      if (input_embeddings === null) throw new Error("input_embeddings must be provided when input_ids are omitted.");
+      // Reverse lookup of the token ids by nearest embedding row (as mlx-lm; for a quantized
+      // embedding `.weight` is the packed uint32 matrix there too).
+      const w = this.embed_tokens.weight;
+      const sq = stack.use(mx.square(w));
+      const norms_embedding = stack.use(mx.sum(sq, -1));
+      const sqi = stack.use(mx.square(input_embeddings));
+      const norms_input = stack.use(mx.sum(sqi, -1));
+      const xy = stack.use(this.embed_tokens.asLinear(input_embeddings));
+      const distance = stack.use(_complete_square(norms_embedding, norms_input, xy));
+      const am = stack.use(mx.argmin(distance, -1));
+      ids = stack.use(mx.stopGradient(am));
+    }
+    const result = stack.use(this.embed_tokens_per_layer!.call(ids));
+    if (taps) taps("embed_tokens_per_layer", result);
+    const scaled = stack.use(mx.multiply(result, this.embed_tokens_per_layer_scale!));
+    return mx.unflatten(scaled, -1, [this.config.num_hidden_layers, this.hidden_size_per_layer_input!]);
+  }
+
+  /** _project_per_layer_inputs(h_scaled, per_layer_inputs) → (B, L, nL, P). */
+  _project_per_layer_inputs(input_embeddings: MlxArray, per_layer_inputs: MlxArray | null, taps?: TapSink): MlxArray {
+    using stack = new DisposableStack();
+    let p = stack.use(this.per_layer_model_projection!.call(input_embeddings));
+    if (taps) taps("per_layer_model_projection", p);
+    p = stack.use(mx.multiply(p, this.per_layer_projection_scale!));
+    p = stack.use(mx.unflatten(p, -1, [this.config.num_hidden_layers, this.hidden_size_per_layer_input!]));
+    if (taps) taps("per_layer_projection_scaled", p);
+    p = stack.use(this.per_layer_projection_norm!.call(p));
+    if (taps) taps("per_layer_projection_norm", p);
+    if (per_layer_inputs === null) return mx.alias(p);
+    const s = stack.use(mx.add(p, per_layer_inputs));
+    if (mutated("per_layer_input_scale_missing")) return mx.alias(s);
+    return mx.multiply(s, this.per_layer_input_scale!);
+  }
+
+  /** _make_masks(h, cache): one mask per layer type, from the cache of the FIRST layer of that type. */
+  _make_masks(h: MlxArray, cache: (LayerCache | null)[], taps?: TapSink): Mask[] {
+    const mask = new Map<LayerType, Mask>();
+    const masks: Mask[] = [];
+    for (let i = 0; i < this.layers.length; i++) {
+      const l = this.layers[i]!;
+      const c = cache[i] ?? null;
+      if (!mask.has(l.layer_type)) {
+        let m: Mask;
+        if (l.layer_type === "full_attention") m = createAttentionMask(h, c);
+        else m = createAttentionMask(h, c, { windowSize: this.window_size });
+        mask.set(l.layer_type, m);
+        if (taps) taps(`mask/${l.layer_type}`, m);
+      }
+      masks.push(mask.get(l.layer_type)!);
+    }
+    if (mutated("mask_wrong_type") && mask.size === 2) {
+      const s = mask.get("sliding_attention")!;
+      const f = mask.get("full_attention")!;
+      return this.layers.map((l) => (l.layer_type === "full_attention" ? s : f));
+    }
+    return masks;
+  }
+
+  call(inputs: MlxArray | null, { cache = null, input_embeddings = null, per_layer_inputs = null, taps }: TextModelCallOptions = {}): MlxArray {
+    using stack = new DisposableStack();
+    if (taps && inputs !== null) taps("inputs", inputs);
+    // Make the initial hidden state
+    let emb = input_embeddings;
+    if (emb === null) {
+      if (inputs === null) throw new Error("Gemma4TextModel: give input ids or input_embeddings");
+      emb = stack.use(this.embed_tokens.call(inputs));
+      if (taps) taps("embed_tokens", emb);
+    }
+    let h: MlxArray;
+    if (mutated("embed_scale_f32")) {
+      using s = mx.array(new Float32Array([this.embed_scale]), []);
+      h = stack.use(mx.multiply(emb, s));
+    } else {
+      h = stack.use(mx.multiply(emb, this.embed_scale)); // h * self.embed_scale (weak Python float)
+    }
+    if (taps) taps("embed_scaled", h);
+
+    // Get the extra inputs per layer if we have per layer embeddings
+    let pli: MlxArray | null = per_layer_inputs;
+    if (this.hidden_size_per_layer_input) {
+      if (pli === null) {
+        pli = stack.use(this._get_per_layer_inputs(inputs, emb, taps));
+        if (taps) taps("per_layer_token_inputs", pli);
+      }
+      const projIn = mutated("ple_unscaled_embeddings") ? emb : h;
+      pli = stack.use(this._project_per_layer_inputs(projIn, pli, taps));
+      if (taps) taps("per_layer_inputs", pli);
+    }
+    const perLayer: (MlxArray | null)[] = [];
+    if (pli !== null) {
+      // per_layer_inputs[:, :, i, :] — a slice plus a squeeze of the layer axis
+      const s = pli.shape;
+      for (let i = 0; i < this.layers.length; i++) {
+        const sl = stack.use(mx.slice(pli, [0, 0, i, 0], [s[0]!, s[1]!, i + 1, s[3]!]));
+        perLayer.push(stack.use(mx.squeeze(sl, 2)));
+      }
+    } else {
+      for (let i = 0; i < this.layers.length; i++) perLayer.push(null);
+    }
+
+    // The kv cache list, with None for all the shared kv layers
+    const caches: (LayerCache | null)[] = [];
+    for (let i = 0; i < this.layers.length; i++) caches.push(cache?.[i] ?? null);
+
+    // Apply each layer, keeping every layer's (kvs, offset) for the shared-KV layers
+    const masks = this._make_masks(h, caches, taps);
+    stack.defer(() => {
+      for (const m of new Set(masks)) disposeMask(m);
+    });
+    const intermediates: [KV | null, Offset | null][] = this.layers.map(() => [null, null]);
+    stack.defer(() => {
+      for (const [kv, off] of intermediates) {
+        if (kv) {
+          kv[0].dispose();
+          kv[1].dispose();
+        }
+        if (off instanceof mx.MlxArray) off.dispose();
+      }
+    });
+    for (let idx = 0; idx < this.layers.length; idx++) {
+      const layer = this.layers[idx]!;
+      const prev = this.previous_kvs[idx]!;
+      const [kvs, offset] = intermediates[prev]!;
+      const [hn, kv, off] = layer.call(h, masks[idx]!, caches[idx]!, perLayer[idx]!, kvs, offset, taps, taps ? `layers.${idx}/` : "");
+      h = stack.use(hn);
+      intermediates[idx] = [kv, off];
+    }
+    const out = this.norm.call(h);
+    if (taps) taps("norm", out);
+    return out;
+  }
+}
+
+// ------------------------------------------------------------------ Model
+
+export interface ModelCallOptions extends TextModelCallOptions {}
+
+export class Model extends Module {
+  readonly args: ModelArgs;
+  readonly model_type: string;
+  readonly final_logit_softcapping: number | null;
+  readonly tie_word_embeddings: boolean;
+  model: Gemma4TextModel;
+  lm_head?: AnyLinear;
+
+  constructor(args: ModelArgs) {
+    super();
+    this.args = args;
+    this.model_type = args.model_type;
+    this.model = new Gemma4TextModel(args);
+    this.final_logit_softcapping = args.final_logit_softcapping;
+    this.tie_word_embeddings = args.tie_word_embeddings;
+    if (!this.tie_word_embeddings) this.lm_head = new Linear(args.hidden_size, args.vocab_size);
+  }
+
+  /** Logits (B, L, V). `opts.cache` is the list make_cache() returns (shared layers get none). */
+  call(inputs: MlxArray | null, opts: ModelCallOptions = {}): MlxArray {
+    const taps = opts.taps;
+    using out = this.model.call(inputs, opts);
+    const logits0 = this.tie_word_embeddings ? this.model.embed_tokens.asLinear(out) : this.lm_head!.call(out);
+    if (taps) taps("lm_head", logits0);
+    if (this.final_logit_softcapping === null || mutated("no_softcap")) {
+      if (taps) taps("logits", logits0);
+      return logits0;
+    }
+    using l0 = logits0;
+    const logits = logit_softcap(this.final_logit_softcapping, l0);
+    if (taps) taps("logits", logits);
+    return logits;
+  }
+
+  /** Model.sanitize: drops / renames checkpoint keys, in Python's rule order. */
+  sanitize(weights: Map<string, Tensor>): Map<string, Tensor> {
+    const sanitized = new Map<string, Tensor>();
+    const first_kv_shared = this.args.num_hidden_layers - this.args.num_kv_shared_layers;
+    for (const [k, v] of weights) {
+      if (["self_attn.rotary_emb", "input_max", "input_min", "output_max", "output_min"].some((s) => k.includes(s))) {
+        v.array.dispose();
+        continue;
+      }
+
+      // KV-shared layers reuse K/V from earlier layers — drop their projections
+      if ([".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.k_norm"].some((s) => k.includes(s)) && !mutated("no_sanitize_shared_kv")) {
+        const idx = layerIndexOf(k);
+        if (idx !== null && idx >= first_kv_shared) {
+          v.array.dispose();
+          continue;
+        }
+      }
+
+      if (k.endsWith(".experts.gate_up_proj")) {
+        const base = k.slice(0, -".gate_up_proj".length);
+        const parts = mx.split(v.array, 2, -2);
+        const [gate, up] = parts.map((p) => {
+          const c = mx.contiguous(p);
+          p.dispose();
+          return c;
+        }) as [MlxArray, MlxArray];
+        sanitized.set(`${base}.switch_glu.gate_proj.weight`, { ...v, array: gate });
+        sanitized.set(`${base}.switch_glu.up_proj.weight`, { ...v, array: up });
+        v.array.dispose();
+        continue;
+      }
+      if (k.endsWith(".experts.down_proj")) {
+        sanitized.set(`${k.slice(0, -".down_proj".length)}.switch_glu.down_proj.weight`, v);
+        continue;
+      }
+      sanitized.set(k, v);
+    }
+    return sanitized;
+  }
+
+  /** quant_predicate (used by convert only): router.proj stays 8-bit g64. */
+  get quant_predicate(): (path: string) => boolean | { group_size: number; bits: number } {
+    return (path) => (path.endsWith("router.proj") ? { group_size: 64, bits: 8 } : true);
+  }
+
+  get layers(): DecoderLayer[] {
+    return this.model.layers;
+  }
+
+  get head_dim(): number {
+    return this.args.head_dim;
+  }
+
+  get n_kv_heads(): number {
+    return this.args.num_key_value_heads;
+  }
+
+  /**
+   * make_cache(): one cache per NON-shared layer: full → KVCache(), sliding →
+   * RotatingKVCache(max_size=sliding_window, keep=0). The factories come from model/cache/.
+   */
+  makeCache(factory: { kvCache(): LayerCache; rotatingKVCache(maxSize: number, keep: number): LayerCache }): LayerCache[] {
+    const first_kv_shared = this.args.num_hidden_layers - this.args.num_kv_shared_layers;
+    const caches: LayerCache[] = [];
+    for (let i = 0; i < first_kv_shared; i++) {
+      if (this.args.layer_types[i] === "full_attention") caches.push(factory.kvCache());
+      else caches.push(factory.rotatingKVCache(this.args.sliding_window, 0));
+    }
+    return caches;
+  }
+}
+
+/** `int(k.split("layers.")[1].split(".")[0])`, or null where Python's try/except passes. */
+function layerIndexOf(k: string): number | null {
+  const parts = k.split("layers.");
+  if (parts.length < 2) return null;
+  const s = parts[1]!.split(".")[0]!;
+  if (!/^\s*[+-]?\d+\s*$/.test(s)) return null;
+  return Number.parseInt(s, 10);
+}

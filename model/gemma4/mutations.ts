@@ -1,0 +1,54 @@
+// Test-only switch for the mutation suite (suites/mutations/): each name re-introduces one known
+// Gemma 4 port bug (../shared/docs/gemma4-port-bugs.md, spec §10/§12) at the one place it lives.
+// Production code never adds to the set, so every check is a failed Set lookup.
+
+export const MUTATIONS = [
+  "rope_full_factor_1", // RoPE partial factor 1.0 on full layers (mlx-lm #1114)
+  "router_softmax_all", // softmax over all experts before top-k, then renormalise (pre-#1114)
+  "keqv_values_after_norm", // k_eq_v: V taken from the normed K instead of the raw projection
+  "no_layer_scalar", // layer_scalar multiply missing
+  "no_double_wide", // double-wide MLP off on KV-shared layers
+  "embed_scale_f32", // embed scale applied as a float32 array (promotes bf16 to f32)
+  "gelu_cube_mul", // x*x*x in place of power(x, 3) in gelu_approx
+  "rope_offset_after_update", // RoPE offset read after the cache update
+  "mask_wrong_type", // sliding layers get the full-attention mask and vice versa
+  "no_sanitize_shared_kv", // sanitize keeps shared-layer K/V (strict load fails)
+  "ple_unscaled_embeddings", // per-layer projection fed the unscaled embeddings
+  "no_softcap", // final logit softcap missing
+  "shared_kv_first_source", // KV-shared layers take K/V from the FIRST non-shared layer of their type
+  "rope_contiguous_partial", // proportional RoPE as nn.RoPE(int(hd*prf)) (contiguous prefix)
+  "router_normed_input", // router fed the pre-FFN-normed h instead of the residual
+  "v_norm_missing", // values not passed through the no-scale RMSNorm
+  "sdpa_scale_rsqrt", // attention scale 1/sqrt(head_dim) instead of Gemma 4's 1.0
+  "per_layer_input_scale_missing", // (p + r) not multiplied by 2**-0.5
+] as const;
+
+export type Mutation = (typeof MUTATIONS)[number];
+
+const active = new Set<string>();
+
+/** True when the named bug is switched on (tests only). */
+export function mutated(name: Mutation): boolean {
+  return active.size !== 0 && active.has(name);
+}
+
+/** Runs fn with exactly one mutation active (tests only). */
+export function withMutation<T>(name: Mutation, fn: () => T): T {
+  active.clear();
+  active.add(name);
+  try {
+    return fn();
+  } finally {
+    active.clear();
+  }
+}
+
+export async function withMutationAsync<T>(name: Mutation, fn: () => Promise<T>): Promise<T> {
+  active.clear();
+  active.add(name);
+  try {
+    return await fn();
+  } finally {
+    active.clear();
+  }
+}

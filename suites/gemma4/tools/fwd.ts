@@ -1,0 +1,12 @@
+import * as mx from "@mlx-bun/mlx";
+import { loadModel } from "../../../model/gemma4/index.ts";
+import { writeFileSync } from "node:fs";
+const [dir, toks, out] = process.argv.slice(2);
+const ids: number[][] = JSON.parse(toks!);
+const t0 = performance.now();
+const { model } = loadModel(dir!);
+using x = mx.array(ids.flat(), [ids.length, ids[0]!.length], "int32");
+using logits = model.call(x);
+const b = logits.toBytes();
+writeFileSync(out!, b);
+console.log(logits.dtype, logits.shape, (performance.now() - t0).toFixed(0), "ms");
