@@ -1,6 +1,7 @@
 // MlxArray: an owned handle to an mlx::core::array.
 import { checkPtr, checkStatus, MlxError } from "./errors.ts";
 import { lib } from "./native.ts";
+import { PyScalar, type Scalar, scalarParts } from "./scalar.ts";
 import { bf16ToNumber, type Dtype, dtypeCode, dtypeFromCode, f16ToNumber, itemSize, type TypedArrayFor, typedView } from "./dtype.ts";
 
 // Backstop only: arrays are disposed explicitly (`using` or dispose()); this frees what leaks.
@@ -175,8 +176,8 @@ function defaultDtypeOf(t: NumericTyped): Dtype {
  * declared "float16"/"bfloat16" to pass bit patterns), or from JS numbers (converted by MLX's
  * own float32 → dtype conversion, like mx.array(list, dtype)).
  */
-export function array(data: NumericTyped | readonly number[] | number | boolean, shape?: readonly number[], dtype?: Dtype): MlxArray {
-  if (typeof data === "number" || typeof data === "boolean") {
+export function array(data: NumericTyped | readonly number[] | Scalar, shape?: readonly number[], dtype?: Dtype): MlxArray {
+  if (typeof data === "number" || typeof data === "boolean" || data instanceof PyScalar) {
     return scalar(data, dtype);
   }
   if (Array.isArray(data)) {
@@ -221,10 +222,12 @@ function toTyped(data: readonly number[], dt: Dtype): NumericTyped {
   }
 }
 
-/** A 0-d array, as mx.array(v, dtype): a JS integer is a Python int, other numbers Python floats. */
-export function scalar(v: number | boolean, dtype?: Dtype): MlxArray {
-  if (typeof v === "boolean") return own(lib.mlxb_scalar(v ? 1 : 0, 2, dtypeCode(dtype ?? "bool")), "array");
-  const isInt = Number.isInteger(v) && !Object.is(v, -0);
-  const dt = dtype ?? (isInt ? "int32" : "float32");
-  return own(lib.mlxb_scalar(v, isInt ? 1 : 0, dtypeCode(dt)), "array");
+/**
+ * A 0-d array, as mx.array(v, dtype): a JS integer is a Python int, other numbers Python floats
+ * (pyFloat/pyInt state the Python type explicitly).
+ */
+export function scalar(v: Scalar, dtype?: Dtype): MlxArray {
+  const [x, kind] = scalarParts(v);
+  const dt = dtype ?? (kind === 2 ? "bool" : kind === 1 ? "int32" : "float32");
+  return own(lib.mlxb_scalar(x, kind, dtypeCode(dt)), "array");
 }

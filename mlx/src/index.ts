@@ -10,4 +10,4 @@ export * from "./transforms.ts";
 export { compile, setCompileMode } from "./compile.ts";
 export * from "./memory.ts";
 export * from "./device.ts";
-export { pyFloat, pyInt, PyScalar } from "./scalar.ts";
+export { pyFloat, pyInt, PyScalar, type Scalar } from "./scalar.ts";

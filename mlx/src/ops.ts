@@ -1,6 +1,6 @@
 // Array operations, in mlx.core's vocabulary (camelCase). Each is one native call.
 import { handles, MlxArray, own, ownVec, shapeArg } from "./array.ts";
-import { type Dtype, dtypeCode } from "./dtype.ts";
+import { type Dtype, dtypeCode, isFloating } from "./dtype.ts";
 import { MlxError } from "./errors.ts";
 import { cstr, cstring, lib } from "./native.ts";
 import { isScalar, type Scalar, scalarParts } from "./scalar.ts";
@@ -203,16 +203,20 @@ export function ones(shape: readonly number[], dtype: Dtype = "float32"): MlxArr
   return own(lib.mlxb_ones(s, s.length, dtypeCode(dtype)), "ones");
 }
 
-/** mx.full(shape, vals, dtype?). A number value becomes float32 (or int32 if integer), as in Python. */
-export function full(shape: readonly number[], vals: MlxArray | number | boolean, dtype?: Dtype): MlxArray {
+/**
+ * mx.full(shape, vals, dtype?), exactly as Python builds it: `full(shape, to_array(vals, dtype))`.
+ * - a number is converted like a Python scalar with that dtype: a float becomes `dtype` if it is
+ *   floating, else float32; an int becomes `dtype` (int32 when none or bool); a boolean, bool;
+ * - an MlxArray is used as is: Python ignores `dtype` for array values (astype it first).
+ */
+export function full(shape: readonly number[], vals: MlxArray | Scalar, dtype?: Dtype): MlxArray {
   const s = shapeArg(shape, "full");
-  const code = dtype === undefined ? -1 : dtypeCode(dtype);
-  if (vals instanceof MlxArray) return own(lib.mlxb_full(s, s.length, vals.handle, code), "full");
+  if (vals instanceof MlxArray) return own(lib.mlxb_full(s, s.length, vals.handle, -1), "full");
   const [v, k] = scalarParts(vals);
-  const dt = k === 2 ? "bool" : k === 1 ? "int32" : "float32";
+  const dt: Dtype = k === 2 ? "bool" : k === 1 ? (dtype === undefined || dtype === "bool" ? "int32" : dtype) : dtype !== undefined && isFloating(dtype) ? dtype : "float32";
   const tmp = own(lib.mlxb_scalar(v, k, dtypeCode(dt)), "full");
   try {
-    return own(lib.mlxb_full(s, s.length, tmp.handle, code), "full");
+    return own(lib.mlxb_full(s, s.length, tmp.handle, -1), "full");
   } finally {
     tmp.dispose();
   }

@@ -95,8 +95,9 @@ export function normal(
   { shape = [], dtype = "float32", loc, scale, key: k }: { shape?: readonly number[]; dtype?: Dtype; loc?: number; scale?: number; key?: MlxArray } = {},
 ): MlxArray {
   const s = shapeArg(shape, "random.normal");
-  const l = loc === undefined ? null : own(lib.mlxb_scalar(loc, 0, dtypeCode(dtype)), "random.normal");
-  const sc = scale === undefined ? null : own(lib.mlxb_scalar(scale, 0, dtypeCode(dtype)), "random.normal");
+  // As the C++ float overload Python calls: loc 0 / scale 1 are absent, else array((float)v, dtype).
+  const l = loc === undefined || loc === 0 ? null : own(lib.mlxb_scalar(loc, 0, dtypeCode(dtype)), "random.normal");
+  const sc = scale === undefined || scale === 1 ? null : own(lib.mlxb_scalar(scale, 0, dtypeCode(dtype)), "random.normal");
   try {
     return withKey(k, (kh) => own(lib.mlxb_random_normal(s, s.length, dtypeCode(dtype), l ? l.handle : 0, sc ? sc.handle : 0, kh), "random.normal"));
   } finally {
@@ -115,9 +116,4 @@ export function categorical(
   return withKey(k, (kh) =>
     own(lib.mlxb_random_categorical(logits.handle, axis, s, shape === undefined ? -1 : s.length, numSamples ?? 0, kh), "random.categorical"),
   );
-}
-
-export function bits({ shape = [], width = 4, key: k }: { shape?: readonly number[]; width?: number; key?: MlxArray } = {}): MlxArray {
-  const s = shapeArg(shape, "random.bits");
-  return withKey(k, (kh) => own(lib.mlxb_random_bits(s, s.length, width, kh), "random.bits"));
 }

@@ -72,7 +72,8 @@ def to_numpy(a: mx.array) -> tuple[np.ndarray, str]:
         a = a.view(mx.uint16)
     mx.eval(a)
     arr = np.array(a, copy=True)
-    return np.ascontiguousarray(arr), name
+    # np.ascontiguousarray returns ndim >= 1: keep 0-d arrays 0-d.
+    return np.ascontiguousarray(arr).reshape(arr.shape), name
 
 
 def from_numpy(arr: np.ndarray, name: str) -> mx.array:
@@ -89,7 +90,7 @@ def from_numpy(arr: np.ndarray, name: str) -> mx.array:
 
 def npy_bytes(arr: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.lib.format.write_array(buf, np.ascontiguousarray(arr), allow_pickle=False)
+    np.lib.format.write_array(buf, np.ascontiguousarray(arr).reshape(np.shape(arr)), allow_pickle=False)
     return buf.getvalue()
 
 

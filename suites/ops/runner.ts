@@ -1,0 +1,231 @@
+// Runs op parity cases: seeded inputs → the binding and Python MLX (through the oracle) →
+// byte comparison of every output (dtype, shape and raw bytes).
+import * as mx from "@mlx-bun/mlx";
+import type { Dtype, MlxArray } from "@mlx-bun/mlx";
+import type { Operand } from "@mlx-bun/mlx/ops";
+import type { ArraySpec, Gen, InputSpec, OpCase, View } from "./cases.ts";
+import type { OpInput, OracleClient } from "../../oracle/client.ts";
+import type { NpyRecord } from "../../oracle/npy.ts";
+
+export interface CaseResult {
+  id: string;
+  op: string;
+  ok: boolean;
+  detail?: string;
+}
+
+// ---------------------------------------------------------------- seeded inputs
+
+function hash32(s: string): number {
+  let h = 2166136261;
+  for (let i = 0; i < s.length; i++) {
+    h ^= s.charCodeAt(i);
+    h = Math.imul(h, 16777619);
+  }
+  return h >>> 0;
+}
+
+function mulberry32(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const isFloatDt = (d: Dtype) => d === "float32" || d === "float16" || d === "bfloat16" || d === "float64";
+const isUnsigned = (d: Dtype) => d.startsWith("uint");
+
+function values(gen: Gen, n: number, dt: Dtype, rnd: () => number): number[] {
+  const out = new Array<number>(n);
+  const normal = () => Math.sqrt(-2 * Math.log(1 - rnd())) * Math.cos(2 * Math.PI * rnd());
+  const int = (lo: number, hi: number) => lo + Math.floor(rnd() * (hi - lo + 1));
+  for (let i = 0; i < n; i++) {
+    let v: number;
+    if (typeof gen === "object") {
+      if ("index" in gen) v = int(0, gen.index - 1);
+      else if ("range" in gen) v = int(gen.range[0], gen.range[1]);
+      else v = gen.values[i % gen.values.length]!;
+    } else {
+      switch (gen) {
+        case "normal": v = normal(); break;
+        case "wide": v = 3 * normal(); break;
+        case "small": v = -2 + 4 * rnd(); break;
+        case "positive": v = 0.1 + 2.9 * rnd(); break;
+        case "unit": v = -0.95 + 1.9 * rnd(); break;
+        case "ge1": v = 1 + 3 * rnd(); break;
+        case "int": v = isUnsigned(dt) ? int(0, 40) : int(-20, 20); break;
+        case "nonzero": v = isUnsigned(dt) ? int(1, 40) : (rnd() < 0.5 ? -1 : 1) * int(1, 20); break;
+        case "shift": v = int(0, 7); break;
+        case "bool": v = rnd() < 0.5 ? 1 : 0; break;
+        case "bits": v = 0; break;
+      }
+    }
+    out[i] = v;
+  }
+  return out;
+}
+
+/** The stored bytes of an array input (before its view). */
+export function inputBytes(spec: ArraySpec, seed: string): Uint8Array {
+  const n = spec.shape.reduce((a, b) => a * b, 1);
+  const rnd = mulberry32(hash32(seed));
+  const gen: Gen = spec.gen ?? (spec.dtype === "bool" ? "bool" : isFloatDt(spec.dtype) ? "normal" : "int");
+  if (gen === "bits") {
+    const out = new Uint8Array(n * mx.itemSize(spec.dtype));
+    for (let i = 0; i < out.length; i++) out[i] = Math.floor(rnd() * 256);
+    return out;
+  }
+  const vals = values(gen, n, spec.dtype, rnd);
+  if (isFloatDt(spec.dtype)) {
+    // float32 values (every generator is exact in f32), converted by MLX itself for f16/bf16/f64
+    using f = mx.fromBytes(new Float32Array(vals), spec.shape, "float32");
+    if (spec.dtype === "float32") return f.toBytes();
+    using c = mx.astype(f, spec.dtype);
+    return c.toBytes();
+  }
+  using a = mx.array(vals, spec.shape, spec.dtype);
+  return a.toBytes();
+}
+
+function applyView(a: MlxArray, view: View | undefined): MlxArray {
+  if (!view) return a;
+  if ("transpose" in view) return view.transpose === null ? mx.transpose(a) : mx.transpose(a, view.transpose);
+  return mx.slice(a, view.slice.start, view.slice.stop, view.slice.strides);
+}
+
+// ---------------------------------------------------------------- running
+
+interface Prepared {
+  ts: Operand[];
+  owned: MlxArray[];
+  oracle: OpInput[];
+  views: (View | null)[];
+}
+
+function prepare(c: OpCase): Prepared {
+  const ts: Operand[] = [];
+  const owned: MlxArray[] = [];
+  const oracle: OpInput[] = [];
+  const views: (View | null)[] = [];
+  c.inputs.forEach((spec: InputSpec, i) => {
+    if ("scalar" in spec) {
+      ts.push(spec.kind === "bool" ? spec.scalar !== 0 : spec.kind === "int" ? mx.pyInt(spec.scalar) : mx.pyFloat(spec.scalar));
+      // JSON has no inf/nan: send them as the strings Python's float() parses
+      const wire = Number.isFinite(spec.scalar) ? spec.scalar : String(spec.scalar).replace("Infinity", "inf").replace("NaN", "nan");
+      oracle.push({ scalar: wire as number, kind: spec.kind });
+      views.push(null);
+      return;
+    }
+    const bytes = inputBytes(spec, `${c.id}|${i}`);
+    oracle.push({ dtype: spec.dtype, shape: spec.shape, data: bytes });
+    const base = mx.fromBytes(bytes, spec.shape, spec.dtype);
+    owned.push(base);
+    const v = applyView(base, spec.view);
+    if (v !== base) owned.push(v);
+    ts.push(v);
+    views.push(spec.view ?? null);
+  });
+  return { ts, owned, oracle, views };
+}
+
+interface TsOut {
+  dtype: Dtype;
+  shape: number[];
+  bytes: Uint8Array;
+}
+
+function compare(ts: TsOut[] | Error, py: NpyRecord[] | Error): string | undefined {
+  if (ts instanceof Error && py instanceof Error) return `both failed: TS ${ts.message} | ${py.message}`;
+  if (ts instanceof Error) return `TS failed: ${ts.message}`;
+  if (py instanceof Error) return `Python failed: ${py.message}`;
+  if (ts.length !== py.length) return `output count TS ${ts.length} vs Python ${py.length}`;
+  for (let i = 0; i < ts.length; i++) {
+    const t = ts[i]!;
+    const p = py[i]!;
+    if (t.dtype !== p.dtype) return `output ${i}: dtype TS ${t.dtype} vs Python ${p.dtype}`;
+    if (t.shape.join(",") !== p.shape.join(",")) return `output ${i}: shape TS [${t.shape}] vs Python [${p.shape}]`;
+    const data = p.data;
+    if (data.byteLength !== t.bytes.byteLength) return `output ${i}: ${t.bytes.byteLength} bytes vs Python ${data.byteLength}`;
+    if (!Buffer.from(data.buffer, data.byteOffset, data.byteLength).equals(Buffer.from(t.bytes.buffer, t.bytes.byteOffset, t.bytes.byteLength))) {
+      let diff = 0;
+      let first = -1;
+      for (let j = 0; j < data.byteLength; j++) {
+        if (data[j] !== t.bytes[j]) {
+          diff++;
+          if (first < 0) first = j;
+        }
+      }
+      return `output ${i} (${t.dtype}[${t.shape}]): ${diff} of ${data.byteLength} bytes differ (first at byte ${first})`;
+    }
+  }
+  return undefined;
+}
+
+/** Runs the cases against the oracle; at most `window` requests in flight. */
+export async function runCases(cases: readonly OpCase[], oracle: OracleClient, window = 32): Promise<CaseResult[]> {
+  const results: CaseResult[] = new Array(cases.length);
+  const inflight = new Set<Promise<void>>();
+  try {
+    for (let i = 0; i < cases.length; i++) {
+      const c = cases[i]!;
+      let prep: Prepared;
+      try {
+        prep = prepare(c);
+      } catch (e) {
+        results[i] = { id: c.id, op: c.op, ok: false, detail: `input preparation failed: ${(e as Error).message}` };
+        continue;
+      }
+      const params = prep.views.some((v) => v !== null) ? { ...c.params, _views: prep.views } : c.params;
+      const py = oracle.op(c.oracle, prep.oracle, params).catch((e: Error) => e);
+      // (the client writes the input .npy files synchronously inside op())
+      let ts: TsOut[] | Error;
+      try {
+        const r = c.run(prep.ts, c.params);
+        const outs = Array.isArray(r) ? r : [r];
+        mx.evaluate(outs);
+        ts = outs.map((o) => ({ dtype: o.dtype, shape: o.shape, bytes: o.toBytes() }));
+        for (const o of outs) if (!prep.owned.includes(o)) o.dispose();
+      } catch (e) {
+        ts = e as Error;
+      } finally {
+        for (const a of prep.owned) a.dispose();
+      }
+      const p = py.then((out) => {
+        const detail = compare(ts, out);
+        results[i] = { id: c.id, op: c.op, ok: detail === undefined, ...(detail ? { detail } : {}) };
+      });
+      inflight.add(p);
+      void p.finally(() => inflight.delete(p));
+      if (inflight.size >= window) await Promise.race(inflight);
+    }
+    await Promise.all(inflight);
+  } finally {
+    await Promise.allSettled(inflight);
+  }
+  return results;
+}
+
+export interface Coverage {
+  exposed: string[];
+  tested: string[];
+  untested: string[];
+  cases: number;
+  bitExact: number;
+  failures: CaseResult[];
+}
+
+export function coverage(exposed: string[], cases: readonly OpCase[], results: CaseResult[]): Coverage {
+  const tested = new Set(cases.map((c) => c.op));
+  return {
+    exposed,
+    tested: exposed.filter((o) => tested.has(o)),
+    untested: exposed.filter((o) => !tested.has(o)),
+    cases: results.length,
+    bitExact: results.filter((r) => r.ok).length,
+    failures: results.filter((r) => !r.ok),
+  };
+}
