@@ -1,0 +1,98 @@
+"""mlx-lm side of the benchmarks: a JSON-lines worker the TS harness drives, so TS and mlx-lm
+runs can alternate (A B A B ...) inside one benchmark run.
+
+Requests (one JSON object per line on stdin), replies on stdout:
+  {"cmd": "load", "path": DIR}                        -> {"ok": true, "seconds": s}
+  {"cmd": "generate", "prompt": [ids], "max_tokens": N, "prefill_step_size": P}
+      mlx-lm's stream_generate timing: the prompt clock stops at the first token, and
+      generation_tps = (n + 1) / (time since the first token), peak memory after a reset.
+      -> {"ok": true, "prompt_tps", "generation_tps", "prompt_seconds", "peak_memory", "tokens"}
+  {"cmd": "graph_build", "prompt": [ids], "reps": R}
+      prefill the prompt, then R times: build one decode step's graph (timed, no eval), then
+      evaluate it (untimed) -> {"ok": true, "seconds": [per-rep build times]}
+  {"cmd": "quit"}
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model
+
+model = None
+
+
+def cmd_load(req):
+    global model
+    tic = time.perf_counter()
+    model, _ = load_model(Path(req["path"]))
+    return {"seconds": time.perf_counter() - tic}
+
+
+def cmd_generate(req):
+    prompt = mx.array(req["prompt"], dtype=mx.int32)
+    max_tokens = int(req["max_tokens"])
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    tokens = []
+    tic = time.perf_counter()
+    prompt_time = None
+    n = 0
+    for n, (token, _) in enumerate(
+        generate_step(prompt, model, max_tokens=max_tokens, prefill_step_size=int(req["prefill_step_size"]))
+    ):
+        if n == 0:
+            prompt_time = time.perf_counter() - tic
+            tic = time.perf_counter()
+        tokens.append(int(token))
+        if (n + 1) == max_tokens:
+            break
+    gen_time = time.perf_counter() - tic
+    return {
+        "prompt_seconds": prompt_time,
+        "prompt_tps": prompt.size / prompt_time,
+        "generation_tps": (n + 1) / gen_time if gen_time > 0 else None,
+        "peak_memory": mx.get_peak_memory(),
+        "tokens": tokens,
+    }
+
+
+def cmd_graph_build(req):
+    cache = make_prompt_cache(model)
+    prompt = mx.array(req["prompt"], dtype=mx.int32)
+    logits = model(prompt[None], cache=cache)
+    y = mx.argmax(logits[:, -1, :], axis=-1)
+    mx.eval(y, [c.state for c in cache])
+    times = []
+    for _ in range(int(req["reps"])):
+        tic = time.perf_counter()
+        logits = model(y[None], cache=cache)
+        times.append(time.perf_counter() - tic)
+        y = mx.argmax(logits[:, -1, :], axis=-1)
+        mx.eval(y, [c.state for c in cache])
+    return {"seconds": times}
+
+
+COMMANDS = {"load": cmd_load, "generate": cmd_generate, "graph_build": cmd_graph_build}
+
+
+def main():
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req.get("cmd") == "quit":
+            break
+        try:
+            out = COMMANDS[req["cmd"]](req)
+            out["ok"] = True
+        except Exception as e:  # reported to the harness, which stops with the message
+            out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+// The loaded Gemma 4 model as generation drives it: loadModel + the model's makeCache with
+// model/cache's classes + a forward that optionally emits taps under the oracle's call prefixes
+// ("prefill{k}/", "step{n}/"). Used by the parity command, `npm run generate` and the benchmarks.
+import type { MlxArray } from "@mlx-bun/mlx";
+import { KVCache, type KVCacheLike, RotatingKVCache } from "./cache/index.ts";
+import type { CallInfo, GenerateModel } from "./generate.ts";
+import { type LoadedModel, loadModel, prefixed, type TapSink } from "./gemma4/index.ts";
+
+export const cacheFactory = {
+  kvCache: (): KVCacheLike => new KVCache(),
+  rotatingKVCache: (maxSize: number, keep: number): KVCacheLike => new RotatingKVCache(maxSize, keep),
+};
+
+/** The oracle's tap prefix of one generate_step model call. */
+export function callPrefix(call: CallInfo): string {
+  return `${call.kind}${call.index}/`;
+}
+
+/** Wraps a loaded model for generateStep; `taps` (optional) receives every tap, prefixed per call. */
+export function generationModel(loaded: LoadedModel, taps?: TapSink): GenerateModel {
+  const { model } = loaded;
+  return {
+    makeCache: () => model.makeCache(cacheFactory) as KVCacheLike[],
+    forward: (inputs: MlxArray, cache: KVCacheLike[], call: CallInfo): MlxArray =>
+      model.call(inputs, { cache, taps: taps ? prefixed(taps, callPrefix(call)) : undefined }),
+  };
+}
+
+export function loadGenerationModel(dir: string, taps?: TapSink): { loaded: LoadedModel; model: GenerateModel } {
+  const loaded = loadModel(dir);
+  return { loaded, model: generationModel(loaded, taps) };
+}
