@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "mlx/compile_impl.h"
@@ -47,20 +48,30 @@ struct Vec {
 thread_local std::string g_error;
 int64_t g_live_handles = 0;
 
+// Every live Arr*, so a disposed or foreign pointer is rejected before it is dereferenced
+// (the magic tag alone would read freed or unmapped memory). Handles are created and freed on
+// the JS thread only. Leaked on purpose: never destroyed during static teardown.
+std::unordered_set<const void*>& live_set() {
+  static auto* s = new std::unordered_set<const void*>();
+  return *s;
+}
+
 void set_error(const char* where, const char* what) {
   g_error = std::string(where) + ": " + what;
 }
 
 Arr* wrap(array x) {
+  auto* h = new Arr(std::move(x));
+  live_set().insert(h);
   ++g_live_handles;
-  return new Arr(std::move(x));
+  return h;
 }
 
 const array& A(const Arr* h, const char* role = "array") {
   if (h == nullptr) {
     throw std::invalid_argument(std::string("null ") + role + " handle");
   }
-  if (h->magic != kLive) {
+  if (live_set().count(h) == 0 || h->magic != kLive) {
     throw std::invalid_argument(std::string("invalid ") + role + " handle (disposed or foreign)");
   }
   return h->a;
@@ -251,7 +262,8 @@ double mlxb_live_handles() { return static_cast<double>(g_live_handles); }
 int mlxb_free(Arr* h) {
   if (h == nullptr) return 0;
   GUARD_INT("free", {
-    if (h->magic != kLive) throw std::invalid_argument("double free or foreign handle");
+    if (live_set().count(h) == 0 || h->magic != kLive) throw std::invalid_argument("double free or foreign handle");
+    live_set().erase(h);
     h->magic = kDead;
     --g_live_handles;
     delete h;
@@ -262,7 +274,7 @@ int mlxb_free(Arr* h) {
 // A second owned handle to the same array (shares the graph node; freed independently).
 Arr* mlxb_retain(const Arr* h) { GUARD_PTR("retain", { return wrap(A(h)); }) }
 
-int mlxb_is_live(const Arr* h) { return h != nullptr && h->magic == kLive ? 1 : 0; }
+int mlxb_is_live(const Arr* h) { return h != nullptr && live_set().count(h) != 0 ? 1 : 0; }
 
 const char* mlxb_version() { return mx::version(); }
 

@@ -1,4 +1,5 @@
 // MLX dtypes, in the order of mlx::core::Dtype::Val (the shim passes the enum value).
+import { MlxError } from "./mlx_error.ts";
 
 export const DTYPES = [
   "bool",
@@ -40,13 +41,13 @@ const CODES = new Map<Dtype, number>(DTYPES.map((d, i) => [d, i]));
 
 export function dtypeCode(d: Dtype): number {
   const c = CODES.get(d);
-  if (c === undefined) throw new TypeError(`unknown dtype ${String(d)}`);
+  if (c === undefined) throw new MlxError("dtype", `unknown dtype ${String(d)}; expected one of ${DTYPES.join(", ")}`);
   return c;
 }
 
 export function dtypeFromCode(c: number): Dtype {
   const d = DTYPES[c];
-  if (d === undefined) throw new TypeError(`unknown dtype code ${c}`);
+  if (d === undefined) throw new MlxError("dtype", `unknown dtype code ${c}`);
   return d;
 }
 

@@ -2,16 +2,9 @@
 import { cstring } from "./native.ts";
 import { lib } from "./native.ts";
 
-/** An error raised by MLX (or by the binding's own argument checks), naming the op. */
-export class MlxError extends Error {
-  override readonly name = "MlxError";
-  constructor(
-    readonly op: string,
-    readonly detail: string,
-  ) {
-    super(`[${op}] ${detail}`);
-  }
-}
+import { MlxError } from "./mlx_error.ts";
+
+export { MlxError };
 
 function lastError(op: string): MlxError {
   const msg = cstring(lib.mlxb_last_error()) || "unknown native error";

@@ -135,7 +135,26 @@ type Ret<R> = R extends typeof FFIType.ptr ? number | null : R extends typeof FF
 type Native = { [K in keyof typeof symbols]: (...args: Arg[]) => Ret<(typeof symbols)[K]["returns"]> };
 
 // Bun types pointers as branded numbers; the binding treats handles as plain numbers.
-export const lib = dlopen(libraryPath, symbols).symbols as unknown as Native;
+const raw = dlopen(libraryPath, symbols).symbols as unknown as Native;
+
+let callCount = 0;
+
+/** With MLX_BUN_COUNT_CALLS=1 every native call is counted (benchmarks); otherwise zero cost. */
+function counting(l: Native): Native {
+  const out: Record<string, unknown> = {};
+  for (const [k, f] of Object.entries(l)) {
+    out[k] = (...args: Arg[]) => {
+      callCount++;
+      return (f as (...a: Arg[]) => unknown)(...args);
+    };
+  }
+  return out as Native;
+}
+
+export const lib: Native = process.env.MLX_BUN_COUNT_CALLS === "1" ? counting(raw) : raw;
+
+/** Native calls made so far (always 0 unless MLX_BUN_COUNT_CALLS=1). */
+export const nativeCallCount = (): number => callCount;
 
 /** Reads a NUL-terminated C string returned as a pointer ("" for NULL). */
 export function cstring(p: number | null): string {
