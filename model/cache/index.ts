@@ -54,7 +54,34 @@ export const cacheMutations = {
   temporalOrder: false,
   /** KVCache growth concatenates onto the full buffer without slicing it to prev first. */
   growthNoPreSlice: false,
+  /** makeMask answers as if the N new tokens were already in the cache (mask built after the update). */
+  maskAfterUpdate: false,
+  /** RotatingKVCache.makeMask ignores the window: the full-attention (KVCache) mask on sliding layers. */
+  slidingUsesFullMask: false,
 };
+
+export type CacheMutation = keyof typeof cacheMutations;
+
+/** Runs fn with exactly one cache mutation switched on (tests only). */
+export function withCacheMutation<T>(name: CacheMutation, fn: () => T): T {
+  for (const k of Object.keys(cacheMutations) as CacheMutation[]) cacheMutations[k] = false;
+  cacheMutations[name] = true;
+  try {
+    return fn();
+  } finally {
+    cacheMutations[name] = false;
+  }
+}
+
+export async function withCacheMutationAsync<T>(name: CacheMutation, fn: () => Promise<T>): Promise<T> {
+  for (const k of Object.keys(cacheMutations) as CacheMutation[]) cacheMutations[k] = false;
+  cacheMutations[name] = true;
+  try {
+    return await fn();
+  } finally {
+    cacheMutations[name] = false;
+  }
+}
 
 function checkKV(name: string, keys: MlxArray, values: MlxArray): { B: number; H: number; S: number; Dk: number; Dv: number } {
   if (!(keys instanceof mx.MlxArray) || !(values instanceof mx.MlxArray)) throw new CacheError(name, "keys and values must be MlxArrays");
@@ -215,7 +242,8 @@ export class KVCache implements KVCacheLike {
   }
 
   makeMask(N: number, { windowSize = null, returnArray = false }: MakeMaskOptions = {}): Mask {
-    return cacheAttentionMask(N, this.offset, returnArray, windowSize);
+    const offset = cacheMutations.maskAfterUpdate ? this.offset + N : this.offset;
+    return cacheAttentionMask(N, offset, returnArray, windowSize);
   }
 
   dispose(): void {
@@ -437,18 +465,20 @@ export class RotatingKVCache implements KVCacheLike {
   }
 
   makeMask(N: number, { windowSize = null, returnArray = false }: MakeMaskOptions = {}): Mask {
+    if (cacheMutations.slidingUsesFullMask) return cacheAttentionMask(N, this.offset, returnArray, null);
+    const selfOffset = cacheMutations.maskAfterUpdate ? this.offset + N : this.offset;
     if (N > 1) {
       const window = windowSize || this.maxSize; // Python `window_size or self.max_size`
-      const offset = Math.min(this.maxSize - 1, this.offset);
+      const offset = Math.min(this.maxSize - 1, selfOffset);
       if (offset + N > window || returnArray) return createCausalMask(N, offset, window);
       return "causal";
     }
     if (windowSize === null || windowSize === undefined) return null;
     // May need a mask for when window_size < max_size.
-    if (this.offset >= windowSize && this.maxSize > windowSize) {
+    if (selfOffset >= windowSize && this.maxSize > windowSize) {
       let idx = this.idx;
       if (idx >= this.maxSize) idx = 0;
-      const maskSize = this.offset < this.maxSize ? this.offset + 1 : this.maxSize;
+      const maskSize = selfOffset < this.maxSize ? selfOffset + 1 : this.maxSize;
       using ar = mx.arange(maskSize);
       using m = mx.greaterEqual(ar, maskSize - windowSize);
       return mx.roll(m, idx + 1);
