@@ -1,0 +1,305 @@
+// `npm run bench`: the TS model against mlx-lm on the same libmlx, side by side in one run.
+//
+// Every measurement alternates the two sides (TS, mlx-lm, TS, mlx-lm, ...) after one warm-up
+// each, reports median and min–max per side and the TS/mlx-lm ratio of every pair. Both sides
+// load the same checkpoint from disk. Timing follows mlx-lm's stream_generate: the prompt clock
+// stops at the first token; decode tok/s = (n + 1) / (time since the first token).
+// Results: bench/RESULTS.md and bench/results.json.
+import * as mx from "@mlx-bun/mlx";
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { cpus, totalmem } from "node:os";
+import { createInterface } from "node:readline";
+import { join } from "node:path";
+import { helpText, parseArgs, UsageError, type FlagSpec } from "../parity/args.ts";
+import { generate } from "../model/generate.ts";
+import { loadGenerationModel } from "../model/runtime.ts";
+import type { KVCacheLike } from "../model/cache/index.ts";
+
+const ROOT = join(import.meta.dir, "..");
+const PY = join(ROOT, ".venv", "bin", "python");
+
+const FLAGS: FlagSpec[] = [
+  { name: "quick", kind: "bool", help: "smoke mode: tiny fixtures only, 2 pairs, short prompts (< 3 minutes)" },
+  { name: "pairs", kind: "int", help: "measured TS/mlx-lm pairs per row (after one warm-up each)", default: 5 },
+  { name: "only", kind: "string", valueName: "names", help: "comma-separated workload names (tiny-dense,tiny-e2b,tiny-moe,e2b,moe)" },
+  { name: "e2b-layers", kind: "int", help: "layers of the E2B-shaped checkpoint (35 = the real model)", default: 35 },
+  { name: "moe-layers", kind: "int", help: "layers of the 26B-A4B-shaped MoE slice", default: 4 },
+  { name: "suite-cost", kind: "bool", help: "also time `npm test` and `npm run golden:regen` (minutes)" },
+  { name: "help", kind: "bool", help: "show this help" },
+];
+
+interface Workload {
+  name: string;
+  what: string;
+  dir: string;
+  build: string[];
+  prompts: number[];
+  decode: number;
+}
+
+function workloads(o: { quick: boolean; e2bLayers: number; moeLayers: number }): Workload[] {
+  const fx = (f: string, v: string) => join(ROOT, ".cache", "checkpoints", f, v);
+  const prompts = o.quick ? [32] : [128, 1024];
+  const decode = o.quick ? 16 : 64;
+  const tiny = (name: string, f: string, v: string, what: string): Workload => ({
+    name, what, dir: fx(f, v), build: ["oracle/python/make_checkpoints.py", "--only", `${f}/${v}`], prompts, decode,
+  });
+  const list = [
+    tiny("tiny-dense", "c1_dense", "bf16", "fixture C1 (dense, 6 layers, H=64), bfloat16"),
+    tiny("tiny-e2b", "c3_e2b", "q4g32", "fixture C3 (E2B-like, PLE + KV sharing), 4-bit g32"),
+    tiny("tiny-moe", "c5_moe", "q4g32", "fixture C5 (MoE, k_eq_v), 4-bit g32"),
+  ];
+  if (o.quick) return list;
+  const e2b = join(ROOT, ".cache", "bench", `e2b-${o.e2bLayers}l`);
+  const moe = join(ROOT, ".cache", "bench", `26b-a4b-${o.moeLayers}l`);
+  list.push(
+    { name: "e2b", what: `E2B-shaped, full width, ${o.e2bLayers} layers, 4-bit g64 (random weights)`, dir: e2b,
+      build: ["oracle/python/make_checkpoints.py", "--shape", "e2b", "--layers", String(o.e2bLayers), "--out", e2b], prompts, decode },
+    { name: "moe", what: `26B-A4B-shaped MoE slice, ${o.moeLayers} layers, 128 experts top-8, 4-bit g64`, dir: moe,
+      build: ["oracle/python/make_checkpoints.py", "--shape", "26b-a4b", "--layers", String(o.moeLayers), "--out", moe], prompts, decode },
+  );
+  return list;
+}
+
+// ------------------------------------------------------------------ the mlx-lm side
+
+class PyWorker {
+  private proc = spawn(PY, [join(ROOT, "bench", "python", "bench_worker.py")], { cwd: ROOT, stdio: ["pipe", "pipe", "inherit"] });
+  private lines = createInterface({ input: this.proc.stdout! })[Symbol.asyncIterator]();
+
+  async call<T>(req: Record<string, unknown>): Promise<T> {
+    this.proc.stdin!.write(`${JSON.stringify(req)}\n`);
+    const { value, done } = await this.lines.next();
+    if (done) throw new Error("the mlx-lm bench worker exited");
+    const r = JSON.parse(value as string) as { ok: boolean; error?: string } & T;
+    if (!r.ok) throw new Error(`mlx-lm bench worker: ${r.error}`);
+    return r;
+  }
+
+  close(): void {
+    this.proc.stdin!.end(`${JSON.stringify({ cmd: "quit" })}\n`);
+  }
+}
+
+interface GenSample {
+  prompt_tps: number;
+  generation_tps: number | null;
+  peak_memory: number;
+  tokens: number[];
+}
+
+// ------------------------------------------------------------------ the TS side
+
+async function tsGenerate(model: ReturnType<typeof loadGenerationModel>["model"], prompt: number[], maxTokens: number): Promise<GenSample> {
+  mx.clearCache();
+  mx.resetPeakMemory();
+  const tokens: number[] = [];
+  let tic = performance.now();
+  let promptSeconds = 0;
+  let n = 0;
+  for await (const t of generate(model, prompt, { maxTokens })) {
+    if (t.n === 0) {
+      promptSeconds = (performance.now() - tic) / 1000;
+      tic = performance.now();
+    }
+    n = t.n;
+    tokens.push(t.token);
+  }
+  const genSeconds = (performance.now() - tic) / 1000;
+  return { prompt_tps: prompt.length / promptSeconds, generation_tps: genSeconds > 0 ? (n + 1) / genSeconds : null, peak_memory: mx.getPeakMemory(), tokens };
+}
+
+function tsGraphBuild(model: ReturnType<typeof loadGenerationModel>["model"], prompt: number[], reps: number): number[] {
+  const cache: KVCacheLike[] = model.makeCache();
+  const times: number[] = [];
+  try {
+    let y = mx.array(Int32Array.from(prompt), [1, prompt.length], "int32");
+    for (let i = 0; i <= reps; i++) {
+      const t0 = performance.now();
+      const logits = model.forward(y, cache, { kind: "step", index: i });
+      const dt = (performance.now() - t0) / 1000;
+      if (i > 0) times.push(dt);
+      const L = logits.shape[1]!;
+      const last = mx.slice(logits, [0, L - 1, 0], [1, L, logits.shape[2]!]);
+      const next = mx.argmax(last, -1);
+      mx.evaluate(next, cache.flatMap((c) => c.state));
+      y.dispose();
+      logits.dispose();
+      last.dispose();
+      y = next;
+    }
+    y.dispose();
+  } finally {
+    for (const c of cache) c.dispose();
+  }
+  return times;
+}
+
+// ------------------------------------------------------------------ statistics and report
+
+interface Stat {
+  median: number;
+  min: number;
+  max: number;
+  samples: number[];
+}
+
+function stat(xs: number[]): Stat {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length % 2 ? s[s.length >> 1]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+  return { median: m, min: s[0]!, max: s[s.length - 1]!, samples: xs };
+}
+
+interface Row {
+  workload: string;
+  metric: string;
+  unit: string;
+  better: "higher" | "lower";
+  ts: Stat;
+  mlxLm: Stat;
+  /** TS / mlx-lm, one per pair. */
+  ratios: number[];
+  ratio: Stat;
+  target?: string;
+}
+
+function row(workload: string, metric: string, unit: string, better: Row["better"], ts: number[], py: number[], target?: string): Row {
+  const ratios = ts.map((t, i) => t / py[i]!);
+  return { workload, metric, unit, better, ts: stat(ts), mlxLm: stat(py), ratios, ratio: stat(ratios), target };
+}
+
+const f = (x: number, unit: string) => (unit === "GB" ? (x / 1e9).toFixed(3) : unit === "ms" ? (x * 1e3).toFixed(3) : x >= 100 ? x.toFixed(0) : x.toFixed(2));
+
+function markdown(meta: Record<string, string>, wl: Workload[], rows: Row[], extra: string[]): string {
+  const out = ["# Benchmarks: TypeScript (Bun) vs mlx-lm on the same libmlx", ""];
+  for (const [k, v] of Object.entries(meta)) out.push(`- **${k}**: ${v}`);
+  out.push("", "Each row: one warm-up per side, then pairs run alternately (TS, mlx-lm, TS, mlx-lm, …). Ratio = TS / mlx-lm per pair (median, min–max); for tok/s higher is better, for time and memory lower is better.", "");
+  out.push("## Workloads", "");
+  for (const w of wl) out.push(`- **${w.name}**: ${w.what} (prompts ${w.prompts.join(" and ")} tokens, ${w.decode} decode tokens)`);
+  out.push("", "## Results", "", "| workload | metric | TS median (min–max) | mlx-lm median (min–max) | ratio TS/mlx-lm median (min–max) | per-pair ratios | target |", "|---|---|---|---|---|---|---|");
+  for (const r of rows) {
+    const s = (x: Stat) => `${f(x.median, r.unit)} (${f(x.min, r.unit)}–${f(x.max, r.unit)}) ${r.unit}`;
+    out.push(`| ${r.workload} | ${r.metric} | ${s(r.ts)} | ${s(r.mlxLm)} | **${r.ratio.median.toFixed(3)}** (${r.ratio.min.toFixed(3)}–${r.ratio.max.toFixed(3)}) | ${r.ratios.map((x) => x.toFixed(2)).join(" ")} | ${r.target ?? ""} |`);
+  }
+  out.push("", ...extra);
+  return out.join("\n") + "\n";
+}
+
+// ------------------------------------------------------------------ main
+
+function ensureCheckpoint(w: Workload): void {
+  if (existsSync(join(w.dir, "config.json"))) return;
+  console.error(`[bench] building ${w.name}: python ${w.build.join(" ")}`);
+  const r = spawnSync(PY, w.build, { cwd: ROOT, stdio: ["ignore", "inherit", "inherit"] });
+  if (r.status !== 0) throw new Error(`building the ${w.name} checkpoint failed`);
+}
+
+function promptOf(n: number, vocab: number): number[] {
+  // Fixed pseudo-random ids (LCG), identical on both sides.
+  const out: number[] = [];
+  let s = 12345;
+  for (let i = 0; i < n; i++) {
+    s = (s * 1103515245 + 12345) % 2147483648;
+    out.push(2 + (s % (vocab - 2)));
+  }
+  return out;
+}
+
+function timeCommand(cmd: string, args: string[]): number {
+  const t0 = performance.now();
+  const r = spawnSync(cmd, args, { cwd: ROOT, stdio: ["ignore", "ignore", "inherit"] });
+  if (r.status !== 0) console.error(`[bench] ${cmd} ${args.join(" ")} exited ${r.status}`);
+  return (performance.now() - t0) / 1000;
+}
+
+async function main(): Promise<void> {
+  const a = parseArgs(process.argv.slice(2), FLAGS);
+  if (a.help) {
+    process.stdout.write(helpText("npm run bench -- [options]", "Benchmarks the TS Gemma 4 model against mlx-lm, alternating the two sides in one run.", FLAGS));
+    return;
+  }
+  const quick = a.quick === true;
+  const pairs = quick ? 2 : Number(a.pairs);
+  if (!quick && pairs < 5) throw new UsageError("--pairs must be at least 5 (use --quick for a smoke run)");
+  let wl = workloads({ quick, e2bLayers: Number(a["e2b-layers"]), moeLayers: Number(a["moe-layers"]) });
+  if (typeof a.only === "string") {
+    const names = new Set(a.only.split(","));
+    wl = wl.filter((w) => names.has(w.name));
+    if (wl.length === 0) throw new UsageError(`--only matched no workload`);
+  }
+  const rows: Row[] = [];
+  const extra: string[] = [];
+  const py = new PyWorker();
+  try {
+    for (const w of wl) {
+      ensureCheckpoint(w);
+      const vocab = Number((JSON.parse(readFileSync(join(w.dir, "config.json"), "utf8")) as { vocab_size?: number }).vocab_size ?? 256);
+      console.error(`[bench] ${w.name}: loading on both sides`);
+      await py.call({ cmd: "load", path: w.dir });
+      const { model } = loadGenerationModel(w.dir);
+      for (const [k, plen] of w.prompts.entries()) {
+        const prompt = promptOf(plen, vocab);
+        const maxTokens = k === 0 ? w.decode : 2;
+        const run = async (side: "ts" | "py") =>
+          side === "ts" ? tsGenerate(model, prompt, maxTokens) : py.call<GenSample>({ cmd: "generate", prompt, max_tokens: maxTokens, prefill_step_size: 2048 });
+        await run("ts");
+        await run("py");
+        const ts: GenSample[] = [];
+        const pys: GenSample[] = [];
+        for (let i = 0; i < pairs; i++) {
+          console.error(`[bench] ${w.name}: prompt ${plen}, pair ${i + 1}/${pairs}`);
+          ts.push(await run("ts"));
+          pys.push(await run("py"));
+        }
+        if (ts[0]!.tokens.join() !== pys[0]!.tokens.join()) extra.push(`- ${w.name}, prompt ${plen}: **generated tokens differ** between the sides (TS ${ts[0]!.tokens.slice(0, 8)} … vs mlx-lm ${pys[0]!.tokens.slice(0, 8)} …)`);
+        rows.push(row(w.name, `prefill ${plen} tok`, "tok/s", "higher", ts.map((s) => s.prompt_tps), pys.map((s) => s.prompt_tps), "≥ 1.0"));
+        if (k === 0) {
+          const decodeTarget = w.name.startsWith("tiny") ? "≥ 1.5" : "≥ 1.0";
+          rows.push(row(w.name, `decode ${w.decode} tok`, "tok/s", "higher", ts.map((s) => s.generation_tps ?? 0), pys.map((s) => s.generation_tps ?? 0), decodeTarget));
+        }
+        rows.push(row(w.name, `peak memory (prompt ${plen})`, "GB", "lower", ts.map((s) => s.peak_memory), pys.map((s) => s.peak_memory), "≤ 1.05"));
+      }
+      // Host overhead: building one decode step's graph (no eval), median over reps.
+      const reps = quick ? 10 : 30;
+      const prompt = promptOf(8, vocab);
+      const tsB: number[] = [];
+      const pyB: number[] = [];
+      for (let i = 0; i < pairs; i++) {
+        tsB.push(stat(tsGraphBuild(model, prompt, reps)).median);
+        pyB.push(stat((await py.call<{ seconds: number[] }>({ cmd: "graph_build", prompt, reps })).seconds).median);
+      }
+      rows.push(row(w.name, "decode-step graph build", "ms", "lower", tsB, pyB, "≤ 0.5"));
+      const calls = spawnSync(process.execPath, [join(ROOT, "bench", "native_calls.ts"), w.dir], { cwd: ROOT, env: { ...process.env, MLX_BUN_COUNT_CALLS: "1" }, encoding: "utf8" });
+      if (calls.status === 0) {
+        const c = JSON.parse(calls.stdout.trim().split("\n").pop()!) as { median: number };
+        extra.push(`- ${w.name}: **${c.median} native calls** per decode step on the TS side (graph building, MLX_BUN_COUNT_CALLS=1).`);
+      }
+    }
+  } finally {
+    py.close();
+  }
+  const meta: Record<string, string> = {
+    date: new Date().toISOString(),
+    machine: `${cpus()[0]?.model ?? "unknown CPU"}, ${cpus().length} cores, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, ${process.platform}-${process.arch}`,
+    versions: `libmlx ${mx.version()}, mlx-lm ${spawnSync(PY, ["-I", "-c", "import mlx_lm; print(mlx_lm.__version__)"], { encoding: "utf8" }).stdout.trim()}, bun ${Bun.version}`,
+    mode: quick ? "--quick (smoke)" : `${pairs} pairs per row`,
+  };
+  const suite: Record<string, number> = {};
+  if (a["suite-cost"]) {
+    suite.npmTestSeconds = timeCommand("npm", ["test"]);
+    suite.goldenRegenSeconds = timeCommand("npm", ["run", "golden:regen"]);
+    extra.push(`- Suite cost: \`npm test\` ${suite.npmTestSeconds.toFixed(0)} s, \`npm run golden:regen\` ${suite.goldenRegenSeconds.toFixed(0)} s (wall time, this machine).`);
+  }
+  mkdirSync(join(ROOT, "bench"), { recursive: true });
+  const suffix = quick ? "-quick" : "";
+  writeFileSync(join(ROOT, "bench", `results${suffix}.json`), JSON.stringify({ meta, workloads: wl, rows, notes: extra, suite }, null, 2) + "\n");
+  const md = markdown(meta, wl, rows, extra.length ? ["## Notes", "", ...extra] : []);
+  writeFileSync(join(ROOT, "bench", `RESULTS${suffix}.md`), md);
+  process.stdout.write(md);
+}
+
+main().catch((e) => {
+  console.error(e instanceof UsageError ? `error: ${e.message}` : e);
+  process.exit(e instanceof UsageError ? 2 : 1);
+});
