@@ -366,8 +366,14 @@ Arr* mlxb_scalar(double v, int kind, int dtype) {
 // Copies the array, packed row-major, into dst (nbytes must equal the array's nbytes).
 int mlxb_copy_out(const Arr* h, void* dst, double nbytes) {
   GUARD_INT("copy_out", {
-    array c = mx::contiguous(A(h));
-    c.eval();
+    // Evaluate; only views that are not row-contiguous need a packed copy.
+    array c = A(h);
+    if (!c.is_available()) c.eval();
+    c.wait();
+    if (!c.flags().row_contiguous) {
+      c = mx::contiguous(c);
+      c.eval();
+    }
     if (static_cast<size_t>(nbytes) != c.nbytes()) throw std::invalid_argument("destination size mismatch");
     if (!c.flags().row_contiguous) throw std::runtime_error("array is not row contiguous after contiguous()");
     if (c.nbytes() > 0) std::memcpy(dst, c.data<uint8_t>(), c.nbytes());
