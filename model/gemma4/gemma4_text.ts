@@ -32,6 +32,7 @@ import {
   RMSNorm,
   type RopeLike,
 } from "./nn.ts";
+import { pyPow } from "./pymath.ts";
 import { initializeRope } from "./rope_utils.ts";
 import { SwitchGLU } from "./switch_layers.ts";
 import type { TapSink } from "./taps.ts";
@@ -46,10 +47,6 @@ export type LayerCache = KVCacheLike;
 export type AnyLinear = Linear | QuantizedLinear;
 export type AnyEmbedding = Embedding | QuantizedEmbedding;
 
-/** Python float exponentiation (`x ** y` on floats, libm pow); see tests pinning the f32 values. */
-export function pyPow(x: number, y: number): number {
-  return Math.pow(x, y);
-}
 
 // ------------------------------------------------------------------ RMSNormNoScale
 

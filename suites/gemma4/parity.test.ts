@@ -1,0 +1,106 @@
+// Tap-by-tap parity of the TS Gemma 4 model against the live oracle (mlx-lm 0.32.2 in one
+// shared Python process): every fixture × dtype × quantization variant × layout of the
+// checkpoint matrix × every single-forward scenario of fixtures/scenarios.json.
+//
+// Bar: every tap byte-identical, in the same execution order. A failure names the first
+// divergent tap (suites/gemma4/tap_compare.ts). Where golden/manifest.json holds an entry for
+// the same (checkpoint, scenario), the TS taps are also checked against the golden.
+
+import { afterAll, describe, expect, it } from "vitest";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import * as mx from "@mlx-bun/mlx";
+import { type CaptureResult, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
+import { loadGolden, readManifest } from "../../oracle/golden.ts";
+import { loadModel, type LoadedModel } from "../../model/gemma4/index.ts";
+import { compareTapLists, formatVerdict, fromOracle, TapCollector, type TapData } from "./tap_compare.ts";
+
+const CKPT_ROOT = join(REPO_ROOT, ".cache", "checkpoints");
+
+interface Plan {
+  checkpoints: { id: string; fixture: string; variant: string; moe: boolean }[];
+  scenarios: { id: string; kind: string; applies_to: string }[];
+}
+
+const oracle = await sharedOracle();
+const plan = await oracle.request<Plan>("plan");
+// Build (or confirm up to date) the whole checkpoint matrix once, up front.
+await oracle.request("make_checkpoints", {}, 600_000);
+const scenarioTokens = new Map<string, number[][]>(
+  ((await Bun.file(join(REPO_ROOT, "fixtures", "scenarios.json")).json()) as { scenarios: { id: string; tokens?: number[][] }[] }).scenarios
+    .filter((s) => s.tokens)
+    .map((s) => [s.id, s.tokens!]),
+);
+const forwards = plan.scenarios.filter((s) => s.kind === "forward");
+const pairs: { ckpt: string; scn: string }[] = [];
+for (const c of plan.checkpoints) for (const s of forwards) if (s.applies_to === "all" || (s.applies_to === "moe" && c.moe)) pairs.push({ ckpt: c.id, scn: s.id });
+
+const manifest = readManifest();
+
+// Pipelining: the oracle works on the next capture while TS runs the current one.
+const captures = new Map<number, Promise<CaptureResult>>();
+function capture(k: number): Promise<CaptureResult> {
+  let p = captures.get(k);
+  if (!p && k < pairs.length) {
+    p = oracle.capture(pairs[k]!.ckpt, pairs[k]!.scn, { mode: "full" });
+    p.catch(() => {}); // observed by the test that awaits it
+    captures.set(k, p);
+  }
+  return p!;
+}
+
+let loaded: { id: string; m: LoadedModel } | null = null;
+function model(id: string): LoadedModel {
+  if (loaded?.id !== id) {
+    if (loaded) for (const a of loaded.m.model.parameters().values()) a.dispose();
+    loaded = { id, m: loadModel(join(CKPT_ROOT, id)) };
+  }
+  return loaded.m;
+}
+
+function runTs(ckpt: string, scn: string): TapData[] {
+  const tokens = scenarioTokens.get(scn)!;
+  const col = new TapCollector();
+  const { model: m } = model(ckpt);
+  using x = mx.array(tokens.flat(), [tokens.length, tokens[0]!.length], "int32");
+  using logits = m.call(x, { taps: col.sink });
+  return col.taps;
+}
+
+const totals = { pairs: 0, taps: 0, arrays: 0, goldenPairs: 0, goldenTaps: 0 };
+
+describe("gemma4 taps vs live mlx-lm", () => {
+  pairs.forEach(({ ckpt, scn }, k) => {
+    it(`${ckpt} ${scn}`, async () => {
+      const cap = await capture(k);
+      capture(k + 1);
+      const ours = runTs(ckpt, scn);
+      const v = compareTapLists(ours, cap.taps.map(fromOracle));
+      if (!v.ok) throw new Error(formatVerdict(`${ckpt} ${scn}`, v));
+      totals.pairs++;
+      totals.taps += v.compared;
+      totals.arrays += v.arrays;
+
+      const gid = `${ckpt}/${scn}`;
+      if (manifest?.entries[gid]) {
+        const g = loadGolden(gid);
+        const theirs = g.index.taps.map((t) => fromOracle({ ...t, array: g.taps.get(t.name) }));
+        const oursG = g.entry.mode === "full" ? ours : ours.filter((t) => theirs.some((x) => x.name === t.name));
+        const gv = compareTapLists(oursG, theirs);
+        if (!gv.ok) throw new Error(formatVerdict(`${gid} (golden)`, gv));
+        totals.goldenPairs++;
+        totals.goldenTaps += gv.compared;
+      }
+      expect(v.ok).toBe(true);
+    }, 60_000);
+  });
+});
+
+afterAll(() => {
+  if (loaded) for (const a of loaded.m.model.parameters().values()) a.dispose();
+  console.log(
+    `[gemma4 parity] ${totals.pairs}/${pairs.length} (checkpoint, scenario) pairs, ${totals.taps} taps bit-identical ` +
+      `(${totals.arrays} arrays + masks/None) vs live mlx-lm; goldens: ${totals.goldenPairs} pairs, ${totals.goldenTaps} taps` +
+      (existsSync(join(REPO_ROOT, "golden", "manifest.json")) ? "" : " (no golden/manifest.json yet)"),
+  );
+});
