@@ -84,8 +84,9 @@ describe("gemma4 taps vs live mlx-lm", () => {
       const gid = `${ckpt}/${scn}`;
       if (manifest?.entries[gid]) {
         const g = loadGolden(gid);
-        const theirs = g.index.taps.map((t) => fromOracle({ ...t, array: g.taps.get(t.name) }));
-        const oursG = g.entry.mode === "full" ? ours : ours.filter((t) => theirs.some((x) => x.name === t.name));
+        const theirs = g.taps.map((t) => fromOracle({ ...t, kind: t.kind ?? "array", array: g.arrays.get(t.name) }));
+        const names = new Set(theirs.map((x) => x.name));
+        const oursG = g.scenario.mode === "full" ? ours : ours.filter((t) => names.has(t.name));
         const gv = compareTapLists(oursG, theirs);
         if (!gv.ok) throw new Error(formatVerdict(`${gid} (golden)`, gv));
         totals.goldenPairs++;
