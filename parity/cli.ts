@@ -1,0 +1,215 @@
+// `npm run parity`: the TS Gemma 4 model side by side with mlx-lm, tap by tap.
+//   npm run parity                          every embedded fixture checkpoint + the op-level report
+//   npm run parity -- --model <dir> ...     any local gemma4 / gemma4_text / gemma4_unified checkpoint
+// Writes report/parity.json, report/parity.md and report/parity.html; exits 1 on any divergence
+// beyond the --ulp / --atol budget (default: bit-exact).
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import * as mx from "@mlx-bun/mlx";
+import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
+import { CASES, exposedOps, NOT_OPS } from "../suites/ops/cases.ts";
+import { coverage, runCases } from "../suites/ops/runner.ts";
+import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { type Budget, runParity, type RunSpec } from "./engine.ts";
+import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
+import { renderHtml } from "./html.ts";
+import { checkPromptLength, inspectCheckpoint, parseTokenList, tokenizePrompt } from "./inputs.ts";
+import { renderMarkdown } from "./markdown.ts";
+import { ProgressBar } from "./progress.ts";
+import { type OpLevelSummary, type ParityReport, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
+
+const FLAGS: FlagSpec[] = [
+  { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (gemma4, gemma4_text or gemma4_unified; flat, wrapper or raw HF layout; quantized or not)" },
+  { name: "prompt", kind: "string", valueName: "text", help: "with --model: prompt text, tokenized with the checkpoint's tokenizer.json" },
+  { name: "chat", kind: "bool", help: "with --prompt: apply the checkpoint's chat template first" },
+  { name: "tokens", kind: "string", valueName: "1,2,3", help: "with --model: prompt token ids instead of --prompt" },
+  { name: "steps", kind: "int", valueName: "N", help: "with --model: greedy decode steps", default: 8 },
+  { name: "prefill-step-size", kind: "int", valueName: "N", help: "with --model: prefill chunk size (generate_step's prefill_step_size)", default: 2048 },
+  { name: "oracle-model", kind: "string", valueName: "dir", help: "with --model: let mlx-lm load this copy instead (e.g. the original of a modified checkpoint)" },
+  { name: "only", kind: "string", valueName: "glob", help: "fixtures: only checkpoints whose id (e.g. c3_e2b/bf16) matches; '*' wildcards" },
+  { name: "skip-ops", kind: "bool", help: "fixtures: skip the op-level section" },
+  { name: "ulp", kind: "int", valueName: "N", help: "budget: a tap passes if its max ULP distance is at most N", default: 0 },
+  { name: "atol", kind: "number", valueName: "X", help: "budget: a tap passes if its max abs difference is at most X", default: 0 },
+  { name: "out", kind: "string", valueName: "dir", help: "where the reports go", default: "report" },
+  { name: "verbose", kind: "bool", help: "stack traces on errors, oracle stderr" },
+  { name: "help", kind: "bool", help: "show this help" },
+];
+
+const FOOTER = `
+Budget: with the defaults (--ulp 0 --atol 0) every tap must be bit-identical; that is the bar on
+one machine, where both sides run the same libmlx. Raise it only to compare across backends.
+
+Reports: <out>/parity.json (schema: parity/SCHEMA.md), <out>/parity.md, <out>/parity.html.
+Exit status: 0 when everything is within budget, 1 on divergence, 2 on bad usage or input.
+
+Examples:
+  npm run parity
+  npm run parity -- --only 'c5_moe/*'
+  npm run parity -- --model ~/models/gemma-4-e4b-it-4bit --prompt "Why is the sky blue?" --chat --steps 16
+  npm run parity -- --model ./ckpt --tokens 2,105,2364 --prefill-step-size 512
+`;
+
+// The fixture scenarios the report runs: a ring-buffer-wrapping generation for every
+// checkpoint (prompt 9 > window 8, chunks of 5, 20 decode steps), plus, for MoE checkpoints,
+// a prefill chunk of 36 tokens so SwitchGLU's sorted gather path runs.
+const FIXTURE_SCENARIOS = { all: "gen_P9_S5", moe: "gen_P40_S36" };
+
+function globRe(glob: string): RegExp {
+  return new RegExp(`^${glob.split("*").map((s) => s.replace(/[.+?^${}()|[\]\\]/g, "\\$&")).join(".*")}$`);
+}
+
+async function opLevel(oracle: OracleClient): Promise<OpLevelSummary> {
+  const bar = new ProgressBar("[ops]");
+  bar.update(0, `${CASES.length} cases`);
+  const results = await runCases(CASES, oracle);
+  const cov = coverage(exposedOps().filter((o) => !(o in NOT_OPS)), CASES, results);
+  bar.done(`${cov.bitExact}/${cov.cases} cases bit-exact, ${cov.tested.length}/${cov.exposed.length} ops tested`);
+  for (const f of cov.failures.slice(0, 10)) process.stderr.write(`  FAIL ${f.id}: ${f.detail}\n`);
+  return { opsExposed: cov.exposed.length, opsTested: cov.tested.length, cases: cov.cases, bitExact: cov.bitExact };
+}
+
+interface ScenarioEntry {
+  id: string;
+  prompt?: number[];
+  prefill_step_size?: number;
+  max_tokens?: number;
+}
+
+async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | undefined): Promise<RunResult[]> {
+  const plan = await oracle.request<{ checkpoints: { id: string; moe: boolean }[] }>("plan");
+  const scenarios = new Map(
+    (JSON.parse(readFileSync(join(REPO_ROOT, "fixtures", "scenarios.json"), "utf8")) as { scenarios: ScenarioEntry[] }).scenarios.map((s) => [s.id, s]),
+  );
+  const re = only ? globRe(only) : null;
+  const ckpts = plan.checkpoints.filter((c) => !re || re.test(c.id));
+  if (ckpts.length === 0) throw new UsageError(`--only '${only}' matches no fixture checkpoint (ids look like c3_e2b/bf16)`);
+  const build = new ProgressBar("[checkpoints]");
+  build.update(0, "building the fixture checkpoints with mlx-lm (cached after the first run)");
+  await oracle.request("make_checkpoints", {}, 1_800_000);
+  build.done(`${plan.checkpoints.length} fixture checkpoints ready`);
+  const runs: RunResult[] = [];
+  for (const c of ckpts) {
+    for (const sid of c.moe ? [FIXTURE_SCENARIOS.all, FIXTURE_SCENARIOS.moe] : [FIXTURE_SCENARIOS.all]) {
+      const s = scenarios.get(sid)!;
+      const [fixture, variant] = c.id.split("/") as [string, string];
+      runs.push(await runOne(oracle, {
+        tsDir: join(REPO_ROOT, ".cache", "checkpoints", c.id),
+        oracleCheckpoint: c.id,
+        model: fixture,
+        variant,
+        prompt: s.prompt!,
+        prefillStepSize: s.prefill_step_size!,
+        steps: s.max_tokens!,
+        budget,
+      }));
+    }
+  }
+  return runs;
+}
+
+async function runOne(oracle: OracleClient, spec: RunSpec): Promise<RunResult> {
+  const bar = new ProgressBar(`[${spec.model} ${spec.variant}]`);
+  bar.update(0, "mlx-lm capturing");
+  const r = await runParity(oracle, spec, (p) => {
+    const frac = (p.callIndex + ((p.layer ?? 0) + 1) / Math.max(1, p.layers)) / Math.max(1, p.calls);
+    bar.update(frac, `${p.call} (${p.callIndex + 1}/${p.calls}) · layer ${(p.layer ?? 0) + 1}/${p.layers}`);
+  });
+  bar.done(r.firstDivergence ? `diverges: ${fmtDivergence(r.firstDivergence)}` : `${r.bitExact}/${r.tapsCompared} taps bit-exact`);
+  return r;
+}
+
+async function modelRun(oracle: OracleClient, a: Record<string, unknown>, budget: Budget): Promise<RunResult> {
+  const dir = resolve(String(a.model));
+  const info = inspectCheckpoint(dir);
+  if (a.prompt !== undefined && a.tokens !== undefined) throw new UsageError("give either --prompt or --tokens, not both");
+  if (a.chat && a.prompt === undefined) throw new UsageError("--chat needs --prompt");
+  let prompt: number[];
+  if (typeof a.tokens === "string") prompt = parseTokenList(a.tokens);
+  else if (typeof a.prompt === "string") prompt = await tokenizePrompt(dir, a.prompt, a.chat === true);
+  else throw new UsageError("--model needs a prompt: --prompt \"text\" or --tokens 1,2,3");
+  const steps = Number(a.steps);
+  const prefill = Number(a["prefill-step-size"]);
+  if (steps < 1) throw new UsageError("--steps must be at least 1");
+  if (prefill < 1) throw new UsageError("--prefill-step-size must be at least 1");
+  const vocab = Number(info.text.vocab_size ?? 262144);
+  const bad = prompt.find((t) => t >= vocab);
+  if (bad !== undefined) throw new UsageError(`token id ${bad} is outside the vocabulary (vocab_size ${vocab})`);
+  checkPromptLength(prompt, steps, info);
+  const oracleDir = a["oracle-model"] === undefined ? dir : resolve(String(a["oracle-model"]));
+  if (oracleDir !== dir) inspectCheckpoint(oracleDir);
+  return runOne(oracle, { tsDir: dir, oracleCheckpoint: oracleDir, model: dir, variant: info.modelType, prompt, prefillStepSize: prefill, steps, budget });
+}
+
+function writeReports(rep: ParityReport, out: string): string[] {
+  mkdirSync(out, { recursive: true });
+  const files = [join(out, "parity.json"), join(out, "parity.md"), join(out, "parity.html")];
+  writeFileSync(files[0]!, `${JSON.stringify(rep, null, 1)}\n`);
+  writeFileSync(files[1]!, renderMarkdown(rep));
+  writeFileSync(files[2]!, renderHtml(rep));
+  return files;
+}
+
+function printSummary(rep: ParityReport): void {
+  const lines: string[] = [""];
+  if (rep.opLevel) {
+    const o = rep.opLevel;
+    lines.push("Op-level parity (@mlx-bun/mlx vs Python MLX)");
+    lines.push(textTable(["ops exposed", "ops parity-tested", "cases", "bit-exact cases"], [[String(o.opsExposed), `${o.opsTested} (${pct(o.opsTested, o.opsExposed)})`, String(o.cases), `${o.bitExact} (${pct(o.bitExact, o.cases)})`]]), "");
+  }
+  if (rep.runs.length) {
+    lines.push("Model parity (TS vs mlx-lm, every tap of every generate_step call)");
+    lines.push(textTable(SUMMARY_HEADER, rep.runs.map(summaryRow)), "");
+    const taps = rep.runs.reduce((s, r) => s + r.tapsCompared, 0);
+    const exact = rep.runs.reduce((s, r) => s + r.bitExact, 0);
+    lines.push(`${rep.runs.length} runs · ${taps} taps compared · ${exact} bit-exact (${pct(exact, taps)}) · budget ${rep.budget.ulp} ULP / atol ${fmtNum(rep.budget.atol)}`);
+  }
+  lines.push(`Verdict: ${rep.ok ? "PASS" : "FAIL"}`);
+  process.stdout.write(`${lines.join("\n")}\n`);
+}
+
+async function main(argv: string[]): Promise<number> {
+  const a = parseArgs(argv, FLAGS);
+  if (a.help) {
+    process.stdout.write(helpText("npm run parity -- [options]", "Compares the TypeScript Gemma 4 model with mlx-lm tap by tap, on the embedded fixtures or on a local checkpoint.", FLAGS, FOOTER));
+    return 0;
+  }
+  for (const k of ["prompt", "chat", "tokens", "oracle-model"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
+  if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
+  const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
+  if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
+  // Validate the checkpoint before starting the oracle, so bad input fails fast.
+  if (a.model !== undefined) inspectCheckpoint(resolve(String(a.model)));
+
+  const oracle = await OracleClient.start({ onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
+  let rep: ParityReport;
+  try {
+    const opLevelSummary = a.model === undefined && !a["skip-ops"] ? await opLevel(oracle) : null;
+    const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined) : [await modelRun(oracle, a, budget)];
+    rep = {
+      schema: SCHEMA_ID,
+      createdAt: new Date().toISOString(),
+      versions: { libmlx: mx.version(), ...(oracle.versions ?? {}), bun: Bun.version, platform: `${process.platform}-${process.arch}` },
+      budget,
+      opLevel: opLevelSummary,
+      runs,
+      ok: reportOk(runs, opLevelSummary),
+    };
+  } finally {
+    await oracle.close();
+  }
+  printSummary(rep);
+  const files = writeReports(rep, resolve(String(a.out)));
+  process.stdout.write(`Reports: ${files.join(", ")}\n`);
+  return rep.ok ? 0 : 1;
+}
+
+const verbose = process.argv.includes("--verbose");
+main(process.argv.slice(2)).then(
+  (code) => process.exit(code),
+  (e: unknown) => {
+    const err = e as Error;
+    if (verbose) console.error(err);
+    else process.stderr.write(`\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${err instanceof UsageError ? "" : "(run with --verbose for details)\n"}`);
+    process.exit(err instanceof UsageError ? 2 : 1);
+  },
+);

@@ -1,0 +1,185 @@
+// One side-by-side parity run: the oracle (mlx-lm) captures every tap of generate_step on a
+// checkpoint, then the TS model runs the same prompt and every TS tap is compared, in execution
+// order, against the oracle's tap at the same position, as soon as TS produces it. Oracle taps
+// stay on disk as .npy files until their turn and are deleted right after, and TS taps are
+// compared and dropped at once, so memory stays bounded by one tap per side.
+import { existsSync, unlinkSync } from "node:fs";
+import * as mx from "@mlx-bun/mlx";
+import { generateStep, type StepInfo } from "../model/generate.ts";
+import { loadModel } from "../model/gemma4/index.ts";
+import type { TapMeta, TapValue } from "../model/gemma4/taps.ts";
+import { callPrefix, generationModel } from "../model/runtime.ts";
+import type { OracleClient } from "../oracle/client.ts";
+import { compareRaw, type RawTensor, rawOf } from "../suites/compare.ts";
+import type { Divergence, RunResult, TapResult } from "./schema.ts";
+
+export interface Budget {
+  ulp: number;
+  atol: number;
+}
+
+export interface RunSpec {
+  /** Checkpoint the TS model loads. */
+  tsDir: string;
+  /** Checkpoint (dir or fixture matrix id) mlx-lm loads; normally the same as tsDir. */
+  oracleCheckpoint: string;
+  model: string;
+  variant: string;
+  prompt: number[];
+  prefillStepSize: number;
+  steps: number;
+  budget: Budget;
+}
+
+export type Progress = (p: { call: string; layer: number | null; layers: number; calls: number; callIndex: number }) => void;
+
+interface WireTap {
+  name: string;
+  kind: "array" | "none" | "str";
+  dtype?: string;
+  shape?: number[];
+  value?: string;
+  npy?: string;
+}
+
+const CALL_RE = /^(prefill|step)(\d+)\//;
+const LAYER_RE = /^layers\.(\d+)\//;
+
+/** Splits a full tap name into (call prefix, layer, kind). */
+export function parseTapName(name: string): { call: string; layer: number | null; kind: string } {
+  const c = CALL_RE.exec(name);
+  const call = c ? c[0].slice(0, -1) : "forward";
+  const rest = c ? name.slice(c[0].length) : name;
+  const l = LAYER_RE.exec(rest);
+  return { call, layer: l ? Number(l[1]) : null, kind: l ? rest.slice(l[0].length) : rest };
+}
+
+/** A tap is within budget when every element is bit-exact, or its max ULP / max abs is within the budget. */
+export function withinBudget(t: Pick<TapResult, "mismatches" | "maxUlp" | "maxAbs">, b: Budget): boolean {
+  return t.mismatches === 0 || t.maxUlp <= b.ulp || (b.atol > 0 && t.maxAbs <= b.atol);
+}
+
+function describeValue(v: TapValue): string {
+  if (v === null) return "None";
+  if (v === "causal") return '"causal"';
+  if (typeof v === "number") return `int ${v}`;
+  return `${v.dtype}[${v.shape.join(",")}]`;
+}
+
+export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: Progress): Promise<RunResult> {
+  const t0 = performance.now();
+  const cap = await oracle.request<{ meta: { generated?: number[] }; taps: WireTap[] }>(
+    "capture",
+    {
+      checkpoint: spec.oracleCheckpoint,
+      scenario: { id: "parity-cli", kind: "generate", prompt: spec.prompt, prefill_step_size: spec.prefillStepSize, max_tokens: spec.steps },
+      mode: "full",
+      only: null,
+    },
+    1_800_000,
+  );
+  const theirs = cap.taps;
+  const calls = new Set(theirs.map((t) => parseTapName(t.name).call));
+  const loaded = loadModel(spec.tsDir);
+  const layers = loaded.text.args.num_hidden_layers;
+
+  const taps: TapResult[] = [];
+  const stepOf = new Map<string, number>();
+  let first: Divergence | null = null;
+  let index = 0;
+  let structural: string | null = null;
+
+  const take = (i: number): WireTap | undefined => theirs[i];
+  const sink = (name: string, value: TapValue, _meta?: TapMeta) => {
+    const i = index++;
+    if (structural) return;
+    const ref = take(i);
+    const { call, layer, kind } = parseTapName(name);
+    if (!stepOf.has(call)) {
+      stepOf.set(call, stepOf.size);
+      progress?.({ call, layer, layers, calls: calls.size, callIndex: stepOf.size - 1 });
+    } else if (kind === "input_layernorm") progress?.({ call, layer, layers, calls: calls.size, callIndex: stepOf.get(call)! });
+    if (!ref || ref.name !== name) {
+      structural = ref ? `TS emitted tap "${name}" where mlx-lm has "${ref.name}" (position ${i})` : `TS emitted extra tap "${name}" (mlx-lm has ${theirs.length})`;
+      return;
+    }
+    const step = stepOf.get(call)!;
+    const base = { step, name, layer, kind };
+    if (ref.kind !== "array") {
+      // Mask kinds: None or "causal" must agree exactly.
+      const same = ref.kind === "none" ? value === null : value === ref.value;
+      if (!same) structural = `tap "${name}": TS ${describeValue(value)} vs mlx-lm ${ref.kind === "str" ? JSON.stringify(ref.value) : "None"}`;
+      return;
+    }
+    if (value === null || value === "causal") {
+      structural = `tap "${name}": TS ${describeValue(value)} vs mlx-lm ${ref.dtype}[${(ref.shape ?? []).join(",")}]`;
+      return;
+    }
+    if (!ref.npy) {
+      structural = `tap "${name}": mlx-lm did not store this tensor`;
+      return;
+    }
+    const expected = oracle.readArray({ npy: ref.npy, dtype: ref.dtype! });
+    // A JS number is the no-cache Python int offset; mlx-lm's side records it as an int32 scalar.
+    const actual = typeof value === "number" ? intScalar(value) : rawOf(value);
+    const d = compareRaw(name, actual, { dtype: expected.dtype, shape: expected.shape, data: expected.data });
+    const r: TapResult = {
+      ...base,
+      dtype: d.dtype,
+      shape: d.shape,
+      size: d.total,
+      mismatches: d.note ? d.total : d.mismatches,
+      maxAbs: d.maxAbs,
+      maxUlp: d.maxUlp,
+      firstIndex: d.firstIndex,
+    };
+    taps.push(r);
+    if (!first && r.mismatches > 0) {
+      first = { step, tap: name, layer, maxAbs: r.maxAbs, maxUlp: r.maxUlp, mismatches: r.mismatches, firstIndex: r.firstIndex };
+    }
+  };
+
+  const tsTokens: number[] = [];
+  const model = generationModel(loaded, sink);
+  try {
+    // generate_step's own taps of each _step call: the sampler's input and output.
+    const onStep = (info: StepInfo) => {
+      if (info.call.kind !== "step" || !info.logprobs || !info.sampled) return;
+      const prefix = callPrefix(info.call);
+      using lp = mx.expandDims(info.logprobs, 0); // (B, V), as the oracle records it
+      sink(`${prefix}logprobs`, lp);
+      sink(`${prefix}token`, info.sampled);
+    };
+    for await (const t of generateStep(model, spec.prompt, { maxTokens: spec.steps, prefillStepSize: spec.prefillStepSize, onStep })) tsTokens.push(t.token);
+  } finally {
+    for (const p of loaded.model.parameters().values()) p.dispose();
+    for (const t of theirs.slice(index)) if (t.npy) unlinkQuiet(t.npy);
+  }
+  if (!structural && index < theirs.length) structural = `TS stopped after ${index} taps; mlx-lm emitted ${theirs.length}`;
+  if (structural) throw new Error(`tap streams differ: ${structural}`);
+
+  const bitExact = taps.filter((t) => t.mismatches === 0).length;
+  return {
+    model: spec.model,
+    variant: spec.variant,
+    scenario: `prompt ${spec.prompt.length} · prefill ${spec.prefillStepSize} · ${spec.steps} steps`,
+    steps: spec.steps,
+    tapsCompared: taps.length,
+    bitExact,
+    withinBudget: taps.filter((t) => withinBudget(t, spec.budget)).length,
+    firstDivergence: first,
+    tokens: { ts: tsTokens, oracle: cap.meta.generated ?? [] },
+    taps,
+    seconds: (performance.now() - t0) / 1000,
+  };
+}
+
+function intScalar(v: number): RawTensor {
+  const data = new Uint8Array(4);
+  new DataView(data.buffer).setInt32(0, v, true);
+  return { dtype: "int32", shape: [], data };
+}
+
+function unlinkQuiet(p: string): void {
+  if (existsSync(p)) unlinkSync(p);
+}
