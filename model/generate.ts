@@ -42,7 +42,7 @@ export interface StepInfo {
   /** The input tokens of this model call. */
   inputs: readonly number[];
   cache: readonly KVCacheLike[];
-  /** Only for kind "step": logits[:, -1, :] (1, V), logprobs (V,), sampled token (1,). */
+  /** Only for kind "step": logits[:, -1, :] (1, V), logprobs (1, V) (the sampler's input), sampled token (1,). */
   logits?: MlxArray;
   logprobs?: MlxArray;
   sampled?: MlxArray;
@@ -125,7 +125,7 @@ async function* run(model: GenerateModel, prompt: readonly number[], opts: Gener
     const lp = mx.squeeze(logprobs, 0);
     if (opts.onStep) {
       const inputs = Array.isArray(tokens) ? tokens : (tokens as MlxArray).toNumbers();
-      opts.onStep({ call, inputs, cache, logits, logprobs: lp, sampled });
+      opts.onStep({ call, inputs, cache, logits, logprobs, sampled });
     }
     return [sampled, lp];
   };

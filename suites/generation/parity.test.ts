@@ -1,0 +1,166 @@
+// Generation parity: model/generate.ts + model/cache + model/gemma4 against mlx-lm's
+// generate_step, per call (prefill chunks and decode steps): masks, every layer's cached
+// keys/values, logits, logprobs, token and the cache state after the call, bit for bit.
+//
+//   default (npm test): one scenario per fixture family, rotating over the scenario list
+//   GEN_FULL=1          every checkpoint variant × every generate scenario of fixtures/scenarios.json
+//   GEN_CKPTS=a,b GEN_SCENARIOS=x,y   an explicit selection
+// Sampled runs (temperature/top-p/top-k/min-p, fixed seeds) go through suites/generation/gen_ref.py.
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { join } from "node:path";
+import * as mx from "@mlx-bun/mlx";
+import { type OracleClient, sharedOracle } from "../../oracle/client.ts";
+import { KVCache, RotatingKVCache } from "../../model/cache/index.ts";
+import { generateStep } from "../../model/generate.ts";
+import { CKPT_ROOT, explain, generateModel, isMoe, loadCheckpoints, loadScenarios, model, parityRun, type ParityRun, type Scenario } from "./parity.ts";
+
+let oracle: OracleClient;
+beforeAll(async () => {
+  oracle = await sharedOracle();
+}, 120_000);
+
+const scenarios = loadScenarios().filter((s) => s.kind === "generate");
+const ckpts = loadCheckpoints();
+
+function selection(): [string, Scenario][] {
+  const envC = process.env.GEN_CKPTS?.split(",").filter(Boolean);
+  const envS = process.env.GEN_SCENARIOS?.split(",").filter(Boolean);
+  const full = process.env.GEN_FULL === "1";
+  const out: [string, Scenario][] = [];
+  if (full || envC || envS) {
+    for (const c of ckpts) {
+      if (envC && !envC.includes(c.id)) continue;
+      for (const s of scenarios) {
+        if (envS && !envS.includes(s.id)) continue;
+        if (s.applies_to === "moe" && !isMoe(c)) continue;
+        out.push([c.id, s]);
+      }
+    }
+    return out;
+  }
+  // Default: fixed representative pairs (every fixture family, float/bf16/f16/quantized/wrapper
+  // layouts; wraps, chunk re-linearisation, KVCache growth past 256, MoE sorted gather).
+  const pick: [string, string][] = [
+    ["c1_dense/f32", "gen_P40_S3"],
+    ["c2_keqv/bf16", "gen_P21_S5"],
+    ["c3_e2b/q4g32", "gen_P9_S8"],
+    ["c3_e2b/f16", "gen_P300_S128"],
+    ["c4_e4b/mixed", "gen_P40_S2048"],
+    ["c5_moe/q8g64", "gen_P40_S36"],
+    ["c6_sink/wrap_f32", "gen_P8_S3"],
+    ["c7_defaults/bf16", "gen_P1_S2048"],
+  ];
+  for (const [c, s] of pick) {
+    const sc = scenarios.find((x) => x.id === s);
+    if (sc && ckpts.some((x) => x.id === c)) out.push([c, sc]);
+  }
+  return out;
+}
+
+const results: ParityRun[] = [];
+
+describe("generation parity vs mlx-lm generate_step (greedy, per call, bit-exact)", () => {
+  for (const [ck, sc] of selection()) {
+    it(`${ck} × ${sc.id}`, async () => {
+      const r = await parityRun(oracle, ck, sc);
+      results.push(r);
+      if (r.first) {
+        const why = await explain(oracle, ck, sc, r.first.call).catch((e) => `(explain failed: ${e})`);
+        throw new Error(`${ck} × ${sc.id}: first divergence at ${r.first.call} tap ${r.first.tap}: ${r.first.detail}\n${why}`);
+      }
+      expect(r.steps).toBe((sc.max_tokens ?? 20) + 1);
+    }, 180_000);
+  }
+});
+
+afterAll(() => {
+  if (!results.length) return;
+  const ok = results.filter((r) => !r.first);
+  const steps = ok.reduce((a, r) => a + r.steps, 0);
+  const calls = ok.reduce((a, r) => a + r.calls, 0);
+  const tensors = ok.reduce((a, r) => a + r.tensors, 0);
+  const msO = results.reduce((a, r) => a + r.ms.oracle, 0);
+  const msT = results.reduce((a, r) => a + r.ms.ts, 0);
+  console.log(
+    `[generation parity] ${ok.length}/${results.length} runs bit-exact; ${calls} model calls, ${steps} decode steps ` +
+      `(${ok.reduce((a, r) => a + r.tokens.length, 0)} yielded tokens), ${tensors} tensors compared; oracle ${(msO / 1000).toFixed(1)} s, TS ${(msT / 1000).toFixed(1)} s`,
+  );
+});
+
+// ------------------------------------------------------------------------------- sampled runs
+
+interface SampledRun {
+  checkpoint: string;
+  prompt: number[];
+  prefill_step_size: number;
+  max_tokens: number;
+  seed: number;
+  temp: number;
+  top_p: number;
+  min_p: number;
+  min_tokens_to_keep: number;
+  top_k: number;
+}
+
+describe("sampled generation parity (fixed seeds, make_sampler)", () => {
+  it("temperature / top-p / top-k / min-p runs: tokens, per-step logprobs bytes and final caches identical", async () => {
+    const prompt21 = scenarios.find((s) => s.id === "gen_P21_S5")!.prompt!;
+    const prompt40 = scenarios.find((s) => s.id === "gen_P40_S8")!.prompt!;
+    const cfgs = [
+      { temp: 0.7, top_p: 0.9, min_p: 0, min_tokens_to_keep: 1, top_k: 0 },
+      { temp: 1.0, top_p: 0, min_p: 0, min_tokens_to_keep: 1, top_k: 20 },
+      { temp: 0.8, top_p: 0, min_p: 0.1, min_tokens_to_keep: 3, top_k: 0 },
+      { temp: 1.3, top_p: 0.95, min_p: 0.05, min_tokens_to_keep: 1, top_k: 50 },
+    ];
+    const runs: SampledRun[] = [];
+    const ids = process.env.GEN_FULL === "1" ? ["c1_dense/f32", "c3_e2b/bf16", "c5_moe/q4g32", "c6_sink/q4g64", "c4_e4b/f32"] : ["c1_dense/f32", "c5_moe/q4g32"];
+    let seed = 1234;
+    for (const id of ids) {
+      for (const [i, c] of cfgs.entries()) {
+        runs.push({ checkpoint: join(CKPT_ROOT, id), prompt: i % 2 ? prompt40 : prompt21, prefill_step_size: i % 2 ? 8 : 5, max_tokens: 20, seed: seed++, ...c });
+      }
+    }
+    const p = Bun.spawnSync([".venv/bin/python", "-I", "suites/generation/gen_ref.py"], { stdin: Buffer.from(JSON.stringify({ runs })), stdout: "pipe", stderr: "pipe" });
+    if (p.exitCode !== 0) throw new Error(`gen_ref.py failed: ${p.stderr.toString().slice(-2000)}`);
+    const ref = JSON.parse(p.stdout.toString()).runs as { tokens: number[]; logprobs: string[]; dtype: string; cache: Record<string, unknown>[] }[];
+    let steps = 0;
+    for (let i = 0; i < runs.length; i++) {
+      const r = runs[i]!;
+      const id = r.checkpoint.slice(CKPT_ROOT.length + 1);
+      const lm = model(id);
+      const gm = generateModel(lm);
+      const cache = gm.makeCache();
+      const toks: number[] = [];
+      const lps: string[] = [];
+      try {
+        for await (const t of generateStep(gm, r.prompt, {
+          maxTokens: r.max_tokens,
+          prefillStepSize: r.prefill_step_size,
+          promptCache: cache,
+          seed: r.seed,
+          samplerOptions: { temp: r.temp, topP: r.top_p, minP: r.min_p, minTokensToKeep: r.min_tokens_to_keep, topK: r.top_k },
+        })) {
+          toks.push(t.token);
+          lps.push(Buffer.from(t.logprobs.toBytes()).toString("hex"));
+        }
+        const where = `${id} seed ${r.seed} ${JSON.stringify({ temp: r.temp, top_p: r.top_p, min_p: r.min_p, top_k: r.top_k })}`;
+        const firstLp = lps.findIndex((h, k) => h !== ref[i]!.logprobs[k]);
+        expect(firstLp, `${where}: first step with different logprobs`).toBe(-1);
+        expect(toks, `${where}: tokens`).toEqual(ref[i]!.tokens);
+        const metas = cache.map((c) => {
+          const o: Record<string, unknown> = { type: c instanceof KVCache ? "KVCache" : "RotatingKVCache", offset: c.offset };
+          if (c instanceof RotatingKVCache) Object.assign(o, { keep: c.keep, max_size: c.maxSize, idx: c.idx });
+          o.keys_shape = (c as KVCache).keys?.shape ?? null;
+          o.values_shape = (c as KVCache).values?.shape ?? null;
+          return o;
+        });
+        expect(JSON.stringify(metas), `${where}: final caches`).toBe(JSON.stringify(ref[i]!.cache));
+        steps += toks.length;
+      } finally {
+        for (const c of cache) c.dispose();
+      }
+    }
+    console.log(`[sampled parity] ${runs.length} sampled runs, ${steps} sampled steps bit-exact (tokens + logprobs) vs mlx-lm`);
+    mx.clearCache();
+  }, 600_000);
+});
