@@ -1,0 +1,86 @@
+// Long run: a 2,000-token greedy decode on the E2B-like fixture (C3) with MLX active memory
+// tracked after every token, bit-exact against the oracle's generate_step at every step
+// (tokens and logprobs bytes) and in the final cache state.
+//
+// Opt-in (it takes a while on a shared 2-core box): LONG_RUN=1 bun test suites/generation/long-run.test.ts
+//   LONG_RUN_TOKENS (default 2000), LONG_RUN_CKPT (default c3_e2b/f32).
+// Memory rule: after warm-up (the first 10% of tokens), active memory minus the KV caches' own
+// bytes (which legitimately grow: the full-attention KVCache adds 256 rows at a time) stays
+// within ±5% of its post-warm-up value; raw numbers are printed too.
+import { beforeAll, describe, expect, it } from "vitest";
+import * as mx from "@mlx-bun/mlx";
+import { type OracleClient, sharedOracle } from "../../oracle/client.ts";
+import { KVCache, RotatingKVCache } from "../../model/cache/index.ts";
+import { generateStep } from "../../model/generate.ts";
+import { compareRaw, formatDiff, rawOfNpy } from "../compare.ts";
+import { generateModel, loadScenarios, model } from "./parity.ts";
+
+const enabled = process.env.LONG_RUN === "1";
+const N = Number.parseInt(process.env.LONG_RUN_TOKENS ?? "2000", 10);
+const CK = process.env.LONG_RUN_CKPT ?? "c3_e2b/f32";
+
+let oracle: OracleClient;
+beforeAll(async () => {
+  if (enabled) oracle = await sharedOracle();
+}, 120_000);
+
+describe.skipIf(!enabled)("long run", () => {
+  it(`${N}-token greedy decode on ${CK}: flat memory, bit-exact to the end`, async () => {
+    const prompt = loadScenarios().find((s) => s.id === "gen_P21_S5")!.prompt!;
+    const t0 = performance.now();
+    const py = await oracle.generate(CK, prompt, { prefillStepSize: 2048, maxTokens: N });
+    const tPy = performance.now() - t0;
+    const gm = generateModel(model(CK));
+    const cache = gm.makeCache();
+    const warm = Math.max(1, Math.floor(N / 10));
+    const raw: number[] = [];
+    const adj: number[] = [];
+    let firstBad = -1;
+    let detail = "";
+    const tokens: number[] = [];
+    const t1 = performance.now();
+    try {
+      for await (const t of generateStep(gm, prompt, { maxTokens: N, prefillStepSize: 2048, promptCache: cache })) {
+        tokens.push(t.token);
+        if (firstBad < 0) {
+          const d = compareRaw(`step${t.n}/logprobs`, { dtype: t.logprobs.dtype, shape: t.logprobs.shape, data: t.logprobs.toBytes() }, rawOfNpy(py.logprobs[t.n]!));
+          if (!d.equal || t.token !== py.tokens[t.n]) {
+            firstBad = t.n;
+            detail = d.equal ? `token ${t.token} vs ${py.tokens[t.n]}` : formatDiff(d);
+          }
+        }
+        const a = mx.getActiveMemory();
+        const kv = cache.reduce((s, c) => s + c.nbytes, 0);
+        raw.push(a);
+        adj.push(a - kv);
+      }
+      const tTs = performance.now() - t1;
+      const base = adj[warm]!;
+      const post = adj.slice(warm);
+      const lo = Math.min(...post);
+      const hi = Math.max(...post);
+      const rawPost = raw.slice(warm);
+      const metas = cache.map((c) => {
+        const o: Record<string, unknown> = { layer: 0, type: c instanceof KVCache ? "KVCache" : "RotatingKVCache", offset: c.offset };
+        if (c instanceof RotatingKVCache) Object.assign(o, { keep: c.keep, max_size: c.maxSize, idx: c.idx });
+        o.keys_shape = (c as KVCache).keys?.shape ?? null;
+        o.values_shape = (c as KVCache).values?.shape ?? null;
+        return o;
+      });
+      const kvEnd = cache.reduce((s, c) => s + c.nbytes, 0);
+      console.log(
+        `[long run] ${CK}: ${tokens.length} tokens; oracle ${(tPy / 1000).toFixed(1)} s, TS ${(tTs / 1000).toFixed(1)} s (${((tTs / tokens.length) * 1000).toFixed(0)} µs/token)\n` +
+          `  active memory (bytes) after warm-up (${warm} tokens): raw min ${Math.min(...rawPost)} max ${Math.max(...rawPost)} end ${raw.at(-1)}; ` +
+          `minus KV caches: at warm-up ${base}, min ${lo}, max ${hi} (${(((hi - lo) / base) * 100).toFixed(2)}% spread); KV caches at end ${kvEnd} bytes\n` +
+          `  bit-exact: ${firstBad < 0 ? `all ${tokens.length} steps (tokens + logprobs bytes)` : `diverged at step ${firstBad}: ${detail}`}`,
+      );
+      expect(firstBad, `first divergent step: ${detail}`).toBe(-1);
+      expect(tokens).toEqual(py.tokens);
+      expect(JSON.stringify(metas)).toBe(JSON.stringify(py.cache.map((c) => ({ ...c, layer: 0 }))));
+      expect(hi).toBeLessThanOrEqual(base * 1.05);
+      expect(lo).toBeGreaterThanOrEqual(base * 0.95);
+    } finally {
+      for (const c of cache) c.dispose();
+    }
+  }, 1_800_000);
+});
