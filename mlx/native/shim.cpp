@@ -10,6 +10,8 @@
 // - Scalars combine with arrays as Python scalars do (mlx python/src/utils.cpp `to_array`):
 //   see weak_scalar() below, the one place this rule lives.
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -19,7 +21,6 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "mlx/compile_impl.h"
@@ -34,10 +35,13 @@ constexpr uint32_t kLive = 0x4d4c5841;  // "MLXA"
 constexpr uint32_t kDead = 0xdeadbeef;
 constexpr uint32_t kVecLive = 0x4d4c5856;  // "MLXV"
 
+// Array handles live in slots of a pool the shim owns (chunks are never returned to the OS).
+// A pointer is accepted only if it is a slot of one of our chunks whose tag says live, so a
+// disposed, double-freed or foreign handle is rejected without dereferencing foreign memory.
 struct Arr {
-  uint32_t magic = kLive;
-  array a;
-  explicit Arr(array x) : a(std::move(x)) {}
+  uint32_t magic = kDead;
+  std::optional<array> a;
+  Arr* next_free = nullptr;
 };
 
 struct Vec {
@@ -48,12 +52,60 @@ struct Vec {
 thread_local std::string g_error;
 int64_t g_live_handles = 0;
 
-// Every live Arr*, so a disposed or foreign pointer is rejected before it is dereferenced
-// (the magic tag alone would read freed or unmapped memory). Handles are created and freed on
-// the JS thread only. Leaked on purpose: never destroyed during static teardown.
-std::unordered_set<const void*>& live_set() {
-  static auto* s = new std::unordered_set<const void*>();
-  return *s;
+class HandlePool {
+ public:
+  Arr* acquire(array x) {
+    if (free_ == nullptr) grow();
+    Arr* h = free_;
+    free_ = h->next_free;
+    h->next_free = nullptr;
+    h->a.emplace(std::move(x));
+    h->magic = kLive;
+    return h;
+  }
+  // True if p is a slot of this pool (it may be live or free).
+  bool owns(const void* p) const {
+    auto u = reinterpret_cast<std::uintptr_t>(p);
+    // chunks_ is sorted by start address: find the last chunk starting at or before u
+    size_t lo = 0, hi = chunks_.size();
+    while (lo < hi) {
+      size_t mid = (lo + hi) / 2;
+      if (chunks_[mid].first <= u) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo == 0) return false;
+    const auto& [begin, end] = chunks_[lo - 1];
+    return u < end && (u - begin) % sizeof(Arr) == 0;
+  }
+  bool live(const Arr* h) const { return h != nullptr && owns(h) && h->magic == kLive; }
+  void release(Arr* h) {
+    h->magic = kDead;
+    h->a.reset();
+    h->next_free = free_;
+    free_ = h;
+  }
+
+ private:
+  static constexpr size_t kChunk = 4096;
+  void grow() {
+    Arr* chunk = new Arr[kChunk];
+    auto begin = reinterpret_cast<std::uintptr_t>(chunk);
+    chunks_.insert(std::upper_bound(chunks_.begin(), chunks_.end(), std::make_pair(begin, std::uintptr_t{0})),
+                   {begin, begin + kChunk * sizeof(Arr)});
+    for (size_t i = kChunk; i-- > 0;) {
+      chunk[i].next_free = free_;
+      free_ = &chunk[i];
+    }
+  }
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> chunks_;
+  Arr* free_ = nullptr;
+};
+
+// Handles are created and freed on the JS thread only. Leaked on purpose: never destroyed
+// during static teardown (a late finalizer may still free a handle).
+HandlePool& pool() {
+  static auto* p = new HandlePool();
+  return *p;
 }
 
 void set_error(const char* where, const char* what) {
@@ -61,8 +113,7 @@ void set_error(const char* where, const char* what) {
 }
 
 Arr* wrap(array x) {
-  auto* h = new Arr(std::move(x));
-  live_set().insert(h);
+  Arr* h = pool().acquire(std::move(x));
   ++g_live_handles;
   return h;
 }
@@ -71,10 +122,10 @@ const array& A(const Arr* h, const char* role = "array") {
   if (h == nullptr) {
     throw std::invalid_argument(std::string("null ") + role + " handle");
   }
-  if (live_set().count(h) == 0 || h->magic != kLive) {
+  if (!pool().live(h)) {
     throw std::invalid_argument(std::string("invalid ") + role + " handle (disposed or foreign)");
   }
-  return h->a;
+  return *h->a;
 }
 
 std::optional<array> opt(const Arr* h) {
@@ -262,11 +313,9 @@ double mlxb_live_handles() { return static_cast<double>(g_live_handles); }
 int mlxb_free(Arr* h) {
   if (h == nullptr) return 0;
   GUARD_INT("free", {
-    if (live_set().count(h) == 0 || h->magic != kLive) throw std::invalid_argument("double free or foreign handle");
-    live_set().erase(h);
-    h->magic = kDead;
+    if (!pool().live(h)) throw std::invalid_argument("double free or foreign handle");
+    pool().release(h);
     --g_live_handles;
-    delete h;
     return 0;
   })
 }
@@ -274,7 +323,7 @@ int mlxb_free(Arr* h) {
 // A second owned handle to the same array (shares the graph node; freed independently).
 Arr* mlxb_retain(const Arr* h) { GUARD_PTR("retain", { return wrap(A(h)); }) }
 
-int mlxb_is_live(const Arr* h) { return h != nullptr && live_set().count(h) != 0 ? 1 : 0; }
+int mlxb_is_live(const Arr* h) { return pool().live(h) ? 1 : 0; }
 
 const char* mlxb_version() { return mx::version(); }
 
@@ -864,6 +913,33 @@ int mlxb_compiled_free(Compiled* c) {
     delete c;
     return 0;
   })
+}
+
+// ---------------------------------------------------------------- benchmark support
+
+// The bench/ffi.ts chain built natively (the floor both bindings pay: MLX's own graph
+// construction): x = x * c / x + c alternating (scalar_mode: weak scalars 1.0001 / 0.5 instead
+// of c), n ops, built and dropped, never evaluated. Returns the elapsed nanoseconds.
+double mlxb_bench_chain(const Arr* x0, const Arr* c, int n, int scalar_mode) {
+  try {
+    const array& xa = A(x0);
+    const array& ca = A(c);
+    auto t0 = std::chrono::steady_clock::now();
+    {
+      array x = xa;
+      for (int i = 0; i < n; ++i) {
+        if (scalar_mode) {
+          x = (i & 1) ? mx::add(x, weak_scalar(0.5, kFloat, x.dtype())) : mx::multiply(x, weak_scalar(1.0001, kFloat, x.dtype()));
+        } else {
+          x = (i & 1) ? mx::add(x, ca) : mx::multiply(x, ca);
+        }
+      }
+    }
+    return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  } catch (const std::exception& e) {
+    set_error("bench_chain", e.what());
+  }
+  return -1;
 }
 
 // mode: 0 disabled, 1 no_simplify, 2 no_fuse, 3 enabled.

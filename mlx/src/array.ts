@@ -5,18 +5,30 @@ import { PyScalar, type Scalar, scalarParts } from "./scalar.ts";
 import { bf16ToNumber, type Dtype, dtypeCode, dtypeFromCode, f16ToNumber, itemSize, type TypedArrayFor, typedView } from "./dtype.ts";
 
 // Backstop only: arrays are disposed explicitly (`using` or dispose()); this frees what leaks.
-const registry = new FinalizationRegistry<number>((h) => {
-  lib.mlxb_free(h);
+// The registry holds a small cell per array instead of an unregister token: dispose() zeroes the
+// cell (no unregister call, which costs as much again as register), and the finalizer of a
+// disposed array finds 0 and does nothing. A handle is therefore freed exactly once.
+interface Cell {
+  h: number;
+}
+const registry = new FinalizationRegistry<Cell>((cell) => {
+  const h = cell.h;
+  if (h !== 0) {
+    cell.h = 0;
+    lib.mlxb_free(h);
+  }
 });
 
 export class MlxArray implements Disposable {
   #h: number;
+  #cell: Cell;
   #shape: number[] | undefined;
 
   /** Takes ownership of a native handle. Internal: use the creation functions. */
   constructor(handle: number) {
     this.#h = handle;
-    registry.register(this, handle, this);
+    this.#cell = { h: handle };
+    registry.register(this, this.#cell);
   }
 
   /** The native handle; throws if the array was disposed. */
@@ -90,7 +102,7 @@ export class MlxArray implements Disposable {
     const h = this.#h;
     if (h === 0) return;
     this.#h = 0;
-    registry.unregister(this);
+    this.#cell.h = 0;
     lib.mlxb_free(h);
   }
 

@@ -115,6 +115,7 @@ const symbols = {
   mlxb_compiled_call: { args: [ptr, ptr, i32], returns: ptr },
   mlxb_compiled_free: { args: [ptr], returns: i32 },
   mlxb_set_compile_mode: { args: [i32], returns: i32 },
+  mlxb_bench_chain: { args: [ptr, ptr, i32, i32], returns: f64 },
   mlxb_memory: { args: [i32], returns: f64 },
   mlxb_reset_peak_memory: { args: [], returns: i32 },
   mlxb_clear_cache: { args: [], returns: i32 },
