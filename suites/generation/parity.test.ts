@@ -19,7 +19,19 @@ beforeAll(async () => {
   oracle = await sharedOracle();
 }, 120_000);
 
-const scenarios = loadScenarios().filter((s) => s.kind === "generate");
+const fileScenarios = loadScenarios().filter((s) => s.kind === "generate");
+// gen_P300_S128 grows the KVCache at prev = 256 (256 % 256 == 0: no pre-slice); this inline
+// scenario (chunks 100, 100, 99) grows it at prev = 200, the path with the pre-slice.
+const extra: Scenario = {
+  id: "gen_P300_S100_inline",
+  kind: "generate",
+  applies_to: "all",
+  prompt: fileScenarios.find((s) => s.id === "gen_P300_S128")!.prompt,
+  prefill_step_size: 100,
+  max_tokens: 20,
+  inline: true,
+};
+const scenarios = [...fileScenarios, extra];
 const ckpts = loadCheckpoints();
 
 function selection(): [string, Scenario][] {
@@ -49,6 +61,7 @@ function selection(): [string, Scenario][] {
     ["c5_moe/q8g64", "gen_P40_S36"],
     ["c6_sink/wrap_f32", "gen_P8_S3"],
     ["c7_defaults/bf16", "gen_P1_S2048"],
+    ["c3_e2b/bf16", "gen_P300_S100_inline"],
   ];
   for (const [c, s] of pick) {
     const sc = scenarios.find((x) => x.id === s);

@@ -24,6 +24,12 @@ export interface Scenario {
   prompt?: number[];
   prefill_step_size?: number;
   max_tokens?: number;
+  /** Not in fixtures/scenarios.json: sent to the oracle inline. */
+  inline?: boolean;
+}
+
+function scenarioArg(sc: Scenario): string | { id: string; kind: "generate"; prompt: number[]; prefill_step_size?: number; max_tokens?: number } {
+  return sc.inline ? { id: sc.id, kind: "generate", prompt: sc.prompt!, prefill_step_size: sc.prefill_step_size, max_tokens: sc.max_tokens } : sc.id;
 }
 
 export function loadScenarios(): Scenario[] {
@@ -104,7 +110,7 @@ export async function runTs(
   prefill: number,
   maxTokens: number,
   filter: (name: string) => boolean = wanted,
-): Promise<{ taps: Got[]; metas: Record<string, unknown>[][]; tokens: number[] }> {
+): Promise<{ taps: Got[]; metas: Record<string, unknown>[][]; tokens: number[]; error?: Error }> {
   const taps: Got[] = [];
   const metas: Record<string, unknown>[][] = [];
   const sinkFor = (call: CallInfo): TapSink => {
@@ -125,7 +131,12 @@ export async function runTs(
     metas.push(s.cache.map(cacheMeta));
   };
   const tokens: number[] = [];
-  for await (const t of generateStep(generateModel(lm, sinkFor), prompt, { maxTokens, prefillStepSize: prefill, onStep })) tokens.push(t.token);
+  try {
+    for await (const t of generateStep(generateModel(lm, sinkFor), prompt, { maxTokens, prefillStepSize: prefill, onStep })) tokens.push(t.token);
+  } catch (e) {
+    // A crash (e.g. a mask/key shape mismatch) is a divergence too: keep the taps seen so far.
+    return { taps, metas, tokens, error: e as Error };
+  }
   return { taps, metas, tokens };
 }
 
@@ -150,7 +161,7 @@ function tapDiff(name: string, got: Got | undefined, want: TapRecord | undefined
 export async function parityRun(oracle: OracleClient, ckpt: string, sc: Scenario): Promise<ParityRun> {
   const lm = model(ckpt);
   const t0 = performance.now();
-  const cap = await oracle.capture(ckpt, sc.id, { mode: "full", only: PARITY_TAPS });
+  const cap = await oracle.capture(ckpt, scenarioArg(sc), { mode: "full", only: PARITY_TAPS });
   const t1 = performance.now();
   const ts = await runTs(lm, sc.prompt!, sc.prefill_step_size ?? 2048, sc.max_tokens ?? 20);
   const t2 = performance.now();
@@ -159,7 +170,7 @@ export async function parityRun(oracle: OracleClient, ckpt: string, sc: Scenario
   for (const t of cap.taps) if (wanted(t.name)) want.set(t.name, t);
   const got = new Map<string, Got>();
   for (const t of ts.taps) got.set(t.name, t);
-  if (ts.metas.length !== cap.calls.length) {
+  if (!ts.error && ts.metas.length !== cap.calls.length) {
     res.first = { call: "-", tap: "calls", detail: `TS made ${ts.metas.length} model calls, oracle ${cap.calls.length}` };
     return res;
   }
@@ -173,12 +184,20 @@ export async function parityRun(oracle: OracleClient, ckpt: string, sc: Scenario
   for (let ci = 0; ci < cap.calls.length; ci++) {
     const call: CallRecord = cap.calls[ci]!;
     for (const w of byCall.get(call.prefix) ?? []) {
+      if (ts.error && !got.has(w.name)) {
+        res.first = { call: call.prefix, tap: "error", detail: `TS run failed before ${w.name}: ${ts.error.message}` };
+        return res;
+      }
       const d = tapDiff(w.name, got.get(w.name), w);
       if (w.kind === "array" && w.array) res.tensors++;
       if (d !== null) {
         res.first = { call: call.prefix, tap: w.name, detail: typeof d === "string" ? d : formatDiff(d) };
         return res;
       }
+    }
+    if (ts.error && ci >= ts.metas.length) {
+      res.first = { call: call.prefix, tap: "error", detail: `TS run failed in this call: ${ts.error.message}` };
+      return res;
     }
     const tsMeta = JSON.stringify(ts.metas[ci]);
     const pyMeta = JSON.stringify(call.cache_after.map(({ layer: _l, ...m }) => m));
@@ -196,7 +215,7 @@ export async function parityRun(oracle: OracleClient, ckpt: string, sc: Scenario
 /** On a divergence: re-capture the divergent call with every tap and name the first divergent model tap. */
 export async function explain(oracle: OracleClient, ckpt: string, sc: Scenario, callPrefix: string): Promise<string> {
   if (!/^(prefill|step)\d+\/$/.test(callPrefix)) return "";
-  const cap = await oracle.capture(ckpt, sc.id, { mode: "full", only: [`${callPrefix}*`] });
+  const cap = await oracle.capture(ckpt, scenarioArg(sc), { mode: "full", only: [`${callPrefix}*`] });
   const ts = await runTs(model(ckpt), sc.prompt!, sc.prefill_step_size ?? 2048, sc.max_tokens ?? 20, (n) => n.startsWith(callPrefix));
   const got = new Map(ts.taps.map((t) => [t.name, t]));
   for (const w of cap.taps) {

@@ -15,6 +15,8 @@ import { arbOps, arbRotatingScenario, bufferSlots, drive, type Op } from "../pro
 import { attended, RefKVCache, RefRotatingKVCache, windowSet } from "../properties/reference.ts";
 import { arbKV, arbMask, arbRot, maskCase, runDiff, useOracle } from "../properties/oracle-diff-lib.ts";
 import { seedFor } from "../properties/harness.ts";
+import { sharedOracle } from "../../oracle/client.ts";
+import { loadScenarios, parityRun, type Scenario } from "../generation/parity.ts";
 
 beforeAll(async () => {
   await useOracle();
@@ -115,4 +117,32 @@ describe("cache/mask mutations are caught", () => {
     expect(fc.check(pureCheck(), { seed, numRuns: 50 }).failed).toBe(false);
     expect(fc.check(pureKVCheck(), { seed, numRuns: 20 }).failed).toBe(false);
   }, 120_000);
+});
+
+// The same mutations through the generation parity suite (model + caches + generate vs the
+// oracle's generate_step): each must diverge, first at the call and tap where the bug lives.
+// trimOffByOne is not reachable from generate_step (it never trims) and is covered above.
+describe("cache/mask mutations are caught by generation parity at the right call and tap", () => {
+  const scn = (id: string): Scenario => loadScenarios().find((s) => s.id === id)!;
+  const p300 = scn("gen_P300_S128").prompt!;
+  const growth: Scenario = { id: "gen_P300_S100_inline", kind: "generate", applies_to: "all", prompt: p300, prefill_step_size: 100, max_tokens: 3, inline: true };
+  const cases: { m: CacheMutation; ckpt: string; sc: Scenario; first: RegExp }[] = [
+    { m: "temporalOrder", ckpt: "c1_dense/f32", sc: scn("gen_P21_S3"), first: /^step\d+\/layers\.0\/self_attn\/cache_keys$/ },
+    { m: "maskAfterUpdate", ckpt: "c1_dense/f32", sc: scn("gen_P21_S3"), first: /^prefill\d+\/mask\/sliding_attention$/ },
+    { m: "slidingUsesFullMask", ckpt: "c3_e2b/bf16", sc: scn("gen_P21_S3"), first: /^prefill\d+\/mask\/sliding_attention$/ },
+    // chunks 100, 100, 99: growth at prev = 200 (200 % 256 != 0) needs the pre-slice; only the
+    // buffer capacity shows it (returned keys are sliced to the offset either way).
+    { m: "growthNoPreSlice", ckpt: "c4_e4b/f32", sc: growth, first: /^cache_after$/ },
+  ];
+  for (const c of cases) {
+    it(`${c.m}: ${c.ckpt} × ${c.sc.id} diverges first at ${c.first}`, async () => {
+      const oracle = await sharedOracle();
+      const control = await parityRun(oracle, c.ckpt, c.sc);
+      expect(control.first, "unmutated control must be bit-exact").toBeNull();
+      const r = await withCacheMutationAsync(c.m, () => parityRun(oracle, c.ckpt, c.sc));
+      console.log(`[mutation ${c.m}] generation parity: ${r.first ? `caught at ${r.first.call} ${r.first.tap}: ${r.first.detail.slice(0, 200)}` : "NOT caught"}`);
+      expect(r.first, `${c.m} not caught by generation parity`).not.toBeNull();
+      expect(r.first!.tap).toMatch(c.first);
+    }, 300_000);
+  }
 });
