@@ -30,6 +30,8 @@ export interface Scn {
   Dv: number;
   dtype: Dt;
   salt: number;
+  /** RotatingKVCache keep (tokens pinned at the start), < W. */
+  keep?: number;
   /** chunk S, or trim -n (n taken mod offset+1 when trimmable). */
   ops: ({ kind: "chunk"; S: number } | { kind: "trim"; n: number })[];
 }
@@ -72,9 +74,9 @@ function metaEq(c: KVCacheLike, py: Record<string, unknown> | null, where: strin
 /** Runs the scenario on both sides and compares after every op. */
 export async function runDiff(s: Scn): Promise<number> {
   const ops: CacheOp[] = [
-    s.type === "KVCache" ? { op: "new", type: "KVCache" } : { op: "new", type: "RotatingKVCache", max_size: s.W, keep: 0 },
+    s.type === "KVCache" ? { op: "new", type: "KVCache" } : { op: "new", type: "RotatingKVCache", max_size: s.W, keep: s.keep ?? 0 },
   ];
-  const c: KVCacheLike = s.type === "KVCache" ? new KVCache() : new RotatingKVCache(s.W, 0);
+  const c: KVCacheLike = s.type === "KVCache" ? new KVCache() : new RotatingKVCache(s.W, s.keep ?? 0);
   // TS side first, recording what to ask the oracle (trims need the TS offset to pick n).
   type Rec = { kind: "mask"; m: Mask } | { kind: "upd"; k: MlxArray; v: MlxArray } | { kind: "trim"; n: number } | { kind: "none" };
   const recs: Rec[] = [{ kind: "none" }];
@@ -154,8 +156,8 @@ export async function runDiff(s: Scn): Promise<number> {
 
 /** Per-op meta check: replays the TS cache op by op and compares with the oracle's meta after each. */
 export async function runMetaDiff(s: Scn): Promise<void> {
-  const ops: CacheOp[] = [s.type === "KVCache" ? { op: "new", type: "KVCache" } : { op: "new", type: "RotatingKVCache", max_size: s.W, keep: 0 }];
-  const c: KVCacheLike = s.type === "KVCache" ? new KVCache() : new RotatingKVCache(s.W, 0);
+  const ops: CacheOp[] = [s.type === "KVCache" ? { op: "new", type: "KVCache" } : { op: "new", type: "RotatingKVCache", max_size: s.W, keep: s.keep ?? 0 }];
+  const c: KVCacheLike = s.type === "KVCache" ? new KVCache() : new RotatingKVCache(s.W, s.keep ?? 0);
   const metas: { where: string; ts: string }[] = [];
   const snap = (where: string) => {
     const k = (c as KVCache).keys;
@@ -201,7 +203,8 @@ export async function runMetaDiff(s: Scn): Promise<void> {
 export const arbDt = fc.constantFrom("float32", "bfloat16", "float16") as fc.Arbitrary<Dt>;
 
 export const arbRot: fc.Arbitrary<Scn> = fc
-  .record({ W: fc.oneof({ arbitrary: fc.integer({ min: 1, max: 12 }), weight: 5 }, { arbitrary: fc.integer({ min: 13, max: 40 }), weight: 1 }), B: fc.integer({ min: 1, max: 2 }), H: fc.integer({ min: 1, max: 2 }), Dk: fc.integer({ min: 1, max: 4 }), Dv: fc.integer({ min: 1, max: 4 }), dtype: arbDt, salt: fc.nat() })
+  .record({ W: fc.oneof({ arbitrary: fc.integer({ min: 1, max: 12 }), weight: 5 }, { arbitrary: fc.integer({ min: 13, max: 40 }), weight: 1 }), B: fc.integer({ min: 1, max: 2 }), H: fc.integer({ min: 1, max: 2 }), Dk: fc.integer({ min: 1, max: 4 }), Dv: fc.integer({ min: 1, max: 4 }), dtype: arbDt, salt: fc.nat(), keepRaw: fc.oneof({ arbitrary: fc.constant(0), weight: 3 }, { arbitrary: fc.nat(), weight: 1 }) })
+  .map(({ keepRaw, ...b }) => ({ ...b, keep: keepRaw % b.W }))
   .chain((b) =>
     fc
       .array(
