@@ -1,0 +1,76 @@
+// compile(): the binding's compiled functions build the same fused kernels as Python's
+// @partial(mx.compile, shapeless=True) helpers of mlx-lm's gemma4 (same kernel names, so the same
+// cached .so), and Python-style state capture (inputs=/outputs= mx.random.state) gives the
+// same draws as mlx-lm's compiled samplers.
+import { spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { mkdirSync, readdirSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import * as mx from "@mlx-bun/mlx";
+import type { MlxArray } from "@mlx-bun/mlx";
+import pinnedKernels from "./compile_kernels.pinned.json";
+
+describe("compile", () => {
+  it("generates the kernels Python generates for geglu, gelu_approx, logit_softcap, _complete_square", () => {
+    // A dedicated kernel cache (fresh per pinned list and MLX version): the first run compiles the
+    // kernels (slow, g++), later runs find them; any kernel the binding names differently from
+    // Python shows up as an extra file.
+    const key = createHash("sha256").update(JSON.stringify(pinnedKernels)).digest("hex").slice(0, 12);
+    const dir = join(tmpdir(), `mlx-bun-kernel-check-${mx.version()}-${key}`);
+    mkdirSync(dir, { recursive: true });
+    const bun = process.execPath;
+    const r = spawnSync(bun, ["run", join(import.meta.dir, "compile_kernels_ts.ts")], {
+      env: { ...process.env, TMPDIR: dir },
+      encoding: "utf8",
+      timeout: 300_000,
+    });
+    expect(r.stderr).toBe("");
+    expect(r.status).toBe(0);
+    const names = JSON.parse(r.stdout.trim()) as string[];
+    expect(names).toEqual(pinnedKernels);
+    expect(readdirSync(join(dir, "mlx", mx.version(), "cpu")).filter((f) => f.startsWith("lib")).sort()).toEqual(pinnedKernels);
+  }, 300_000);
+
+  it("captures random.state like @partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)", () => {
+    // Python (mlx 0.32.4):
+    //   mx.random.seed(7); logits = (mx.arange(40, dtype=mx.float32).reshape(2, 20) / 9.0).astype(mx.bfloat16)
+    //   [categorical_sampling(logits, 0.7).tolist() for _ in range(4)], mx.random.uniform(shape=(2,)).tolist()
+    mx.random.seed(7);
+    const temp = 0.7;
+    const sample = mx.compile((l: MlxArray) => mx.random.categorical(mx.multiply(l, 1.0 / temp)), {
+      inputs: mx.random.state,
+      outputs: mx.random.state,
+    });
+    using a = mx.arange(40, undefined, 1, "float32");
+    using r = mx.reshape(a, [2, 20]);
+    using d = mx.divide(r, mx.pyFloat(9));
+    using logits = mx.astype(d, "bfloat16");
+    const draws: number[][] = [];
+    for (let i = 0; i < 4; i++) {
+      using s = sample(logits) as MlxArray;
+      draws.push(s.toNumbers());
+    }
+    expect(draws).toEqual([[15, 6], [18, 17], [19, 17], [17, 16]]);
+    using u = mx.random.uniform({ shape: [2] });
+    expect(u.toNumbers()).toEqual([0.38290998339653015, 0.3371226489543915]);
+    sample.dispose();
+  });
+
+  it("is shapeless when asked, returns single or multiple outputs, and frees its trace handles", () => {
+    const before = mx.liveHandles();
+    const f = mx.compile((x: MlxArray, y: MlxArray) => [mx.add(x, y), mx.multiply(x, y)], { shapeless: true });
+    for (const n of [3, 5]) {
+      using x = mx.full([n], mx.pyFloat(2), "float32");
+      using y = mx.full([n], mx.pyFloat(3), "float32");
+      const [s, p] = f(x, y) as MlxArray[];
+      expect(s!.toNumbers()).toEqual(new Array(n).fill(5));
+      expect(p!.toNumbers()).toEqual(new Array(n).fill(6));
+      s!.dispose();
+      p!.dispose();
+    }
+    f.dispose();
+    expect(mx.liveHandles()).toBe(before);
+  }, 120_000); // the first run on a machine compiles the fused kernel with g++
+});
