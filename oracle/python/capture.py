@@ -446,9 +446,7 @@ def run_generate(model: nn.Module, prompt: list[int], prefill_step_size: int, ma
 def logits_only(call: Call, short: str) -> bool:
     if call.kind == "forward":
         return short == "logits"
-    if call.kind == "step":
-        return short in ("logits", "logprobs", "token")
-    return False
+    return call.kind == "step" and short == "logits"
 
 
 def capture(model: nn.Module, scn: dict, mode: str = "full") -> tuple[list[Call], dict]:
@@ -495,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         for t in c.taps.values():
             print(f"  {t.name:55s} {t.kind:6s} {t.dtype or t.value or '':9s} {t.shape}")
     if args.out:
-        write_npz(args.out, calls)
+        write_npz(args.out, [("", calls)])
         print("wrote", args.out)
     return 0
 

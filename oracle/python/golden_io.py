@@ -1,6 +1,8 @@
-"""Deterministic golden files: one uncompressed .npz per (checkpoint, scenario).
+"""Deterministic golden files: uncompressed .npz archives of taps + a JSON index.
 
-Entry names are the full tap names plus ".npy" (np.load(...)[tap_name] works). Zip entries carry a
+A full dump is one .npz per (checkpoint, scenario), entries named `<tap>.npy`; the logits-only
+scenarios of a checkpoint share one `logits.npz`, entries named `<scenario>/<tap>.npy`
+(np.load(...)[name] works for both). Zip entries carry a
 fixed timestamp and no compression, so identical tensors give byte-identical files. bfloat16
 tensors are stored as uint16 .npy; the manifest's per-tap "dtype" says "bfloat16".
 """
@@ -12,17 +14,17 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from common import npy_bytes, sha256_bytes
+from common import npy_bytes
 
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
-def tap_records(calls: list[Any]) -> list[dict]:
-    """Manifest entries for every tap, in execution order (stored ones carry sha256 of the .npy)."""
+def tap_records(calls: list[Any], prefix: str = "") -> list[dict]:
+    """Index entries for every tap, in execution order."""
     out = []
     for c in calls:
         for t in c.taps.values():
-            r: dict[str, Any] = {"name": t.name, "kind": t.kind}
+            r: dict[str, Any] = {"name": prefix + t.name, "kind": t.kind}
             if t.kind == "array":
                 r["dtype"] = t.dtype
                 r["shape"] = t.shape
@@ -41,23 +43,23 @@ def call_records(calls: list[Any]) -> list[dict]:
              "taps": len(c.taps)} for c in calls]
 
 
-def write_npz(path: Path, calls: list[Any]) -> dict[str, str]:
-    """Write the stored taps; returns {tap name: sha256 of its .npy bytes}. Atomic (tmp + rename)."""
+def write_npz(path: Path, groups: list[tuple[str, list[Any]]]) -> int:
+    """Write the stored taps of (name prefix, calls) groups; returns the entry count. Atomic."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    shas: dict[str, str] = {}
+    n = 0
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=False) as zf:
-        for c in calls:
-            for t in c.taps.values():
-                if t.data is None:
-                    continue
-                b = npy_bytes(t.data)
-                shas[t.name] = sha256_bytes(b)
-                info = zipfile.ZipInfo(t.name + ".npy", date_time=_EPOCH)
-                info.compress_type = zipfile.ZIP_STORED
-                info.external_attr = 0o644 << 16
-                info.create_system = 3
-                zf.writestr(info, b)
+        for prefix, calls in groups:
+            for c in calls:
+                for t in c.taps.values():
+                    if t.data is None:
+                        continue
+                    info = zipfile.ZipInfo(prefix + t.name + ".npy", date_time=_EPOCH)
+                    info.compress_type = zipfile.ZIP_STORED
+                    info.external_attr = 0o644 << 16
+                    info.create_system = 3
+                    zf.writestr(info, npy_bytes(t.data))
+                    n += 1
     os.replace(tmp, path)
-    return shas
+    return n

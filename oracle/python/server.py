@@ -197,30 +197,48 @@ class Server:
         return {"meta": meta, "calls": golden_io.call_records(calls), "taps": taps}
 
     def cmd_golden(self, req: dict) -> dict:
-        """Capture one (checkpoint, scenario) into a golden .npz + .json index (used by regen)."""
+        """Capture scenarios of one checkpoint into one golden .npz + .json index (used by regen).
+
+        req: checkpoint, items [{scenario, mode}], npz, index, prefix (true: tap names are
+        prefixed "<scenario>/", used when several scenarios share a file)."""
         model = self.model(req["checkpoint"])
-        scn = self.scenario(req)
-        mode = req["mode"]
-        calls, meta = cap.capture(model, scn, mode)
+        prefixed = bool(req.get("prefix", False))
+        groups, scenarios, taps, stored = [], [], [], 0
+        seen: dict[str, str] = {}
+        for item in req["items"]:
+            scn = self.scenario(item)
+            mode = item["mode"]
+            key = json.dumps([mode, same_work_key(scn)])
+            if prefixed and key in seen:  # identical computation (e.g. P=1 for any prefill size)
+                orig = next(e for e in scenarios if e["scenario"] == seen[key])
+                scenarios.append({**{k: v for k, v in orig.items() if k != "calls"}, "scenario": scn["id"],
+                                  "same_as": orig["scenario"], "stored": 0})
+                continue
+            seen[key] = scn["id"]
+            calls, meta = cap.capture(model, scn, mode)
+            pre = f"{scn['id']}/" if prefixed else ""
+            groups.append((pre, calls))
+            recs = golden_io.tap_records(calls, pre)
+            entry = {"scenario": scn["id"], "mode": mode, "meta": meta, "tap_count": len(recs),
+                     "stored": sum(1 for r in recs if r.get("stored"))}
+            if mode == "full":
+                entry["calls"] = golden_io.call_records(calls)
+                taps += recs
+            else:  # logits-only: list just what is stored
+                taps += [{k: r[k] for k in ("name", "dtype", "shape")} for r in recs if r.get("stored")]
+            stored += entry["stored"]
+            scenarios.append(entry)
         npz = Path(req["npz"])
-        shas = golden_io.write_npz(npz, calls)
-        taps = golden_io.tap_records(calls)
-        for t in taps:
-            if t["name"] in shas:
-                t["sha256"] = shas[t["name"]]
-        index = {"checkpoint": req["checkpoint"], "scenario": scn["id"], "mode": mode, "meta": meta,
-                 "calls": golden_io.call_records(calls) if mode == "full" else None, "taps": taps}
-        if mode != "full":  # logits-only: keep the index small, list only what is stored
-            index["taps"] = [t for t in taps if t.get("stored")]
-            index["tap_count"] = len(taps)
-        text = index_json(index)
+        golden_io.write_npz(npz, groups)
+        text = index_json({"checkpoint": req["checkpoint"], "scenarios": scenarios, "taps": taps})
         ip = Path(req["index"])
         tmp = ip.with_name(f".{ip.name}.{os.getpid()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, ip)
         return {"npz_sha256": sha256_bytes(npz.read_bytes()), "npz_bytes": npz.stat().st_size,
                 "index_sha256": sha256_bytes(text.encode()), "index_bytes": len(text.encode()),
-                "taps": len(taps), "stored": len(shas), "calls": len(calls)}
+                "scenarios": [{"scenario": e["scenario"], "mode": e["mode"], "taps": e["tap_count"],
+                               "stored": e["stored"], "same_as": e.get("same_as")} for e in scenarios]}
 
     def cmd_make_checkpoints(self, req: dict) -> dict:
         out = Path(req.get("out") or self.ckpt_root)
@@ -293,6 +311,14 @@ class Server:
         return {"bye": True}
 
 
+def same_work_key(scn: dict) -> list:
+    """Scenarios with equal keys run the exact same model calls (so they have equal goldens)."""
+    if scn["kind"] == "forward":
+        return ["forward", scn["tokens"]]
+    return ["generate", scn["prompt"], cap.prefill_schedule(len(scn["prompt"]), scn["prefill_step_size"]),
+            scn["max_tokens"]]
+
+
 def make_cache(spec: dict):
     t = spec.get("type", "KVCache")
     if t == "KVCache":
@@ -318,11 +344,13 @@ def mask_value(server: Server, m: Any) -> dict:
 
 def index_json(index: dict) -> str:
     """Readable, diff-friendly JSON: one tap / one call per line."""
-    head = {k: v for k, v in index.items() if k not in ("taps", "calls")}
+    head = {k: v for k, v in index.items() if k not in ("taps", "calls", "scenarios")}
     lines = ["{"]
     for k, v in head.items():
         lines.append(f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)},")
-    for key in ("calls", "taps"):
+    for key in ("scenarios", "calls", "taps"):
+        if key not in index:
+            continue
         v = index.get(key)
         if v is None:
             lines.append(f"  {json.dumps(key)}: null,")

@@ -1,0 +1,217 @@
+// Readable diff between two golden trees: entries and taps added/removed (diff package), files
+// changed, and per changed tensor the largest absolute and ULP change.
+
+import { join } from "node:path";
+import { diffArrays, diffLines } from "diff";
+import { type GoldenIndex, type Manifest, readIndex, readNpzTaps } from "./golden.ts";
+import type { NpyRecord } from "./npy.ts";
+
+export interface TensorChange {
+  tap: string;
+  dtype: string;
+  changed: number;
+  total: number;
+  maxAbs: number;
+  maxUlp: number;
+  note?: string;
+}
+
+/** Signed float bits mapped onto a monotonic integer line (so |a-b| counts ULPs). */
+function ordered(bits: number, width: 16 | 32): number {
+  const sign = width === 16 ? 0x8000 : 0x80000000;
+  return bits & sign ? -(bits & (sign - 1)) : bits;
+}
+
+function f16ToNumber(h: number): number {
+  const s = h & 0x8000 ? -1 : 1;
+  const e = (h >> 10) & 0x1f;
+  const m = h & 0x3ff;
+  if (e === 0) return s * m * 2 ** -24;
+  if (e === 31) return m ? Number.NaN : s * Number.POSITIVE_INFINITY;
+  return s * (1 + m / 1024) * 2 ** (e - 15);
+}
+
+function values(rec: NpyRecord): { num: (i: number) => number; ulp?: (i: number) => number; n: number } {
+  const dv = new DataView(rec.data.buffer, rec.data.byteOffset, rec.data.byteLength);
+  const n = rec.shape.reduce((a, b) => a * b, 1);
+  switch (rec.dtype) {
+    case "float32":
+      return { n, num: (i) => dv.getFloat32(i * 4, true), ulp: (i) => ordered(dv.getUint32(i * 4, true), 32) };
+    case "float64":
+      return { n, num: (i) => dv.getFloat64(i * 8, true) };
+    case "float16":
+      return { n, num: (i) => f16ToNumber(dv.getUint16(i * 2, true)), ulp: (i) => ordered(dv.getUint16(i * 2, true), 16) };
+    case "bfloat16":
+      return {
+        n,
+        num: (i) => {
+          const b = new DataView(new ArrayBuffer(4));
+          b.setUint32(0, dv.getUint16(i * 2, true) << 16);
+          return b.getFloat32(0);
+        },
+        ulp: (i) => ordered(dv.getUint16(i * 2, true), 16),
+      };
+    case "bool":
+    case "uint8":
+      return { n, num: (i) => dv.getUint8(i) };
+    case "int8":
+      return { n, num: (i) => dv.getInt8(i) };
+    case "uint16":
+      return { n, num: (i) => dv.getUint16(i * 2, true) };
+    case "int16":
+      return { n, num: (i) => dv.getInt16(i * 2, true) };
+    case "uint32":
+      return { n, num: (i) => dv.getUint32(i * 4, true) };
+    case "int32":
+      return { n, num: (i) => dv.getInt32(i * 4, true) };
+    case "uint64":
+    case "int64":
+      return { n, num: (i) => Number(dv.getBigInt64(i * 8, true)) };
+    case "complex64":
+      return { n: n * 2, num: (i) => dv.getFloat32(i * 4, true) };
+  }
+}
+
+export function compareTensors(tap: string, a: NpyRecord, b: NpyRecord): TensorChange {
+  if (a.dtype !== b.dtype || a.shape.join() !== b.shape.join()) {
+    return {
+      tap,
+      dtype: `${a.dtype}->${b.dtype}`,
+      changed: Number.NaN,
+      total: 0,
+      maxAbs: Number.NaN,
+      maxUlp: Number.NaN,
+      note: `shape/dtype ${a.dtype}${JSON.stringify(a.shape)} -> ${b.dtype}${JSON.stringify(b.shape)}`,
+    };
+  }
+  const va = values(a);
+  const vb = values(b);
+  let changed = 0;
+  let maxAbs = 0;
+  let maxUlp = 0;
+  for (let i = 0; i < va.n; i++) {
+    const x = va.num(i);
+    const y = vb.num(i);
+    if (Object.is(x, y)) continue;
+    changed++;
+    const d = Math.abs(x - y);
+    maxAbs = Number.isNaN(d) ? Number.NaN : Math.max(maxAbs, d);
+    if (va.ulp && vb.ulp) maxUlp = Math.max(maxUlp, Math.abs((va.ulp(i) as number) - (vb.ulp(i) as number)));
+  }
+  return { tap, dtype: a.dtype, changed, total: va.n, maxAbs, maxUlp };
+}
+
+function fmtChange(c: TensorChange): string {
+  if (c.note) return `      ~ ${c.tap}: ${c.note}`;
+  const ulp = c.dtype.startsWith("float") || c.dtype === "bfloat16" ? `, max ${c.maxUlp} ulp` : "";
+  return `      ~ ${c.tap} (${c.dtype}): ${c.changed}/${c.total} elements, max |d| ${c.maxAbs.toExponential(3)}${ulp}`;
+}
+
+function listChange<T>(label: string, before: T[], after: T[], show: (x: T) => string, limit = 12): string[] {
+  const lines: string[] = [];
+  for (const part of diffArrays(before, after)) {
+    if (!part.added && !part.removed) continue;
+    const sign = part.added ? "+" : "-";
+    const vals = part.value;
+    for (const v of vals.slice(0, limit)) lines.push(`    ${sign} ${label} ${show(v)}`);
+    if (vals.length > limit) lines.push(`    ${sign} ... ${vals.length - limit} more ${label}s`);
+  }
+  return lines;
+}
+
+function jsonLines(label: string, a: unknown, b: unknown): string[] {
+  const out: string[] = [];
+  for (const part of diffLines(JSON.stringify(a ?? null, null, 2), JSON.stringify(b ?? null, null, 2))) {
+    if (!part.added && !part.removed) continue;
+    for (const l of part.value.split("\n").filter((x) => x.length > 0)) out.push(`    ${part.added ? "+" : "-"} ${label}: ${l.trim()}`);
+  }
+  return out;
+}
+
+/** Human-readable report; returns ["no changes"] when the trees are identical. */
+export function diffGoldens(
+  oldM: Manifest | undefined,
+  newM: Manifest,
+  oldDir: string,
+  newDir: string,
+  opts: { maxTensorsPerFile?: number } = {},
+): string[] {
+  if (!oldM?.files) {
+    return [`new golden set: ${Object.keys(newM.entries).length} entries, ${(newM.total_bytes / 1e6).toFixed(2)} MB (no comparable previous manifest)`];
+  }
+  const out: string[] = [];
+  const head = [
+    ...jsonLines("versions", oldM.versions, newM.versions),
+    ...jsonLines("fingerprint", oldM.fingerprint, newM.fingerprint),
+    ...(oldM.taps_json_sha256 !== newM.taps_json_sha256 ? ["    ~ oracle/taps.json changed"] : []),
+    ...jsonLines("plan", oldM.plan, newM.plan),
+  ];
+  if (head.length) out.push("environment:", ...head);
+
+  const ckLines: string[] = [];
+  const oldCk = Object.keys(oldM.checkpoints).sort();
+  const newCk = Object.keys(newM.checkpoints).sort();
+  ckLines.push(...listChange("checkpoint", oldCk, newCk, (x) => x));
+  for (const id of newCk) {
+    const a = oldM.checkpoints[id];
+    const b = newM.checkpoints[id];
+    if (!a || !b) continue;
+    for (const [f, sha] of Object.entries(b.files)) {
+      if (a.files[f] !== sha) ckLines.push(`    ~ ${id}/${f} sha256 ${a.files[f]?.slice(0, 12) ?? "(none)"} -> ${sha.slice(0, 12)}`);
+    }
+  }
+  if (ckLines.length) out.push("checkpoints:", ...ckLines);
+
+  const entryLines = listChange("entry", Object.keys(oldM.entries).sort(), Object.keys(newM.entries).sort(), (x) => {
+    const e = newM.entries[x] ?? oldM.entries[x];
+    return `${x} (${e?.mode})`;
+  });
+  for (const [id, b] of Object.entries(newM.entries)) {
+    const a = oldM.entries[id];
+    if (a && a.mode !== b.mode) entryLines.push(`    ~ entry ${id}: ${a.mode} -> ${b.mode}`);
+  }
+  if (entryLines.length) out.push("entries:", ...entryLines);
+
+  const fileLines = listChange("file", Object.keys(oldM.files).sort(), Object.keys(newM.files).sort(), (x) => x);
+  const limit = opts.maxTensorsPerFile ?? 20;
+  for (const [path, f] of Object.entries(newM.files)) {
+    const o = oldM.files[path];
+    if (!o || o.sha256 === f.sha256) continue;
+    fileLines.push(`    ~ ${path}: ${o.bytes} -> ${f.bytes} bytes`);
+    if (path.endsWith(".npz")) fileLines.push(...npzDetail(path, oldDir, newDir, limit));
+  }
+  if (fileLines.length) out.push("files:", ...fileLines);
+  if (oldM.total_bytes !== newM.total_bytes) out.push(`size: ${(oldM.total_bytes / 1e6).toFixed(2)} MB -> ${(newM.total_bytes / 1e6).toFixed(2)} MB`);
+  return out.length ? out : ["no changes"];
+}
+
+function npzDetail(path: string, oldDir: string, newDir: string, limit: number): string[] {
+  const idx = path.replace(/\.npz$/, ".json");
+  let ia: GoldenIndex | undefined;
+  let ib: GoldenIndex | undefined;
+  try {
+    ia = readIndex(idx, oldDir);
+    ib = readIndex(idx, newDir);
+  } catch {
+    /* index missing on one side: compare tensors by npz entry names only */
+  }
+  const lines: string[] = [];
+  if (ia && ib) {
+    lines.push(...listChange("tap", ia.taps.map((t) => t.name), ib.taps.map((t) => t.name), (x) => x).map((l) => `  ${l}`));
+    const ma = ia.scenarios.map((s) => ({ scenario: s.scenario, meta: s.meta }));
+    const mb = ib.scenarios.map((s) => ({ scenario: s.scenario, meta: s.meta }));
+    if (JSON.stringify(ma) !== JSON.stringify(mb)) lines.push(...jsonLines("meta", ma, mb).map((l) => `  ${l}`));
+  }
+  const ta = readNpzTaps(join(oldDir, path), ia);
+  const tb = readNpzTaps(join(newDir, path), ib);
+  let shown = 0;
+  let more = 0;
+  for (const [name, y] of tb) {
+    const x = ta.get(name);
+    if (!x || (x.dtype === y.dtype && x.shape.join() === y.shape.join() && Buffer.compare(x.data, y.data) === 0)) continue;
+    if (shown++ < limit) lines.push(fmtChange(compareTensors(name, x, y)));
+    else more++;
+  }
+  if (more) lines.push(`      ~ ... ${more} more changed tensors`);
+  return lines;
+}

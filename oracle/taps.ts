@@ -1,0 +1,114 @@
+// The tap scheme of oracle/taps.json expanded for one model call (same rules as oracle/python/taps.py).
+// The TS model emits exactly expandTaps(config, call) (each prefixed by callPrefix) in this order.
+
+import tapsJson from "./taps.json" with { type: "json" };
+
+export interface TapTemplate {
+  name: string;
+  repeat: "model" | "layer" | "mask";
+  when: string[];
+  observed: "input" | "output";
+  source: string;
+  shape: string;
+}
+
+export const TAP_SPEC = tapsJson as { version: number; conditions: Record<string, string>; taps: TapTemplate[] };
+
+/** The config fields the expansion needs, with mlx-lm's defaults (ModelArgs, not HF's). */
+export interface TapConfig {
+  num_hidden_layers: number;
+  layer_types: string[];
+  num_kv_shared_layers: number;
+  attention_k_eq_v: boolean;
+  enable_moe_block: boolean;
+  top_k_experts: number;
+  hidden_size_per_layer_input: number;
+}
+
+/** From a config.json object (flat gemma4_text, or the gemma4 wrapper's text_config). */
+export function tapConfig(config: Record<string, unknown>): TapConfig {
+  const c = (config.text_config as Record<string, unknown> | undefined) ?? config;
+  const n = Number(c.num_hidden_layers ?? 35);
+  let types = c.layer_types as string[] | undefined;
+  if (!types) {
+    const period = Number(c.sliding_window_pattern ?? 5);
+    const pattern = [...Array<string>(period - 1).fill("sliding_attention"), "full_attention"];
+    types = Array.from({ length: n }, (_, i) => pattern[i % period] as string);
+  }
+  return {
+    num_hidden_layers: n,
+    layer_types: types,
+    num_kv_shared_layers: Number(c.num_kv_shared_layers ?? 20),
+    attention_k_eq_v: Boolean(c.attention_k_eq_v ?? false),
+    enable_moe_block: Boolean(c.enable_moe_block ?? false),
+    top_k_experts: Number(c.top_k_experts ?? 0),
+    hidden_size_per_layer_input: Number(c.hidden_size_per_layer_input ?? 256),
+  };
+}
+
+export interface CallShape {
+  batch: number;
+  length: number;
+  /** A cache is passed (generate). */
+  cache: boolean;
+  /** A generate_step _step call (adds logprobs/token). */
+  step: boolean;
+}
+
+export function layerConditions(cfg: TapConfig, i: number, call: CallShape): Set<string> {
+  const hasKv = i < cfg.num_hidden_layers - cfg.num_kv_shared_layers;
+  const kEqV = cfg.attention_k_eq_v && cfg.layer_types[i] !== "sliding_attention";
+  const s = new Set<string>([hasKv ? "has_kv" : "kv_shared"]);
+  if (hasKv && !kEqV) s.add("v_proj");
+  if (hasKv && call.cache) s.add("cache");
+  if (cfg.enable_moe_block) {
+    s.add("moe");
+    if (call.batch * call.length * cfg.top_k_experts >= 64) s.add("sorted");
+  } else {
+    s.add("dense");
+  }
+  if (cfg.hidden_size_per_layer_input) s.add("ple");
+  return s;
+}
+
+/** Ordered tap names (without call prefix) for one call. */
+export function expandTaps(cfg: TapConfig, call: CallShape): string[] {
+  const model = new Set<string>();
+  if (cfg.hidden_size_per_layer_input) model.add("ple");
+  if (call.step) model.add("step");
+  const maskTypes = [...new Set(cfg.layer_types)];
+  const out: string[] = [];
+  const entries = TAP_SPEC.taps;
+  for (let k = 0; k < entries.length; ) {
+    const e = entries[k] as TapTemplate;
+    if (e.repeat === "layer") {
+      const block: TapTemplate[] = [];
+      while (k < entries.length && (entries[k] as TapTemplate).repeat === "layer") block.push(entries[k++] as TapTemplate);
+      for (let i = 0; i < cfg.num_hidden_layers; i++) {
+        const conds = layerConditions(cfg, i, call);
+        for (const b of block) if (b.when.every((w) => conds.has(w))) out.push(b.name.replace("{i}", String(i)));
+      }
+      continue;
+    }
+    if (e.repeat === "mask") for (const t of maskTypes) out.push(e.name.replace("{type}", t));
+    else if (e.when.every((w) => model.has(w))) out.push(e.name);
+    k++;
+  }
+  return out;
+}
+
+/** "" for a forward, "prefill{k}/" or "step{n}/" inside generate_step. */
+export function callPrefix(kind: "forward" | "prefill" | "step", index = 0): string {
+  return kind === "forward" ? "" : `${kind}${index}/`;
+}
+
+/** Chunk sizes generate_step prefills (every prompt token but the last). */
+export function prefillChunks(promptLength: number, prefillStepSize: number): number[] {
+  const out: number[] = [];
+  for (let done = 0; promptLength - done > 1; ) {
+    const n = Math.min(prefillStepSize, promptLength - done - 1);
+    out.push(n);
+    done += n;
+  }
+  return out;
+}
