@@ -67,14 +67,19 @@ function runTs(ckpt: string, scn: string): TapData[] {
   return col.taps;
 }
 
-const totals = { pairs: 0, taps: 0, arrays: 0, goldenPairs: 0, goldenTaps: 0 };
+const totals = { pairs: 0, taps: 0, arrays: 0, goldenPairs: 0, goldenTaps: 0, waitMs: 0, tsMs: 0 };
+const t0 = performance.now();
 
 describe("gemma4 taps vs live mlx-lm", () => {
   pairs.forEach(({ ckpt, scn }, k) => {
     it(`${ckpt} ${scn}`, async () => {
+      let t = performance.now();
       const cap = await capture(k);
+      totals.waitMs += performance.now() - t;
       capture(k + 1);
+      t = performance.now();
       const ours = runTs(ckpt, scn);
+      totals.tsMs += performance.now() - t;
       const v = compareTapLists(ours, cap.taps.map(fromOracle));
       if (!v.ok) throw new Error(formatVerdict(`${ckpt} ${scn}`, v));
       totals.pairs++;
@@ -102,6 +107,7 @@ afterAll(() => {
   console.log(
     `[gemma4 parity] ${totals.pairs}/${pairs.length} (checkpoint, scenario) pairs, ${totals.taps} taps bit-identical ` +
       `(${totals.arrays} arrays + masks/None) vs live mlx-lm; goldens: ${totals.goldenPairs} pairs, ${totals.goldenTaps} taps` +
-      (existsSync(join(REPO_ROOT, "golden", "manifest.json")) ? "" : " (no golden/manifest.json yet)"),
+      (existsSync(join(REPO_ROOT, "golden", "manifest.json")) ? "" : " (no golden/manifest.json yet)") +
+      `; ${((performance.now() - t0) / 1000).toFixed(1)} s: waiting on the oracle ${(totals.waitMs / 1000).toFixed(1)} s, TS load+forward+taps ${(totals.tsMs / 1000).toFixed(1)} s`,
   );
 });
