@@ -53,7 +53,10 @@ export function checkProperty<Ts extends [unknown, ...unknown[]]>(
   const done = (): void => void stats.push({ name, seed, runs, ms: performance.now() - t0 });
   const fail = (e: unknown) => {
     const msg = e instanceof Error ? e.message : String(e);
-    console.error(`\n[property] ${name} FAILED (seed=${seed}, runs=${runs}; replay: PROPERTY_SEED unset, seed ${seed})\n${msg}\n`);
+    console.error(
+      `\n[property] ${name} FAILED (seed=${seed}, runs=${runs}; the seed is derived from the property name` +
+        `${process.env.PROPERTY_SEED ? ` and PROPERTY_SEED=${process.env.PROPERTY_SEED}` : ""}, so a rerun replays it)\n${msg}\n`,
+    );
     throw e;
   };
   if ("isAsync" in prop && prop.isAsync()) {
