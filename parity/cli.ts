@@ -4,7 +4,7 @@
 // Writes report/parity.json, report/parity.md and report/parity.html; exits 1 on any divergence
 // beyond the --ulp / --atol budget (default: bit-exact).
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { basename, join, resolve } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { CASES, exposedOps, NOT_OPS } from "../suites/ops/cases.ts";
@@ -137,7 +137,7 @@ async function modelRun(oracle: OracleClient, a: Record<string, unknown>, budget
   checkPromptLength(prompt, steps, info);
   const oracleDir = a["oracle-model"] === undefined ? dir : resolve(String(a["oracle-model"]));
   if (oracleDir !== dir) inspectCheckpoint(oracleDir);
-  return runOne(oracle, { tsDir: dir, oracleCheckpoint: oracleDir, model: dir, variant: info.modelType, prompt, prefillStepSize: prefill, steps, budget });
+  return runOne(oracle, { tsDir: dir, oracleCheckpoint: oracleDir, model: basename(dir), variant: info.modelType, prompt, prefillStepSize: prefill, steps, budget });
 }
 
 function writeReports(rep: ParityReport, out: string): string[] {
