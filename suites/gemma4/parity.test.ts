@@ -10,7 +10,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
-import { type CaptureResult, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
+import { type CaptureResult, OracleClient, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { loadGolden, readManifest } from "../../oracle/golden.ts";
 import { loadModel, type LoadedModel } from "../../model/gemma4/index.ts";
 import { compareTapLists, formatVerdict, fromOracle, TapCollector, type TapData } from "./tap_compare.ts";
@@ -22,7 +22,13 @@ interface Plan {
   scenarios: { id: string; kind: string; applies_to: string }[];
 }
 
-const oracle = await sharedOracle();
+// GEMMA4_PARITY_NO_COMPILE=1: the whole comparison with compile disabled on BOTH sides (spec
+// §0.2: on NEON/FMA hosts compiled and eager float32 kernels can differ, so both modes must
+// match mlx-lm's own mode). The oracle is then a private process started with
+// MLX_DISABLE_COMPILE=1. Default: compile enabled, the shared oracle.
+const NO_COMPILE = process.env.GEMMA4_PARITY_NO_COMPILE === "1";
+if (NO_COMPILE) mx.setCompileMode("disabled");
+const oracle = NO_COMPILE ? await OracleClient.start({ env: { MLX_DISABLE_COMPILE: "1" } }) : await sharedOracle();
 const plan = await oracle.request<Plan>("plan");
 // Build (or confirm up to date) the whole checkpoint matrix once, up front.
 await oracle.request("make_checkpoints", {}, 600_000);
@@ -33,7 +39,12 @@ const scenarioTokens = new Map<string, number[][]>(
 );
 const forwards = plan.scenarios.filter((s) => s.kind === "forward");
 const pairs: { ckpt: string; scn: string }[] = [];
-for (const c of plan.checkpoints) for (const s of forwards) if (s.applies_to === "all" || (s.applies_to === "moe" && c.moe)) pairs.push({ ckpt: c.id, scn: s.id });
+// GEMMA4_PARITY_ONLY=<glob>: restrict to matching checkpoint ids (development only).
+const only = process.env.GEMMA4_PARITY_ONLY ? new Bun.Glob(process.env.GEMMA4_PARITY_ONLY) : null;
+for (const c of plan.checkpoints) {
+  if (only && !only.match(c.id)) continue;
+  for (const s of forwards) if (s.applies_to === "all" || (s.applies_to === "moe" && c.moe)) pairs.push({ ckpt: c.id, scn: s.id });
+}
 
 const manifest = readManifest();
 
@@ -102,10 +113,14 @@ describe("gemma4 taps vs live mlx-lm", () => {
   });
 });
 
-afterAll(() => {
+afterAll(async () => {
+  if (NO_COMPILE) {
+    mx.setCompileMode("enabled");
+    await oracle.close();
+  }
   if (loaded) for (const a of loaded.m.model.parameters().values()) a.dispose();
   console.log(
-    `[gemma4 parity] ${totals.pairs}/${pairs.length} (checkpoint, scenario) pairs, ${totals.taps} taps bit-identical ` +
+    `[gemma4 parity${NO_COMPILE ? ", compile disabled on both sides" : ""}] ${totals.pairs}/${pairs.length} (checkpoint, scenario) pairs, ${totals.taps} taps bit-identical ` +
       `(${totals.arrays} arrays + masks/None) vs live mlx-lm; goldens: ${totals.goldenPairs} pairs, ${totals.goldenTaps} taps` +
       (existsSync(join(REPO_ROOT, "golden", "manifest.json")) ? "" : " (no golden/manifest.json yet)") +
       `; ${((performance.now() - t0) / 1000).toFixed(1)} s: waiting on the oracle ${(totals.waitMs / 1000).toFixed(1)} s, TS load+forward+taps ${(totals.tsMs / 1000).toFixed(1)} s`,
