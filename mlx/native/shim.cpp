@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "mlx/compile_impl.h"
+#include "mlx/primitives.h"
 #include "mlx/mlx.h"
 
 namespace mx = mlx::core;
@@ -182,6 +184,41 @@ mx::Dtype dtype_of(int code) {
 // Scalar kinds, as Python sees them.
 enum ScalarKind : int { kFloat = 0, kInt = 1, kBool = 2 };
 
+const char* int_dtype_name(mx::Dtype t) {
+  switch (t.val()) {
+    case mx::Dtype::Val::int8: return "int8";
+    case mx::Dtype::Val::int16: return "int16";
+    case mx::Dtype::Val::int32: return "int32";
+    case mx::Dtype::Val::int64: return "int64";
+    case mx::Dtype::Val::uint8: return "uint8";
+    case mx::Dtype::Val::uint16: return "uint16";
+    case mx::Dtype::Val::uint32: return "uint32";
+    case mx::Dtype::Val::uint64: return "uint64";
+    default: return "integer";
+  }
+}
+
+// Python's to_array overflow check for an int scalar meeting an integer array.
+void check_int_range(double v, mx::Dtype t) {
+  double lo = 0, hi = 0;
+  switch (t.val()) {
+    case mx::Dtype::Val::int8: lo = -128.0; hi = 127.0; break;
+    case mx::Dtype::Val::int16: lo = -32768.0; hi = 32767.0; break;
+    case mx::Dtype::Val::int32: lo = -2147483648.0; hi = 2147483647.0; break;
+    case mx::Dtype::Val::int64: lo = -9223372036854775808.0; hi = 9223372036854775807.0; break;
+    case mx::Dtype::Val::uint8: hi = 255.0; break;
+    case mx::Dtype::Val::uint16: hi = 65535.0; break;
+    case mx::Dtype::Val::uint32: hi = 4294967295.0; break;
+    case mx::Dtype::Val::uint64: hi = 18446744073709551615.0; break;
+    default: return;
+  }
+  if (v < lo || v > hi) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    throw std::invalid_argument(std::string("Converting ") + buf + " to " + int_dtype_name(t) + " would result in overflow.");
+  }
+}
+
 // Python's weak scalar rule (mlx python/src/utils.cpp to_array):
 // - float: rounded to float32 first, then to the array's dtype if that is floating
 //   (float64 keeps the double), else the scalar stays float32 and promotion decides.
@@ -196,6 +233,8 @@ array weak_scalar(double v, int kind, mx::Dtype like) {
       return array(static_cast<float>(v), mx::float32);
     case kInt: {
       mx::Dtype t = like == mx::bool_ ? mx::int32 : like;
+      // Python checks the range for integer arrays (not for bool, which wraps into int32).
+      if (like != mx::bool_ && mx::issubdtype(t, mx::integer)) check_int_range(v, t);
       return array(static_cast<int64_t>(v), t);
     }
     case kBool:
@@ -1027,6 +1066,115 @@ double mlxb_set_wired_limit(double bytes) {
     set_error("set_wired_limit", e.what());
   }
   return -1;
+}
+
+// ---------------------------------------------------------------- graph inspection (bisect)
+
+// The primitive that produces `h`, or "" for a leaf (no primitive).
+const char* mlxb_primitive_name(const Arr* h) {
+  try {
+    const array& a = A(h);
+    return a.has_primitive() ? a.primitive().name() : "";
+  } catch (const std::exception& e) {
+    set_error("primitive_name", e.what());
+  }
+  return nullptr;
+}
+int mlxb_is_evaluated(const Arr* h) { GUARD_INT("is_evaluated", { return A(h).is_available() ? 1 : 0; }) }
+int mlxb_num_inputs(const Arr* h) {
+  GUARD_INT("num_inputs", {
+    const array& a = A(h);
+    return a.has_primitive() ? static_cast<int>(a.inputs().size()) : 0;
+  })
+}
+Arr* mlxb_input(const Arr* h, int i) {
+  GUARD_PTR("input", {
+    const array& a = A(h);
+    if (!a.has_primitive() || i < 0 || i >= static_cast<int>(a.inputs().size())) throw std::out_of_range("input index out of range");
+    return wrap(a.inputs()[i]);
+  })
+}
+// Identity of the underlying array (shared by every handle to it).
+double mlxb_array_id(const Arr* h) {
+  try {
+    return static_cast<double>(A(h).id());
+  } catch (const std::exception& e) {
+    set_error("array_id", e.what());
+  }
+  return -1;
+}
+
+}  // extern "C"
+
+namespace {
+// The unevaluated nodes behind `out` in topological order (inputs first); evaluated arrays and
+// arrays without a primitive are leaves and are not listed.
+std::vector<array> graph_nodes(const array& out) {
+  std::vector<array> order;
+  std::unordered_map<std::uintptr_t, bool> seen;
+  std::vector<std::pair<array, bool>> stack{{out, false}};
+  while (!stack.empty()) {
+    auto [a, expanded] = stack.back();
+    stack.pop_back();
+    if (expanded) {
+      order.push_back(a);
+      continue;
+    }
+    if (seen.count(a.id())) continue;
+    seen[a.id()] = true;
+    if (!a.has_primitive() || a.is_available()) continue;
+    stack.emplace_back(a, true);
+    for (auto it = a.inputs().rbegin(); it != a.inputs().rend(); ++it) stack.emplace_back(*it, false);
+  }
+  return order;
+}
+}  // namespace
+
+extern "C" {
+
+// The graph behind `out` (see graph_nodes), as a vector of arrays.
+Vec* mlxb_graph_nodes(const Arr* out) {
+  GUARD_PTR("graph_nodes", {
+    auto* v = new Vec();
+    v->items = graph_nodes(A(out));
+    return v;
+  })
+}
+
+// Re-applies every primitive of the graph behind `out` with leaves `from[i]` replaced by `to[i]`;
+// returns the new nodes aligned with mlxb_graph_nodes(out). Nothing is evaluated.
+Vec* mlxb_graph_replay(const Arr* out, const double* from, const double* to, int n) {
+  GUARD_PTR("graph_replay", {
+    auto olds = arrays_of(from, n);
+    auto news = arrays_of(to, n);
+    std::unordered_map<std::uintptr_t, array> map;
+    for (int i = 0; i < n; ++i) {
+      if (olds[i].shape() != news[i].shape()) throw std::invalid_argument("replacement leaf has a different shape");
+      map.insert_or_assign(olds[i].id(), news[i]);
+    }
+    auto get = [&](const array& a) {
+      auto it = map.find(a.id());
+      return it == map.end() ? a : it->second;
+    };
+    auto nodes = graph_nodes(A(out));
+    for (auto& node : nodes) {
+      if (map.count(node.id())) continue;  // produced together with a sibling
+      std::vector<array> ins;
+      for (auto& in : node.inputs()) ins.push_back(get(in));
+      auto outs = node.outputs();
+      std::vector<mx::Shape> shapes;
+      std::vector<mx::Dtype> dtypes;
+      for (auto& o : outs) {
+        shapes.push_back(o.shape());
+        dtypes.push_back(o.dtype());
+      }
+      auto fresh = array::make_arrays(std::move(shapes), dtypes, node.primitive_ptr(), ins);
+      for (size_t i = 0; i < outs.size(); ++i) map.insert_or_assign(outs[i].id(), fresh[i]);
+    }
+    auto* v = new Vec();
+    for (auto& node : nodes) v->items.push_back(get(node));
+    return v;
+  })
 }
 
 }  // extern "C"

@@ -11,3 +11,4 @@ export { compile, setCompileMode } from "./compile.ts";
 export * from "./memory.ts";
 export * from "./device.ts";
 export { pyFloat, pyInt, PyScalar, type Scalar } from "./scalar.ts";
+export * as graph from "./graph.ts";

@@ -129,6 +129,13 @@ const symbols = {
   mlxb_set_default_stream: { args: [i32, i32], returns: i32 },
   mlxb_synchronize_stream: { args: [i32, i32], returns: i32 },
   mlxb_set_wired_limit: { args: [f64], returns: f64 },
+  mlxb_primitive_name: { args: [ptr], returns: ptr },
+  mlxb_is_evaluated: { args: [ptr], returns: i32 },
+  mlxb_num_inputs: { args: [ptr], returns: i32 },
+  mlxb_input: { args: [ptr, i32], returns: ptr },
+  mlxb_array_id: { args: [ptr], returns: f64 },
+  mlxb_graph_nodes: { args: [ptr], returns: ptr },
+  mlxb_graph_replay: { args: [ptr, ptr, ptr, i32], returns: ptr },
 } as const;
 
 type Arg = number | ArrayBufferView | null;

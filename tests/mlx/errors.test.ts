@@ -111,6 +111,8 @@ const BAD: [string, () => unknown, string, RegExp][] = [
   ["random.key negative seed", () => mx.random.key(-1), "random.key", /seed/],
   ["gpu device on a CPU build", () => (mx.isAvailable("gpu") ? (() => { throw new MlxError("set_default_device", "gpu present: skipped"); })() : mx.setDefaultDevice("gpu")), "set_default_device", /gpu/],
   ["default stream that does not exist", () => mx.setDefaultStream("cpu", 9999), "set_default_stream", /no stream/],
+  ["int scalar overflowing an int8 array (Python's to_array check)", () => { using a = mx.array([1], [1], "int8"); return mx.add(a, 300); }, "add", /Converting 300 to int8 would result in overflow/],
+  ["negative int scalar with a uint32 array", () => { using a = mx.array([1], [1], "uint32"); return mx.subtract(-1, a); }, "subtract", /overflow/],
   ["non-array operand", () => mx.exp("x" as unknown as MlxArray), "exp", /must be an MlxArray/],
   ["binary op without arrays", () => mx.add(1, 2), "add", /MlxArray operand/],
 ];
