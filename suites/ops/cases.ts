@@ -272,6 +272,10 @@ for (const dt of ALL_DT) {
   add("zeros", "zeros", [], { shape: [], dtype: dt }, (_, p) => mx.zeros(p.shape as number[], p.dtype as Dtype));
   add("ones", "ones", [], { shape: [4], dtype: dt }, (_, p) => mx.ones(p.shape as number[], p.dtype as Dtype));
   add("ones", "ones", [], { shape: [2, 1, 3], dtype: dt }, (_, p) => mx.ones(p.shape as number[], p.dtype as Dtype));
+  add("ones", "ones", [], { shape: [], dtype: dt }, (_, p) => mx.ones(p.shape as number[], p.dtype as Dtype));
+  add("zeros", "zeros", [], { shape: [3, 1, 2, 2], dtype: dt }, (_, p) => mx.zeros(p.shape as number[], p.dtype as Dtype));
+  add("eye", "eye", [], { n: 5, m: 2, k: -1, dtype: dt }, (_, p) => mx.eye(p.n as number, p.m as number, p.k as number, p.dtype as Dtype));
+  add("tri", "tri", [], { n: 1, m: 6, k: 2, dtype: dt }, (_, p) => mx.tri(p.n as number, p.m as number, p.k as number, p.dtype as Dtype));
   add("eye", "eye", [], { n: 3, m: 3, k: 0, dtype: dt }, (_, p) => mx.eye(p.n as number, p.m as number, p.k as number, p.dtype as Dtype));
   add("eye", "eye", [], { n: 3, m: 5, k: 1, dtype: dt }, (_, p) => mx.eye(p.n as number, p.m as number, p.k as number, p.dtype as Dtype));
   add("tri", "tri", [], { n: 4, m: 4, k: 0, dtype: dt }, (_, p) => mx.tri(p.n as number, p.m as number, p.k as number, p.dtype as Dtype));
@@ -339,6 +343,8 @@ for (const dt of [...FLOATS, "int32" as Dtype]) {
     add("triu", "triu", [arr([2, 4, 4], dt, g)], { k }, (xs, p) => mx.triu(A(xs), p.k as number));
   }
   add("tril", "tril", [arr([5, 4], dt, g, T())], { k: 0 }, (xs, p) => mx.tril(A(xs), p.k as number));
+  add("tril", "tril", [arr([2, 3, 3], dt, g)], { k: -1 }, (xs, p) => mx.tril(A(xs), p.k as number));
+  add("triu", "triu", [arr([3, 6], dt, g)], { k: 2 }, (xs, p) => mx.triu(A(xs), p.k as number));
   add("triu", "triu", [arr([5, 4], dt, g, T())], { k: 0 }, (xs, p) => mx.triu(A(xs), p.k as number));
 }
 
@@ -390,6 +396,8 @@ for (const name of ["argmax", "argmin"] as const) {
     add(name, name, [arr([2, 3, 4], dt, g)], { axis: -1 }, run);
     add(name, name, [arr([2, 3, 4], dt, g)], { axis: 1, keepdims: true }, run);
     add(name, name, [arr([5, 4], dt, g, T())], { axis: 0 }, run);
+    add(name, name, [arr([37], dt, g)], { axis: 0 }, run);
+    add(name, name, [arr([6, 8], dt, g, S([0, 1], [6, 8], [2, 2]))], { axis: -1, keepdims: true }, run);
   }
 }
 for (const dt of FLOATS) {
@@ -463,19 +471,24 @@ for (const dt of SHAPE_DT) {
   add("unflatten", "unflatten", [arr([12, 2], dt, g, T())], { axis: 1, shape: [4, 3] }, (xs, p) => mx.unflatten(A(xs), p.axis as number, p.shape as number[]));
   add("transpose", "transpose", [n([2, 3, 4])], {}, (xs) => mx.transpose(A(xs)));
   add("transpose", "transpose", [n([2, 3, 4])], { axes: [1, 0, 2] }, (xs, p) => mx.transpose(A(xs), p.axes as number[]));
+  add("transpose", "transpose", [n([2, 1, 3, 4])], { axes: [3, 1, 0, 2] }, (xs, p) => mx.transpose(A(xs), p.axes as number[]));
   add("transpose", "transpose", [arr([6, 8], dt, g, S([1, 0], [6, 8], [2, 3]))], { axes: [1, 0] }, (xs, p) => mx.transpose(A(xs), p.axes as number[]));
   add("swapaxes", "swapaxes", [n([2, 3, 4])], { axis1: -1, axis2: -2 }, (xs, p) => mx.swapaxes(A(xs), p.axis1 as number, p.axis2 as number));
   add("swapaxes", "swapaxes", [n([2, 3, 4])], { axis1: 0, axis2: 2 }, (xs, p) => mx.swapaxes(A(xs), p.axis1 as number, p.axis2 as number));
+  add("swapaxes", "swapaxes", [n([1, 4, 5, 2])], { axis1: 1, axis2: 2 }, (xs, p) => mx.swapaxes(A(xs), p.axis1 as number, p.axis2 as number));
   add("swapaxes", "swapaxes", [arr([4, 3], dt, g, T())], { axis1: 0, axis2: 1 }, (xs, p) => mx.swapaxes(A(xs), p.axis1 as number, p.axis2 as number));
   add("moveaxis", "moveaxis", [n([2, 3, 4])], { source: 0, destination: -1 }, (xs, p) => mx.moveaxis(A(xs), p.source as number, p.destination as number));
   add("moveaxis", "moveaxis", [n([2, 3, 4, 5])], { source: 3, destination: 1 }, (xs, p) => mx.moveaxis(A(xs), p.source as number, p.destination as number));
   add("moveaxis", "moveaxis", [arr([4, 3], dt, g, T())], { source: 1, destination: 0 }, (xs, p) => mx.moveaxis(A(xs), p.source as number, p.destination as number));
   add("expandDims", "expand_dims", [n([3, 4])], { axis: 0 }, (xs, p) => mx.expandDims(A(xs), p.axis as number));
   add("expandDims", "expand_dims", [n([3, 4])], { axis: [-2, -3] }, (xs, p) => mx.expandDims(A(xs), p.axis as number[]));
+  add("expandDims", "expand_dims", [n([])], { axis: 0 }, (xs, p) => mx.expandDims(A(xs), p.axis as number));
   add("expandDims", "expand_dims", [arr([4, 3], dt, g, T())], { axis: 1 }, (xs, p) => mx.expandDims(A(xs), p.axis as number));
   add("squeeze", "squeeze", [n([1, 3, 1, 4])], {}, (xs) => mx.squeeze(A(xs)));
   add("squeeze", "squeeze", [n([1, 3, 1, 4])], { axis: -2 }, (xs, p) => mx.squeeze(A(xs), p.axis as number));
   add("squeeze", "squeeze", [n([1, 3, 1, 4])], { axis: [0, 2] }, (xs, p) => mx.squeeze(A(xs), p.axis as number[]));
+  add("squeeze", "squeeze", [n([5, 1])], { axis: 1 }, (xs, p) => mx.squeeze(A(xs), p.axis as number));
+  add("squeeze", "squeeze", [arr([1, 4, 1], dt, g, T())], {}, (xs) => mx.squeeze(A(xs)));
   add("broadcastTo", "broadcast_to", [n([3, 1])], { shape: [2, 3, 4] }, (xs, p) => mx.broadcastTo(A(xs), p.shape as number[]));
   add("broadcastTo", "broadcast_to", [n([])], { shape: [5] }, (xs, p) => mx.broadcastTo(A(xs), p.shape as number[]));
   add("broadcastTo", "broadcast_to", [arr([1, 3], dt, g, T())], { shape: [2, 3, 4] }, (xs, p) => mx.broadcastTo(A(xs), p.shape as number[]));
@@ -524,6 +537,7 @@ for (const dt of SHAPE_DT) {
   add("roll", "roll", [n([3, 5])], { shift: 2 }, rl);
   add("roll", "roll", [n([3, 5])], { shift: -1, axis: 1 }, rl);
   add("roll", "roll", [arr([5, 3], dt, g, T())], { shift: 7, axis: 0 }, rl);
+  add("roll", "roll", [n([2, 3, 4])], { shift: -5, axis: -1 }, rl);
   add("alias", "alias", [n([3, 4])], {}, (xs) => mx.alias(A(xs)));
   add("alias", "alias", [arr([4, 3], dt, g, T())], {}, (xs) => mx.alias(A(xs)));
   add("alias", "alias", [n([])], {}, (xs) => mx.alias(A(xs)));
@@ -535,6 +549,7 @@ for (const dt of SHAPE_DT) {
   add("repeat", "repeat", [n([2, 3])], { repeats: 2, axis: 0 }, rp);
   add("repeat", "repeat", [n([2, 3])], { repeats: 3 }, rp);
   add("repeat", "repeat", [arr([3, 2], dt, g, T())], { repeats: 2, axis: -1 }, rp);
+  add("repeat", "repeat", [n([2, 2, 3])], { repeats: 4, axis: 1 }, rp);
   add("tile", "tile", [n([2, 3])], { reps: [2, 1] }, (xs, p) => mx.tile(A(xs), p.reps as number[]));
   add("tile", "tile", [n([3])], { reps: [2, 2] }, (xs, p) => mx.tile(A(xs), p.reps as number[]));
   add("tile", "tile", [arr([3, 2], dt, g, T())], { reps: [1, 3] }, (xs, p) => mx.tile(A(xs), p.reps as number[]));
@@ -596,6 +611,10 @@ for (const q of QMODES) {
   }
   const packed = qinputs(q, [6, 128]);
   const hasB = q.mode === "affine";
+  for (const dims of [[2, 3, 256], [1, 512]]) {
+    add("dequantize", "dequantize", qinputs(q, dims), { ...qp, has_biases: hasB }, (xs, p) =>
+      mx.dequantize(A(xs, 0), A(xs, 1), p.has_biases ? A(xs, 2) : null, { ...qargs(p), dtype: p.dtype as Dtype | undefined }));
+  }
   // dequantize: affine output dtype follows scales (f32 here) unless dtype given
   for (const dtype of [undefined, "bfloat16", "float16"] as (Dtype | undefined)[]) {
     const ps = { ...qp, has_biases: hasB, ...(dtype ? { dtype } : {}) };
@@ -609,6 +628,7 @@ for (const q of QMODES) {
       mx.quantizedMatmul(A(xs, 0), A(xs, 1), A(xs, 2), p.has_biases ? A(xs, 3) : null, { ...qargs(p), transpose: p.transpose as boolean });
     add("quantizedMatmul", "quantized_matmul", [arr([3, 128], dt), ...ins], { ...qp, has_biases: hasB, transpose: true }, run);
     add("quantizedMatmul", "quantized_matmul", [arr([2, 1, 128], dt), ...ins], { ...qp, has_biases: hasB, transpose: true }, run);
+    add("quantizedMatmul", "quantized_matmul", [arr([128], dt), ...ins], { ...qp, has_biases: hasB, transpose: true }, run);
     if (q.mode === "affine" && !q.groupSize) {
       // transpose=False: w is [K, N] quantized along N
       const insT = qinputs(q, [128, 64]).map((s, i) => (i >= 1 && "dtype" in s ? { ...s, dtype: dt } : s));
