@@ -81,16 +81,20 @@ fns = {"array": chain_arr, "scalar": chain_scalar}
 for line in sys.stdin:
     f = fns[line.strip()]
     gc.collect()
+    c0 = time.process_time_ns()
     t0 = time.perf_counter_ns()
     f()
-    print((time.perf_counter_ns() - t0) / N, flush=True)
+    t1 = time.perf_counter_ns()
+    c1 = time.process_time_ns()
+    print((t1 - t0) / N, (c1 - c0) / N, flush=True)
 `;
 const python = join(import.meta.dir, "..", ".venv", "bin", "python");
 // cwd outside the repo: its mlx/ folder would shadow the mlx package
 const proc = Bun.spawn([python, "-I", "-c", PY], { cwd: tmpdir(), stdin: "pipe", stdout: "pipe", stderr: "inherit" });
 const reader = proc.stdout.getReader();
 let pending = "";
-async function pyChain(kind: "array" | "scalar"): Promise<number> {
+/** [wall ns, CPU ns] per op of one Python chain. */
+async function pyChain(kind: "array" | "scalar"): Promise<[number, number]> {
   proc.stdin.write(`${kind}\n`);
   await proc.stdin.flush();
   for (;;) {
@@ -98,7 +102,8 @@ async function pyChain(kind: "array" | "scalar"): Promise<number> {
     if (nl >= 0) {
       const line = pending.slice(0, nl);
       pending = pending.slice(nl + 1);
-      return Number(line);
+      const [w, c] = line.split(" ").map(Number);
+      return [w!, c!];
     }
     const { value, done } = await reader.read();
     if (done) throw new Error("python bench process exited");
@@ -115,46 +120,58 @@ const variants: Record<string, () => void> = {
   nativeScalar: nativeChain(1),
 };
 const samples: Record<string, number[]> = Object.fromEntries([...Object.keys(variants), "pyArray", "pyScalar"].map((k) => [k, []]));
+const cpuSamples: Record<string, number[]> = Object.fromEntries([...Object.keys(variants), "pyArray", "pyScalar"].map((k) => [k, []]));
 for (let r = 0; r < REPS + 3; r++) {
   for (const [k, build] of Object.entries(variants)) {
     // flush pending finalizers (the GC-style variant leaves 10,000) before timing anything
     Bun.gc(true);
     await Bun.sleep(0);
+    const c0 = process.cpuUsage();
     const t0 = Bun.nanoseconds();
     build();
     const dt = Bun.nanoseconds() - t0;
-    if (r >= 3) samples[k]!.push(dt / N); // first reps warm the JIT
+    const cu = process.cpuUsage(c0);
+    if (r >= 3) {
+      // first reps warm the JIT
+      samples[k]!.push(dt / N);
+      cpuSamples[k]!.push(((cu.user + cu.system) * 1000) / N);
+    }
   }
   const pa = await pyChain("array");
   const ps = await pyChain("scalar");
   if (r >= 3) {
-    samples.pyArray!.push(pa);
-    samples.pyScalar!.push(ps);
+    samples.pyArray!.push(pa[0]);
+    samples.pyScalar!.push(ps[0]);
+    cpuSamples.pyArray!.push(pa[1]);
+    cpuSamples.pyScalar!.push(ps[1]);
   }
 }
 proc.stdin.end();
 await proc.exited;
-// Minimum over the repetitions: on a shared machine interference only ever adds time, so the
-// best run is the closest to the intrinsic cost (medians are printed too).
+// Per variant: the minimum over the repetitions of the CPU time (process CPU time is not charged
+// while the process waits for a core, so it is the robust measure on a shared machine), and of
+// the wall time; medians are printed too.
 const best = (xs: number[]) => Math.min(...xs);
-const ts = Object.fromEntries(Object.entries(samples).map(([k, v]) => [k, best(v)]));
+const cpu = Object.fromEntries(Object.entries(cpuSamples).map(([k, v]) => [k, best(v)]));
+const wall = Object.fromEntries(Object.entries(samples).map(([k, v]) => [k, best(v)]));
 const med = Object.fromEntries(Object.entries(samples).map(([k, v]) => [k, median(v)]));
-const py = { array: ts.pyArray!, scalar: ts.pyScalar! };
 
 const f = (ns: number) => `${(ns / 1000).toFixed(2)} µs`;
 const row = (label: string, k: string, k2?: string) =>
-  console.log(`  ${label.padEnd(32)} array ${f(ts[k]!)} (median ${f(med[k]!)})${k2 ? `   weak scalar ${f(ts[k2]!)} (median ${f(med[k2]!)})` : ""}`);
-console.log(`graph building: chains of ${N} ops, built and never evaluated; best of ${REPS} interleaved runs (per op call)`);
+  console.log(
+    `  ${label.padEnd(31)} array ${f(cpu[k]!)} cpu, ${f(wall[k]!)} wall (median ${f(med[k]!)})` +
+      (k2 ? ` | weak scalar ${f(cpu[k2]!)} cpu, ${f(wall[k2]!)} wall` : ""),
+  );
+console.log(`graph building: chains of ${N} ops, built and never evaluated; best of ${REPS} interleaved runs, per op call`);
 row("C++ (MLX itself, in the shim)", "native", "nativeScalar");
 row("Python mlx.core", "pyArray", "pyScalar");
 row("TS, dispose()", "disposed", "scalar");
 row("TS, left to GC (Python style)", "gc");
 row("TS raw FFI (no MlxArray)", "raw");
-const over = (k: string) => `${Math.max(0, ts[k]! - ts.native!).toFixed(0)} ns`;
-console.log(`binding overhead above MLX's own C++ cost: TS ${over("disposed")} (GC style ${over("gc")}), Python ${over("pyArray")}`);
-const ratio = ts.disposed! / py.array;
+const over = (t: Record<string, number>, k: string) => `${Math.max(0, t[k]! - t.native!).toFixed(0)} ns`;
+console.log(`binding overhead above MLX's own C++ cost (cpu): TS ${over(cpu, "disposed")}, TS GC-style ${over(cpu, "gc")}, Python ${over(cpu, "pyArray")}`);
 console.log(
-  `FFI ratio (TS / Python per op, array chain): ${ratio.toFixed(2)} (median-based ${(med.disposed! / med.pyArray!).toFixed(2)}); ` +
-    `weak scalars ${(ts.scalar! / py.scalar).toFixed(2)}; target <= 0.5. ` +
-    `Floor for any binding: C++/Python = ${(ts.native! / py.array).toFixed(2)}`,
+  `FFI ratio TS / Python per op (array chain): ${(cpu.disposed! / cpu.pyArray!).toFixed(2)} cpu, ${(wall.disposed! / wall.pyArray!).toFixed(2)} wall ` +
+    `(GC style ${(cpu.gc! / cpu.pyArray!).toFixed(2)}; weak scalars ${(cpu.scalar! / cpu.pyScalar!).toFixed(2)}); target <= 0.5. ` +
+    `A binding with zero overhead would score C++/Python = ${(cpu.native! / cpu.pyArray!).toFixed(2)}`,
 );
