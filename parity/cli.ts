@@ -26,6 +26,7 @@ const FLAGS: FlagSpec[] = [
   { name: "steps", kind: "int", valueName: "N", help: "with --model: greedy decode steps", default: 8 },
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "with --model: prefill chunk size (generate_step's prefill_step_size)", default: 2048 },
   { name: "oracle-model", kind: "string", valueName: "dir", help: "with --model: let mlx-lm load this copy instead (e.g. the original of a modified checkpoint)" },
+  { name: "bisect", kind: "bool", help: "on a divergence, re-run the block of the first divergent tap op by op and name the first MLX op that differs" },
   { name: "only", kind: "string", valueName: "glob", help: "fixtures: only checkpoints whose id (e.g. c3_e2b/bf16) matches; '*' wildcards" },
   { name: "skip-ops", kind: "bool", help: "fixtures: skip the op-level section" },
   { name: "ulp", kind: "int", valueName: "N", help: "budget: a tap passes if its max ULP distance is at most N", default: 0 },
@@ -75,7 +76,7 @@ interface ScenarioEntry {
   max_tokens?: number;
 }
 
-async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | undefined): Promise<RunResult[]> {
+async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | undefined, bisectOn: boolean): Promise<RunResult[]> {
   const plan = await oracle.request<{ checkpoints: { id: string; moe: boolean }[] }>("plan");
   const scenarios = new Map(
     (JSON.parse(readFileSync(join(REPO_ROOT, "fixtures", "scenarios.json"), "utf8")) as { scenarios: ScenarioEntry[] }).scenarios.map((s) => [s.id, s]),
@@ -101,6 +102,7 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
         prefillStepSize: s.prefill_step_size!,
         steps: s.max_tokens!,
         budget,
+        bisect: bisectOn,
       }));
     }
   }
@@ -137,7 +139,7 @@ async function modelRun(oracle: OracleClient, a: Record<string, unknown>, budget
   checkPromptLength(prompt, steps, info);
   const oracleDir = a["oracle-model"] === undefined ? dir : resolve(String(a["oracle-model"]));
   if (oracleDir !== dir) inspectCheckpoint(oracleDir);
-  return runOne(oracle, { tsDir: dir, oracleCheckpoint: oracleDir, model: basename(dir), variant: info.modelType, prompt, prefillStepSize: prefill, steps, budget });
+  return runOne(oracle, { tsDir: dir, oracleCheckpoint: oracleDir, model: basename(dir), variant: info.modelType, prompt, prefillStepSize: prefill, steps, budget, bisect: a.bisect === true });
 }
 
 function writeReports(rep: ParityReport, out: string): string[] {
@@ -161,6 +163,15 @@ function printSummary(rep: ParityReport): void {
     lines.push(textTable(SUMMARY_HEADER, rep.runs.map(summaryRow)), "");
     const taps = rep.runs.reduce((s, r) => s + r.tapsCompared, 0);
     const exact = rep.runs.reduce((s, r) => s + r.bitExact, 0);
+    for (const r of rep.runs) {
+      const b = r.firstDivergence?.bisect;
+      if (!r.firstDivergence) continue;
+      lines.push(`First divergence in ${r.model} · ${r.variant}: ${fmtDivergence(r.firstDivergence)}, first differing index ${r.firstDivergence.firstIndex}`);
+      if (b) lines.push(`  bisect: first differing MLX op ${b.op}(${b.inputs.map((i) => `${i.dtype}[${i.shape.join(",")}]`).join(", ")}), max abs ${fmtNum(b.maxAbs)}, max ULP ${fmtNum(b.maxUlp)}`);
+      const params = b?.differingParameters;
+      if (params?.length) lines.push(`  parameters whose bytes differ from mlx-lm's checkpoint: ${params.join(", ")}`);
+      else if (b === null) lines.push("  bisect: every op of the block matches when replayed with mlx-lm's parameters; the TS block computes something else than mlx-lm (a port difference, not a data one)");
+    }
     lines.push(`${rep.runs.length} runs · ${taps} taps compared · ${exact} bit-exact (${pct(exact, taps)}) · budget ${rep.budget.ulp} ULP / atol ${fmtNum(rep.budget.atol)}`);
   }
   lines.push(`Verdict: ${rep.ok ? "PASS" : "FAIL"}`);
@@ -180,11 +191,12 @@ async function main(argv: string[]): Promise<number> {
   // Validate the checkpoint before starting the oracle, so bad input fails fast.
   if (a.model !== undefined) inspectCheckpoint(resolve(String(a.model)));
 
-  const oracle = await OracleClient.start({ onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
+  // ORACLE_PYTHON: another interpreter for the oracle (default: the repo's .venv).
+  const oracle = await OracleClient.start({ python: process.env.ORACLE_PYTHON || undefined, onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
   let rep: ParityReport;
   try {
     const opLevelSummary = a.model === undefined && !a["skip-ops"] ? await opLevel(oracle) : null;
-    const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined) : [await modelRun(oracle, a, budget)];
+    const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await modelRun(oracle, a, budget)];
     rep = {
       schema: SCHEMA_ID,
       createdAt: new Date().toISOString(),

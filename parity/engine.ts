@@ -4,12 +4,13 @@
 // stay on disk as .npy files until their turn and are deleted right after, and TS taps are
 // compared and dropped at once, so memory stays bounded by one tap per side.
 import { existsSync, unlinkSync } from "node:fs";
-import * as mx from "@mlx-bun/mlx";
-import { generateStep, type StepInfo } from "../model/generate.ts";
+import { generateStep } from "../model/generate.ts";
 import { loadModel } from "../model/gemma4/index.ts";
 import type { TapMeta, TapValue } from "../model/gemma4/taps.ts";
-import { callPrefix, generationModel } from "../model/runtime.ts";
-import type { OracleClient } from "../oracle/client.ts";
+import { generationModel, stepTaps } from "../model/runtime.ts";
+import { type OracleClient, REPO_ROOT } from "../oracle/client.ts";
+import { join } from "node:path";
+import { bisect } from "./bisect.ts";
 import { compareRaw, type RawTensor, rawOf } from "../suites/compare.ts";
 import type { Divergence, RunResult, TapResult } from "./schema.ts";
 
@@ -29,6 +30,8 @@ export interface RunSpec {
   prefillStepSize: number;
   steps: number;
   budget: Budget;
+  /** On a divergence, bisect the block of the first divergent tap down to one MLX op. */
+  bisect?: boolean;
 }
 
 export type Progress = (p: { call: string; layer: number | null; layers: number; calls: number; callIndex: number }) => void;
@@ -86,6 +89,7 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
   const taps: TapResult[] = [];
   const stepOf = new Map<string, number>();
   let first: Divergence | null = null;
+  let firstAt: { position: number; expected: RawTensor } | null = null;
   let index = 0;
   let structural: string | null = null;
 
@@ -135,6 +139,7 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
     };
     taps.push(r);
     if (!first && r.mismatches > 0) {
+      firstAt = { position: i, expected: { dtype: expected.dtype, shape: expected.shape, data: expected.data } };
       first = { step, tap: name, layer, maxAbs: r.maxAbs, maxUlp: r.maxUlp, mismatches: r.mismatches, firstIndex: r.firstIndex };
     }
   };
@@ -142,15 +147,7 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
   const tsTokens: number[] = [];
   const model = generationModel(loaded, sink);
   try {
-    // generate_step's own taps of each _step call: the sampler's input and output.
-    const onStep = (info: StepInfo) => {
-      if (info.call.kind !== "step" || !info.logprobs || !info.sampled) return;
-      const prefix = callPrefix(info.call);
-      using lp = mx.expandDims(info.logprobs, 0); // (B, V), as the oracle records it
-      sink(`${prefix}logprobs`, lp);
-      sink(`${prefix}token`, info.sampled);
-    };
-    for await (const t of generateStep(model, spec.prompt, { maxTokens: spec.steps, prefillStepSize: spec.prefillStepSize, onStep })) tsTokens.push(t.token);
+    for await (const t of generateStep(model, spec.prompt, { maxTokens: spec.steps, prefillStepSize: spec.prefillStepSize, onStep: stepTaps(sink) })) tsTokens.push(t.token);
   } finally {
     for (const p of loaded.model.parameters().values()) p.dispose();
     for (const t of theirs.slice(index)) if (t.npy) unlinkQuiet(t.npy);
@@ -158,6 +155,13 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
   if (!structural && index < theirs.length) structural = `TS stopped after ${index} taps; mlx-lm emitted ${theirs.length}`;
   if (structural) throw new Error(`tap streams differ: ${structural}`);
 
+  // (assigned inside the tap sink, so TypeScript cannot narrow them here)
+  const found = first as Divergence | null;
+  const at = firstAt as { position: number; expected: RawTensor } | null;
+  if (found && at && spec.bisect) {
+    const oracleDir = existsSync(spec.oracleCheckpoint) ? spec.oracleCheckpoint : join(REPO_ROOT, ".cache", "checkpoints", spec.oracleCheckpoint);
+    found.bisect = await bisect({ tsDir: spec.tsDir, oracleDir, prompt: spec.prompt, prefillStepSize: spec.prefillStepSize, steps: spec.steps, ...at });
+  }
   const bitExact = taps.filter((t) => t.mismatches === 0).length;
   return {
     model: spec.model,

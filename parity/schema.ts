@@ -31,7 +31,17 @@ export interface Divergence {
   mismatches: number;
   firstIndex: number;
   /** Filled by --bisect: the first MLX op inside the block whose output differs. */
-  bisect?: { op: string; inputs: { dtype: string; shape: number[] }[]; maxAbs: number; maxUlp: number } | null;
+  bisect?: {
+    /** The MLX primitive, e.g. "Matmul", and its input dtypes and shapes. */
+    op: string;
+    inputs: { dtype: string; shape: number[] }[];
+    maxAbs: number;
+    maxUlp: number;
+    /** Parameters feeding the block whose bytes differ between the TS and the mlx-lm checkpoint. */
+    differingParameters: string[];
+    /** Whether replaying the block with mlx-lm's parameters reproduces mlx-lm's tap bit for bit. */
+    reproducesOracle: boolean;
+  } | null;
 }
 
 export interface RunResult {
