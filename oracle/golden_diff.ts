@@ -119,6 +119,10 @@ function listChange<T>(label: string, before: T[], after: T[], show: (x: T) => s
   return lines;
 }
 
+function short(s: string, n = 160): string {
+  return s.length > n ? `${s.slice(0, n)}...` : s;
+}
+
 function jsonLines(label: string, a: unknown, b: unknown): string[] {
   const out: string[] = [];
   for (const part of diffLines(JSON.stringify(a ?? null, null, 2), JSON.stringify(b ?? null, null, 2))) {
@@ -198,9 +202,13 @@ function npzDetail(path: string, oldDir: string, newDir: string, limit: number):
   const lines: string[] = [];
   if (ia && ib) {
     lines.push(...listChange("tap", ia.taps.map((t) => t.name), ib.taps.map((t) => t.name), (x) => x).map((l) => `  ${l}`));
-    const ma = ia.scenarios.map((s) => ({ scenario: s.scenario, meta: s.meta }));
-    const mb = ib.scenarios.map((s) => ({ scenario: s.scenario, meta: s.meta }));
-    if (JSON.stringify(ma) !== JSON.stringify(mb)) lines.push(...jsonLines("meta", ma, mb).map((l) => `  ${l}`));
+    lines.push(...listChange("scenario", ia.scenarios.map((x) => x.scenario), ib.scenarios.map((x) => x.scenario), (x) => x).map((l) => `  ${l}`));
+    const before = new Map(ia.scenarios.map((x) => [x.scenario, JSON.stringify({ ...x.meta, same_as: (x as { same_as?: string }).same_as })]));
+    for (const x of ib.scenarios) {
+      const was = before.get(x.scenario);
+      const now = JSON.stringify({ ...x.meta, same_as: (x as { same_as?: string }).same_as });
+      if (was !== undefined && was !== now) lines.push(`      ~ ${x.scenario} meta: ${short(was)} -> ${short(now)}`);
+    }
   }
   const ta = readNpzTaps(join(oldDir, path), ia);
   const tb = readNpzTaps(join(newDir, path), ib);

@@ -4,12 +4,13 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
+import { REPO_ROOT, type ScenarioSpec, sharedOracle } from "../../oracle/client.ts";
 import { readManifest, sha256 } from "../../oracle/golden.ts";
 import type { NpyRecord } from "../../oracle/npy.ts";
 import { callPrefix, expandTaps, tapConfig } from "../../oracle/taps.ts";
 
 const SLOW = 120_000;
+const scenarios = (JSON.parse(readFileSync(join(REPO_ROOT, "fixtures", "scenarios.json"), "utf8")) as { scenarios: ScenarioSpec[] }).scenarios;
 const dir = mkdtempSync(join(tmpdir(), "oracle-live-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
@@ -24,7 +25,8 @@ function f32(shape: number[], f: (i: number) => number): NpyRecord {
 describe("live oracle", () => {
   it("capturing taps does not change mlx-lm's numbers (generate and forward, bf16)", async () => {
     const o = await sharedOracle();
-    const plain = await o.generate("c3_e2b/bf16", [7, 99, 3, 201, 45, 18, 77, 5, 160], { prefillStepSize: 5, maxTokens: 20 });
+    const scn = scenarios.find((s) => s.id === "gen_P9_S5") as ScenarioSpec;
+    const plain = await o.generate("c3_e2b/bf16", scn.prompt as number[], { prefillStepSize: 5, maxTokens: 20 });
     const cap = await o.capture("c3_e2b/bf16", "gen_P9_S5", { only: ["step*/logprobs", "step*/logits"] });
     expect(cap.meta.generated).toEqual(plain.tokens);
     expect(cap.meta.prefill_chunks).toEqual([5, 3]);
@@ -33,7 +35,8 @@ describe("live oracle", () => {
       expect(t?.shape).toEqual([1, 256]);
       expect(bytesEqual(lp, t?.array && { ...t.array, dtype: lp.dtype })).toBe(true);
     });
-    const logits = await o.forward("c3_e2b/bf16", [[92, 35, 201, 117, 109, 58, 233, 71, 198, 75, 117, 114, 158]]);
+    const fwdScn = scenarios.find((s) => s.id === "fwd_L13") as ScenarioSpec;
+    const logits = await o.forward("c3_e2b/bf16", fwdScn.tokens as number[][]);
     const fwd = await o.capture("c3_e2b/bf16", "fwd_L13", { only: ["logits"] });
     expect(bytesEqual(logits, fwd.taps.find((t) => t.name === "logits")?.array)).toBe(true);
   }, SLOW);
