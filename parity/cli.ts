@@ -120,7 +120,8 @@ async function runOne(oracle: OracleClient, spec: RunSpec): Promise<RunResult> {
   return r;
 }
 
-async function modelRun(oracle: OracleClient, a: Record<string, unknown>, budget: Budget): Promise<RunResult> {
+/** Everything about a --model run that can be checked before the oracle starts. */
+async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<RunSpec> {
   const dir = resolve(String(a.model));
   const info = inspectCheckpoint(dir);
   if (a.prompt !== undefined && a.tokens !== undefined) throw new UsageError("give either --prompt or --tokens, not both");
@@ -139,7 +140,7 @@ async function modelRun(oracle: OracleClient, a: Record<string, unknown>, budget
   checkPromptLength(prompt, steps, info);
   const oracleDir = a["oracle-model"] === undefined ? dir : resolve(String(a["oracle-model"]));
   if (oracleDir !== dir) inspectCheckpoint(oracleDir);
-  return runOne(oracle, { tsDir: dir, oracleCheckpoint: oracleDir, model: basename(dir), variant: info.modelType, prompt, prefillStepSize: prefill, steps, budget, bisect: a.bisect === true });
+  return { tsDir: dir, oracleCheckpoint: oracleDir, model: basename(dir), variant: info.modelType, prompt, prefillStepSize: prefill, steps, budget, bisect: a.bisect === true };
 }
 
 function writeReports(rep: ParityReport, out: string): string[] {
@@ -188,15 +189,15 @@ async function main(argv: string[]): Promise<number> {
   if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
   if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
-  // Validate the checkpoint before starting the oracle, so bad input fails fast.
-  if (a.model !== undefined) inspectCheckpoint(resolve(String(a.model)));
+  // Validate the checkpoint and prompt before starting the oracle, so bad input fails fast.
+  const spec = a.model === undefined ? null : await modelSpec(a, budget);
 
   // ORACLE_PYTHON: another interpreter for the oracle (default: the repo's .venv).
   const oracle = await OracleClient.start({ python: process.env.ORACLE_PYTHON || undefined, onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
   let rep: ParityReport;
   try {
     const opLevelSummary = a.model === undefined && !a["skip-ops"] ? await opLevel(oracle) : null;
-    const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await modelRun(oracle, a, budget)];
+    const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await runOne(oracle, spec!)];
     rep = {
       schema: SCHEMA_ID,
       createdAt: new Date().toISOString(),
