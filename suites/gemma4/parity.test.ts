@@ -86,8 +86,9 @@ describe("gemma4 taps vs live mlx-lm", () => {
     it(`${ckpt} ${scn}`, async () => {
       let t = performance.now();
       const cap = await capture(k);
+      captures.delete(k);
       totals.waitMs += performance.now() - t;
-      capture(k + 1);
+      for (let j = 1; j <= 3; j++) capture(k + j); // keep the oracle's queue full while TS works
       t = performance.now();
       const ours = runTs(ckpt, scn);
       totals.tsMs += performance.now() - t;
