@@ -78,6 +78,7 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
       scenario: { id: "parity-cli", kind: "generate", prompt: spec.prompt, prefill_step_size: spec.prefillStepSize, max_tokens: spec.steps },
       mode: "full",
       only: null,
+      stream: true,
     },
     1_800_000,
   );

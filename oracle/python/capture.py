@@ -45,6 +45,7 @@ class Tap:
     data: np.ndarray | None = None  # None when not kept (logits mode) or not an array
     value: str | None = None  # for kind "str" (mask "causal")
     meta: dict = field(default_factory=dict)
+    file: dict | None = None  # where `spill` wrote the data (then `data` is dropped)
 
 
 @dataclass
@@ -97,8 +98,12 @@ class Recorder:
     """
 
     def __init__(self, model: nn.Module, schedule: list[tuple[str, str, int]] | None = None,
-                 keep: Callable[[Call, str], bool] = lambda c, n: True):
+                 keep: Callable[[Call, str], bool] = lambda c, n: True,
+                 spill: Callable[[np.ndarray, str], dict] | None = None):
         self.model = model
+        # spill(data, dtype) writes a kept tensor out at once (bounded memory for real-size
+        # checkpoints); its return value is kept as Tap.file.
+        self.spill = spill
         self.args = model.language_model.args if isinstance(model, gemma4.Model) else model.args
         self.schedule = schedule or [("", "forward", 0)]
         self.keep = keep
@@ -168,6 +173,9 @@ class Recorder:
             tap = Tap(full, "array", dtype=None, shape=list(value.shape), meta=meta or {})
             if self.keep(call, short):
                 tap.data, tap.dtype = to_numpy(value)
+                if self.spill is not None:
+                    tap.file = self.spill(tap.data, tap.dtype)
+                    tap.data = None
             else:
                 tap.dtype = dtype_name(value.dtype)
             self._ids[id(value)] = (short, value)
@@ -449,10 +457,11 @@ def logits_only(call: Call, short: str) -> bool:
     return call.kind == "step" and short == "logits"
 
 
-def capture(model: nn.Module, scn: dict, mode: str = "full") -> tuple[list[Call], dict]:
+def capture(model: nn.Module, scn: dict, mode: str = "full",
+            spill: Callable[[np.ndarray, str], dict] | None = None) -> tuple[list[Call], dict]:
     """Run one scenario under the Recorder; returns the verified calls and scenario meta."""
     keep = (lambda c, n: True) if mode == "full" else logits_only
-    rec = Recorder(model, call_schedule(scn), keep)
+    rec = Recorder(model, call_schedule(scn), keep, spill)
     meta: dict[str, Any] = {"scenario": scn["id"], "kind": scn["kind"], "mode": mode}
     with rec:
         if scn["kind"] == "forward":

@@ -28,7 +28,7 @@ def tap_records(calls: list[Any], prefix: str = "") -> list[dict]:
             if t.kind == "array":
                 r["dtype"] = t.dtype
                 r["shape"] = t.shape
-                r["stored"] = t.data is not None
+                r["stored"] = t.data is not None or getattr(t, "file", None) is not None
             elif t.kind == "str":
                 r["value"] = t.value
             if t.meta:

@@ -187,11 +187,17 @@ class Server:
         """All taps of a scenario; each stored tap comes back as an .npy file."""
         model = self.model(req["checkpoint"])
         scn = self.scenario(req)
-        calls, meta = cap.capture(model, scn, req.get("mode", "full"))
+        # stream: every kept tap is written to its .npy as soon as it is recorded, so the
+        # server never holds a whole capture in memory (real-size checkpoints).
+        stream = bool(req.get("stream", False))
+        spill = (lambda data, dtype: self.out_numpy(data, dtype, "tap")) if stream else None
+        calls, meta = cap.capture(model, scn, req.get("mode", "full"), spill)
         want = req.get("only")
         taps = []
         for r, t in zip(golden_io.tap_records(calls), (t for c in calls for t in c.taps.values())):
-            if t.data is not None and (want is None or any(fnmatch.fnmatchcase(t.name, g) for g in want)):
+            if t.file is not None:
+                r.update(t.file)
+            elif t.data is not None and (want is None or any(fnmatch.fnmatchcase(t.name, g) for g in want)):
                 r.update(self.out_numpy(t.data, t.dtype, "tap"))
             taps.append(r)
         return {"meta": meta, "calls": golden_io.call_records(calls), "taps": taps}
