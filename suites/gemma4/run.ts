@@ -37,7 +37,9 @@ export function replayTaps(model: AnyModel, calls: readonly CallRecord[], theirs
       const dtype = (inTap?.dtype ?? "int32") as mx.Dtype;
       using x = mx.array(call.tokens.flat(), [call.batch, call.length], dtype);
       using logits = model.call(x, { cache: caches, taps: prefixed(col.sink, call.prefix) });
-      mx.evaluate(logits, ...caches.flatMap((c) => c.state));
+      const st = caches.flatMap((c) => c.state); // caller-owned handles
+      mx.evaluate(logits, ...st);
+      for (const a of st) a.dispose();
     }
   } finally {
     for (const c of caches) c.dispose();
