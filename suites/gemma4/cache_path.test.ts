@@ -12,16 +12,16 @@ import { loadModel } from "../../model/gemma4/index.ts";
 import { CKPT_ROOT, disposeModel, modelTapsOnly, reference, replayTaps } from "./run.ts";
 import { compareTapLists, formatVerdict } from "./tap_compare.ts";
 
-// Cover: rotating-cache wrap with chunked prefill longer than the window, shared KV layers with
-// caches, PLE, k_eq_v, MoE sorted (chunk of 36 × top-2 ≥ 64) and unsorted paths, quantized.
+// The golden full dumps of generate scenarios (golden/manifest.json full_dumps) cover: the
+// rotating cache wrapping during decode (W = 8), a first prefill chunk longer than the window
+// (36 > 8) then a re-linearising chunk, KV-shared layers with caches, PLE, k_eq_v, MoE sorted
+// (36 × top-2 ≥ 64) and unsorted paths, 4-bit quantized, untied head without softcap.
+// Scenarios without a golden full dump would be captured live (slow: every tap of ~25 calls).
 const CASES: [string, string][] = [
-  ["c1_dense/f32", "gen_P21_S8"],
-  ["c2_keqv/bf16", "gen_P21_S3"],
+  ["c1_dense/f32", "gen_P9_S5"],
   ["c3_e2b/bf16", "gen_P9_S5"],
-  ["c4_e4b/q4g64", "gen_P8_S3"],
   ["c5_moe/q4g32", "gen_P40_S36"],
   ["c6_sink/f32", "gen_P9_S3"],
-  ["c7_defaults/bf16", "gen_P40_S8"],
 ];
 
 const totals = { calls: 0, taps: 0, golden: 0 };

@@ -37,7 +37,7 @@ const CASES: Case[] = [
   { mutation: "no_double_wide", why: "double-wide MLP off on KV-shared layers (E2B)", ckpt: "c3_e2b/f32", scn: "fwd_L5", loadError: /model\.layers\.4\.mlp\.(gate|up|down)_proj\.weight.*expected shape/ },
   { mutation: "embed_scale_f32", why: "embed scale as a float32 array promotes bf16 to float32 (hazard #1)", ckpt: "c1_dense/bf16", scn: "fwd_L5", firstTap: /^embed_scaled$/ },
   { mutation: "gelu_cube_mul", why: "x*x*x in place of power(x, 3) in gelu_approx (hazard #2)", ckpt: "c1_dense/bf16", scn: "fwd_L13", firstTap: /^layers\.0\/mlp\/geglu$/ },
-  { mutation: "rope_offset_after_update", why: "RoPE offset read after the cache update (pre-#1114 branch)", ckpt: "c1_dense/f32", scn: "gen_P21_S8", firstTap: /^prefill0\/layers\.0\/self_attn\/offset$/ },
+  { mutation: "rope_offset_after_update", why: "RoPE offset read after the cache update (pre-#1114 branch)", ckpt: "c1_dense/f32", scn: "gen_P9_S5", firstTap: /^prefill0\/layers\.0\/self_attn\/offset$/ },
   { mutation: "mask_wrong_type", why: "sliding and full masks swapped (mlx-lm #465 class)", ckpt: "c1_dense/f32", scn: "fwd_L13", firstTap: /^layers\.0\/self_attn\/sdpa$/ },
   { mutation: "no_sanitize_shared_kv", why: "sanitize keeps shared-layer K/V (mlx-lm #1242/#1240)", ckpt: "c3_e2b/hf_bf16", scn: "fwd_L5", loadError: /parameters not in model[\s\S]*model\.layers\.4\.self_attn\.k_proj\.weight/ },
   { mutation: "ple_unscaled_embeddings", why: "per-layer projection fed the unscaled embeddings (hazard #12)", ckpt: "c3_e2b/f32", scn: "fwd_L5", firstTap: /^per_layer_model_projection$/ },
