@@ -720,6 +720,15 @@ Arr* mlxb_trilu(const Arr* a, int k, int upper) {
 
 // ---------------------------------------------------------------- matmul and quantization
 
+// mx.depends(inputs, dependencies): the inputs, made to depend on the dependencies.
+Vec* mlxb_depends(const double* inputs, int n, const double* deps, int ndeps) {
+  GUARD_PTR("depends", {
+    auto* v = new Vec();
+    v->items = mx::depends(arrays_of(inputs, n), arrays_of(deps, ndeps));
+    return v;
+  })
+}
+
 Arr* mlxb_addmm(const Arr* c, const Arr* a, const Arr* b, float alpha, float beta) {
   GUARD_PTR("addmm", { return wrap(mx::addmm(A(c), A(a), A(b), alpha, beta)); })
 }

@@ -193,7 +193,7 @@ export function array(data: NumericTyped | readonly number[] | Scalar, shape?: r
     return scalar(data, dtype);
   }
   if (Array.isArray(data)) {
-    const dt = dtype ?? (data.every((v) => Number.isInteger(v)) ? "int32" : "float32");
+    const dt = dtype ?? (data.every((v) => Number.isSafeInteger(v)) ? "int32" : "float32");
     const sh = shape ?? [data.length];
     if (dt === "float16" || dt === "bfloat16") {
       using f = fromBytes(new Float32Array(data), sh, "float32");

@@ -10,6 +10,11 @@ export const setDefaultDevice = (t: DeviceType): void => void checkStatus(lib.ml
 export const isAvailable = (t: DeviceType): boolean => checkStatus(lib.mlxb_is_available(code(t)), "is_available") === 1;
 /** Creates a new stream on the device; returns its index. */
 export const newStream = (t: DeviceType): number => checkStatus(lib.mlxb_new_stream(code(t)), "new_stream");
+/**
+ * mx.new_thread_local_stream(device) (mlx-lm's generation_stream). The binding drives MLX from
+ * the JS thread only, so this is a new stream of that thread.
+ */
+export const newThreadLocalStream = newStream;
 export const defaultStreamIndex = (t: DeviceType): number => checkStatus(lib.mlxb_default_stream_index(code(t)), "default_stream");
 /** mx.synchronize(stream?): waits for the default stream, or stream `index` of device `t`. */
 export function synchronize(stream?: { device: DeviceType; index: number }): void {

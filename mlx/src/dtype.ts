@@ -55,6 +55,29 @@ export function itemSize(d: Dtype): number {
   return SIZES[d];
 }
 
+export interface Finfo {
+  dtype: Dtype;
+  bits: number;
+  min: number;
+  max: number;
+  eps: number;
+  smallestNormal: number;
+}
+
+const FINFO: Partial<Record<Dtype, Omit<Finfo, "dtype">>> = {
+  float16: { bits: 16, min: -65504, max: 65504, eps: 2 ** -10, smallestNormal: 2 ** -14 },
+  bfloat16: { bits: 16, min: -3.3895313892515355e38, max: 3.3895313892515355e38, eps: 2 ** -7, smallestNormal: 2 ** -126 },
+  float32: { bits: 32, min: -3.4028234663852886e38, max: 3.4028234663852886e38, eps: 2 ** -23, smallestNormal: 2 ** -126 },
+  float64: { bits: 64, min: -Number.MAX_VALUE, max: Number.MAX_VALUE, eps: Number.EPSILON, smallestNormal: 2 ** -1022 },
+};
+
+/** mx.finfo(dtype) for the floating dtypes (values as Python reports them). */
+export function finfo(d: Dtype): Finfo {
+  const f = FINFO[d];
+  if (!f) throw new MlxError("finfo", `finfo needs a floating dtype, got ${d}`);
+  return { dtype: d, ...f };
+}
+
 export function isFloating(d: Dtype): boolean {
   return d === "float16" || d === "float32" || d === "float64" || d === "bfloat16";
 }

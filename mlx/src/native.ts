@@ -86,6 +86,7 @@ const symbols = {
   mlxb_pad: { args: [ptr, ptr, i32, ptr, ptr, ptr], returns: ptr },
   mlxb_tri: { args: [i32, i32, i32, i32], returns: ptr },
   mlxb_trilu: { args: [ptr, i32, i32], returns: ptr },
+  mlxb_depends: { args: [ptr, i32, ptr, i32], returns: ptr },
   mlxb_addmm: { args: [ptr, ptr, ptr, f32, f32], returns: ptr },
   mlxb_quantize: { args: [ptr, i32, i32, ptr], returns: ptr },
   mlxb_dequantize: { args: [ptr, ptr, ptr, i32, i32, ptr, i32], returns: ptr },

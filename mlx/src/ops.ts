@@ -482,6 +482,17 @@ export function pad(a: MlxArray, widths: readonly (readonly [number, number])[],
   return own(lib.mlxb_pad(arr(a, "pad").handle, axes, axes.length, lo, hi, arr(value, "pad", "value").handle), "pad");
 }
 
+/**
+ * mx.depends(inputs, dependencies): the inputs (new handles), made to depend on the dependencies
+ * so evaluating them evaluates the dependencies too. A single array in gives a single array out.
+ */
+export function depends(inputs: MlxArray | readonly MlxArray[], dependencies: MlxArray | readonly MlxArray[]): MlxArray | MlxArray[] {
+  const ins = handles(inputs instanceof MlxArray ? [inputs] : inputs);
+  const deps = handles(dependencies instanceof MlxArray ? [dependencies] : dependencies);
+  const out = ownVec(lib.mlxb_depends(ins.length ? ins : new Float64Array(1), ins.length, deps.length ? deps : new Float64Array(1), deps.length), "depends");
+  return inputs instanceof MlxArray ? out[0]! : out;
+}
+
 // ---------------------------------------------------------------- matmul and quantization
 
 export function addmm(c: MlxArray, a: MlxArray, b: MlxArray, alpha = 1, beta = 1): MlxArray {

@@ -241,6 +241,8 @@ OPS.update({
     "tile": lambda inputs, reps: mx.tile(inputs[0], reps),
     "pad": lambda inputs, pad_width: mx.pad(inputs[0], [tuple(w) for w in pad_width], constant_values=inputs[1]),
     # matmul and quantization
+    # params: n_inputs (the rest of the inputs are dependencies)
+    "depends": lambda inputs, n_inputs: mx.depends(inputs[:n_inputs], inputs[n_inputs:]),
     "addmm": lambda inputs, alpha=1.0, beta=1.0: mx.addmm(inputs[0], inputs[1], inputs[2], alpha=alpha, beta=beta),
     "quantize": lambda inputs, **q: list(mx.quantize(inputs[0], **_quant_kw(q))),
     "dequantize": _dequantize,

@@ -559,6 +559,14 @@ for (const dt of SHAPE_DT) {
   add("pad", "pad", [arr([3, 2], dt, g, T()), arr([], "float32")], { pad_width: [[1, 1], [0, 1]] }, pd);
 }
 
+for (const dt of SHAPE_DT) {
+  const g: Gen = dt === "bool" ? "bool" : dt === "int32" ? "int" : "normal";
+  const dp = (xs: Operand[], p: Params) => mx.depends(xs.slice(0, p.n_inputs as number) as MlxArray[], xs.slice(p.n_inputs as number) as MlxArray[]) as MlxArray[];
+  add("depends", "depends", [arr([3, 4], dt, g), arr([2], "float32")], { n_inputs: 1 }, dp);
+  add("depends", "depends", [arr([5], dt, g), arr([2, 3], dt, g, T()), arr([], "int32"), arr([4], "float16")], { n_inputs: 2 }, dp);
+  add("depends", "depends", [arr([2, 1, 3], dt, g), arr([6, 8], dt, g, S([0, 1], [6, 8], [2, 2]))], { n_inputs: 1 }, dp);
+}
+
 // ---------------------------------------------------------------- matmul and quantization
 
 for (const dt of FLOATS) {

@@ -37,7 +37,7 @@ console.log("-".repeat(w + 24));
 for (const [k, v] of rows) console.log(`${k.padEnd(w)}  ${v}`);
 console.log("-".repeat(w + 24));
 if (process.env.PARITY_VERBOSE) for (const [op, e] of [...perOp].sort()) console.log(`  ${op.padEnd(34)} ${e.ok}/${e.n}`);
-if (cov.untested.length) console.log(`untested ops: ${cov.untested.join(", ")}`);
+if (!only && cov.untested.length) console.log(`untested ops: ${cov.untested.join(", ")}`);
 for (const f of cov.failures.slice(0, 40)) console.log(`FAIL ${f.id}\n     ${f.detail}`);
 if (cov.failures.length > 40) console.log(`... and ${cov.failures.length - 40} more failures`);
 console.log(`(${((performance.now() - t0) / 1000).toFixed(1)} s)`);

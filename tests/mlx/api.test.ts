@@ -99,6 +99,18 @@ describe("evaluation, memory, devices, streams", () => {
     expect(mx.getCacheMemory()).toBe(0);
   });
 
+  it("finfo matches Python's mx.finfo", () => {
+    // Python: mx.finfo(mx.float32 / float16 / bfloat16).min, .max, .eps
+    expect([mx.finfo("float32").min, mx.finfo("float32").eps]).toEqual([-3.4028234663852886e38, 1.1920928955078125e-7]);
+    expect([mx.finfo("float16").min, mx.finfo("float16").max, mx.finfo("float16").eps]).toEqual([-65504, 65504, 0.0009765625]);
+    expect([mx.finfo("bfloat16").min, mx.finfo("bfloat16").eps]).toEqual([-3.3895313892515355e38, 0.0078125]);
+    expect(() => mx.finfo("int32")).toThrow(mx.MlxError);
+    // as a weak scalar it lands exactly on the dtype's lowest value
+    using x = mx.zeros([1], "bfloat16");
+    using m = mx.add(x, mx.finfo("bfloat16").min);
+    expect(Array.from(m.toTypedArray() as Uint16Array)).toEqual([0xff7f]);
+  });
+
   it("devices, default stream selection and version", () => {
     expect(mx.version()).toBe("0.32.4");
     expect(mx.defaultDevice()).toBe("cpu");
@@ -119,5 +131,6 @@ describe("evaluation, memory, devices, streams", () => {
     mx.synchronize();
     expect(out.toNumbers()).toEqual([2, 2, 2]);
     out.dispose();
+    expect(mx.newThreadLocalStream("cpu")).toBeGreaterThan(s);
   });
 });
