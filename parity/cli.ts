@@ -13,7 +13,7 @@ import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
 import { type Budget, runParity, type RunSpec } from "./engine.ts";
 import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
 import { renderHtml } from "./html.ts";
-import { checkPromptLength, inspectCheckpoint, parseTokenList, tokenizePrompt } from "./inputs.ts";
+import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 import { renderMarkdown } from "./markdown.ts";
 import { ProgressBar } from "./progress.ts";
 import { type OpLevelSummary, type ParityReport, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
@@ -124,12 +124,7 @@ async function runOne(oracle: OracleClient, spec: RunSpec): Promise<RunResult> {
 async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<RunSpec> {
   const dir = resolve(String(a.model));
   const info = inspectCheckpoint(dir);
-  if (a.prompt !== undefined && a.tokens !== undefined) throw new UsageError("give either --prompt or --tokens, not both");
-  if (a.chat && a.prompt === undefined) throw new UsageError("--chat needs --prompt");
-  let prompt: number[];
-  if (typeof a.tokens === "string") prompt = parseTokenList(a.tokens);
-  else if (typeof a.prompt === "string") prompt = await tokenizePrompt(dir, a.prompt, a.chat === true);
-  else throw new UsageError("--model needs a prompt: --prompt \"text\" or --tokens 1,2,3");
+  const prompt = await resolvePrompt(dir, a);
   const steps = Number(a.steps);
   const prefill = Number(a["prefill-step-size"]);
   if (steps < 1) throw new UsageError("--steps must be at least 1");

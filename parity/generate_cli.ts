@@ -7,7 +7,7 @@ import * as mx from "@mlx-bun/mlx";
 import { generate } from "../model/generate.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
 import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
-import { checkPromptLength, inspectCheckpoint, parseTokenList, tokenizePrompt } from "./inputs.ts";
+import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 
 const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (required)" },
@@ -58,12 +58,7 @@ async function main(argv: string[]): Promise<number> {
   if (a.model === undefined) throw new UsageError("--model <dir> is required (see --help)");
   const dir = resolve(String(a.model));
   const info = inspectCheckpoint(dir);
-  if (a.prompt !== undefined && a.tokens !== undefined) throw new UsageError("give either --prompt or --tokens, not both");
-  if (a.chat && a.prompt === undefined) throw new UsageError("--chat needs --prompt");
-  let prompt: number[];
-  if (typeof a.tokens === "string") prompt = parseTokenList(a.tokens);
-  else if (typeof a.prompt === "string") prompt = await tokenizePrompt(dir, a.prompt, a.chat === true);
-  else throw new UsageError("give a prompt: --prompt \"text\" or --tokens 1,2,3");
+  const prompt = await resolvePrompt(dir, a);
   const maxTokens = Number(a["max-tokens"]);
   if (maxTokens < 1) throw new UsageError("--max-tokens must be at least 1");
   const temp = Number(a.temp);

@@ -82,3 +82,12 @@ export function checkPromptLength(ids: readonly number[], steps: number, info: C
     throw new UsageError(`the prompt (${ids.length} tokens) plus ${steps} decode steps exceeds the model's max_position_embeddings (${info.maxPositions})`);
   }
 }
+
+/** The prompt of a --model command from --tokens, or --prompt (with --chat): token ids. */
+export async function resolvePrompt(dir: string, a: { prompt?: unknown; tokens?: unknown; chat?: unknown }): Promise<number[]> {
+  if (a.prompt !== undefined && a.tokens !== undefined) throw new UsageError("give either --prompt or --tokens, not both");
+  if (a.chat && a.prompt === undefined) throw new UsageError("--chat needs --prompt");
+  if (typeof a.tokens === "string") return parseTokenList(a.tokens);
+  if (typeof a.prompt === "string") return tokenizePrompt(dir, a.prompt, a.chat === true);
+  throw new UsageError('give a prompt: --prompt "text" or --tokens 1,2,3');
+}
