@@ -5,7 +5,7 @@
 // prints a readable diff against the previous goldens, then swaps the new tree into place
 // (rename), so an interrupted run leaves the old goldens untouched.
 
-import { copyFileSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { OracleClient, REPO_ROOT } from "./client.ts";
 import { GOLDEN_DIR, type GoldenEntry, type Manifest, readManifest, sha256 } from "./golden.ts";
@@ -138,6 +138,23 @@ class Progress {
   }
 }
 
+/** Temp trees left by interrupted runs (their process is gone) are removed; golden/ was never touched. */
+function removeStaleTemps(): void {
+  const cache = join(REPO_ROOT, ".cache");
+  if (!existsSync(cache)) return;
+  for (const name of readdirSync(cache)) {
+    const m = /^golden-(?:tmp|old)-(\d+)$/.exec(name);
+    if (!m) continue;
+    let alive = true;
+    try {
+      process.kill(Number(m[1]), 0);
+    } catch {
+      alive = false;
+    }
+    if (!alive) rmSync(join(cache, name), { recursive: true, force: true });
+  }
+}
+
 function manifestText(m: Manifest): string {
   const lines = ["{"];
   const keys = Object.keys(m) as (keyof Manifest)[];
@@ -161,6 +178,7 @@ async function main(): Promise<number> {
   const args = parseArgs(process.argv.slice(2));
   const t0 = Date.now();
   const planSpec = JSON.parse(readFileSync(PLAN_PATH, "utf8")) as Plan;
+  removeStaleTemps();
   const oracle = await OracleClient.start({ requestTimeoutMs: 600_000 });
   const tmp = join(REPO_ROOT, ".cache", `golden-tmp-${process.pid}`);
   let swapped = false;
