@@ -733,19 +733,20 @@ Arr* mlxb_addmm(const Arr* c, const Arr* a, const Arr* b, float alpha, float bet
   GUARD_PTR("addmm", { return wrap(mx::addmm(A(c), A(a), A(b), alpha, beta)); })
 }
 
-Vec* mlxb_quantize(const Arr* w, int group_size, int bits, const char* mode) {
+Vec* mlxb_quantize(const Arr* w, int group_size, int bits, const char* mode, const Arr* global_scale) {
   GUARD_PTR("quantize", {
     auto* v = new Vec();
-    v->items = mx::quantize(A(w), opt_int(group_size), opt_int(bits), mode);
+    v->items = mx::quantize(A(w), opt_int(group_size), opt_int(bits), mode, opt(global_scale));
     return v;
   })
 }
 
 // dtype < 0: the default output dtype.
-Arr* mlxb_dequantize(const Arr* w, const Arr* scales, const Arr* biases, int group_size, int bits, const char* mode, int dtype) {
+Arr* mlxb_dequantize(const Arr* w, const Arr* scales, const Arr* biases, int group_size, int bits, const char* mode,
+                     const Arr* global_scale, int dtype) {
   GUARD_PTR("dequantize", {
     std::optional<mx::Dtype> dt = dtype < 0 ? std::nullopt : std::optional<mx::Dtype>(dtype_of(dtype));
-    return wrap(mx::dequantize(A(w), A(scales, "scales"), opt(biases), opt_int(group_size), opt_int(bits), mode, std::nullopt, dt));
+    return wrap(mx::dequantize(A(w), A(scales, "scales"), opt(biases), opt_int(group_size), opt_int(bits), mode, opt(global_scale), dt));
   })
 }
 
@@ -762,10 +763,10 @@ Arr* mlxb_gather_mm(const Arr* a, const Arr* b, const Arr* lhs, const Arr* rhs, 
 }
 
 Arr* mlxb_gather_qmm(const Arr* x, const Arr* w, const Arr* scales, const Arr* biases, const Arr* lhs, const Arr* rhs,
-                     int transpose, int group_size, int bits, const char* mode, int sorted) {
+                     int transpose, int group_size, int bits, const char* mode, const Arr* global_scale, int sorted) {
   GUARD_PTR("gather_qmm", {
     return wrap(mx::gather_qmm(A(x), A(w), A(scales, "scales"), opt(biases), opt(lhs), opt(rhs), transpose != 0,
-                               opt_int(group_size), opt_int(bits), mode, std::nullopt, sorted != 0));
+                               opt_int(group_size), opt_int(bits), mode, opt(global_scale), sorted != 0));
   })
 }
 

@@ -505,18 +505,20 @@ export interface QuantArgs {
   groupSize?: number;
   bits?: number;
   mode?: QuantMode;
+  /** nvfp4 only: a float32 global scale (Python `global_scale=`). Not taken by quantizedMatmul. */
+  globalScale?: MlxArray | null;
 }
 
 /** mx.quantize → [wq, scales, biases] (affine) or [wq, scales] (fp modes). */
-export function quantize(w: MlxArray, { groupSize, bits, mode = "affine" }: QuantArgs = {}): MlxArray[] {
-  return ownVec(lib.mlxb_quantize(arr(w, "quantize").handle, groupSize ?? -1, bits ?? -1, cstr(mode)), "quantize");
+export function quantize(w: MlxArray, { groupSize, bits, mode = "affine", globalScale }: QuantArgs = {}): MlxArray[] {
+  return ownVec(lib.mlxb_quantize(arr(w, "quantize").handle, groupSize ?? -1, bits ?? -1, cstr(mode), globalScale ? globalScale.handle : 0), "quantize");
 }
 
 export function dequantize(
   w: MlxArray,
   scales: MlxArray,
   biases: MlxArray | null,
-  { groupSize, bits, mode = "affine", dtype }: QuantArgs & { dtype?: Dtype } = {},
+  { groupSize, bits, mode = "affine", globalScale, dtype }: QuantArgs & { dtype?: Dtype } = {},
 ): MlxArray {
   return own(
     lib.mlxb_dequantize(
@@ -526,6 +528,7 @@ export function dequantize(
       groupSize ?? -1,
       bits ?? -1,
       cstr(mode),
+      globalScale ? globalScale.handle : 0,
       dtype === undefined ? -1 : dtypeCode(dtype),
     ),
     "dequantize",
@@ -537,8 +540,9 @@ export function quantizedMatmul(
   w: MlxArray,
   scales: MlxArray,
   biases: MlxArray | null,
-  { transpose = true, groupSize, bits, mode = "affine" }: QuantArgs & { transpose?: boolean } = {},
+  { transpose = true, groupSize, bits, mode = "affine", globalScale }: QuantArgs & { transpose?: boolean } = {},
 ): MlxArray {
+  if (globalScale) throw new MlxError("quantized_matmul", "quantized_matmul takes no global_scale (as in Python)");
   return own(
     lib.mlxb_quantized_matmul(
       arr(x, "quantized_matmul").handle,
@@ -572,7 +576,7 @@ export function gatherQmm(
   w: MlxArray,
   scales: MlxArray,
   biases: MlxArray | null,
-  { lhsIndices, rhsIndices, sortedIndices = false, transpose = true, groupSize, bits, mode = "affine" }: GatherArgs & QuantArgs & { transpose?: boolean } = {},
+  { lhsIndices, rhsIndices, sortedIndices = false, transpose = true, groupSize, bits, mode = "affine", globalScale }: GatherArgs & QuantArgs & { transpose?: boolean } = {},
 ): MlxArray {
   return own(
     lib.mlxb_gather_qmm(
@@ -586,6 +590,7 @@ export function gatherQmm(
       groupSize ?? -1,
       bits ?? -1,
       cstr(mode),
+      globalScale ? globalScale.handle : 0,
       sortedIndices ? 1 : 0,
     ),
     "gather_qmm",

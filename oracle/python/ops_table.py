@@ -127,14 +127,19 @@ def _quant_kw(p: dict) -> dict:
     return kw
 
 
-def _gather_qmm(inputs, has_biases=True, lhs=False, rhs=False, transpose=True, sorted_indices=False, **q):
+def _gather_qmm(inputs, has_biases=True, lhs=False, rhs=False, transpose=True, sorted_indices=False,
+                has_global_scale=False, **q):
     x, w, scales = inputs[:3]
     i = 3
     biases, i = _opt(inputs, i, has_biases)
     li, i = _opt(inputs, i, lhs)
     ri, i = _opt(inputs, i, rhs)
+    gs, i = _opt(inputs, i, has_global_scale)
+    kw = _quant_kw(q)
+    if gs is not None:
+        kw["global_scale"] = gs
     return mx.gather_qmm(x, w, scales, biases, lhs_indices=li, rhs_indices=ri, transpose=transpose,
-                         sorted_indices=sorted_indices, **_quant_kw(q))
+                         sorted_indices=sorted_indices, **kw)
 
 
 def _quantized_matmul(inputs, has_biases=True, transpose=True, **q):
@@ -143,10 +148,12 @@ def _quantized_matmul(inputs, has_biases=True, transpose=True, **q):
     return mx.quantized_matmul(x, w, scales, biases, transpose=transpose, **_quant_kw(q))
 
 
-def _dequantize(inputs, has_biases=True, dtype=None, **q):
+def _dequantize(inputs, has_biases=True, dtype=None, has_global_scale=False, **q):
     w, scales = inputs[:2]
     biases = inputs[2] if has_biases else None
     kw = _quant_kw(q)
+    if has_global_scale:
+        kw["global_scale"] = inputs[3 if has_biases else 2]
     if dtype is not None:
         kw["dtype"] = _dt(dtype)
     return mx.dequantize(w, scales, biases, **kw)
@@ -244,7 +251,10 @@ OPS.update({
     # params: n_inputs (the rest of the inputs are dependencies)
     "depends": lambda inputs, n_inputs: mx.depends(inputs[:n_inputs], inputs[n_inputs:]),
     "addmm": lambda inputs, alpha=1.0, beta=1.0: mx.addmm(inputs[0], inputs[1], inputs[2], alpha=alpha, beta=beta),
-    "quantize": lambda inputs, **q: list(mx.quantize(inputs[0], **_quant_kw(q))),
+    # params: has_global_scale (then inputs[1] is the global scale)
+    "quantize": lambda inputs, has_global_scale=False, **q: list(
+        mx.quantize(inputs[0], **_quant_kw(q), **({"global_scale": inputs[1]} if has_global_scale else {}))
+    ),
     "dequantize": _dequantize,
     "quantized_matmul": _quantized_matmul,
     "gather_mm": _gather_mm,

@@ -666,6 +666,16 @@ for (const q of QMODES) {
   }
 }
 
+// nvfp4 with a global scale (Python `global_scale=`)
+for (const dt of FLOATS) {
+  const gsc: Gen = { values: [0.75] };
+  add("quantize", "quantize", [arr([8, 64], dt, "wide"), arr([], "float32", gsc)], { mode: "nvfp4", has_global_scale: true }, (xs, p) =>
+    mx.quantize(A(xs), { ...qargs(p), globalScale: A(xs, 1) }));
+  add("dequantize", "dequantize", [...qinputs({ mode: "nvfp4" }, [4, 64]), arr([], "float32", { values: [2.5] })], { mode: "nvfp4", has_biases: false, has_global_scale: true, dtype: dt }, (xs, p) =>
+    mx.dequantize(A(xs, 0), A(xs, 1), null, { ...qargs(p), globalScale: A(xs, 2), dtype: p.dtype as Dtype }));
+  // (gather_qmm with a global scale is GPU-only in MLX 0.32.4: both sides raise on CPU)
+}
+
 // gather_mm: the CPU kernel supports float32 only (f16/bf16 raise in both Python and TS)
 for (const dt of ["float32"] as Dtype[]) {
   const gm = (xs: Operand[], p: Params) => {
