@@ -27,24 +27,24 @@ interface Case {
 }
 
 const CASES: Case[] = [
-  { mutation: "rope_full_factor_1", why: "full-attention partial_rotary_factor 1.0 (mlx-lm #1114)", ckpt: "c1_dense/f32", scn: "fwd_L5", firstTap: /^layers\.2\/self_attn\/rope_k$/ },
-  { mutation: "rope_contiguous_partial", why: "proportional RoPE as a contiguous nn.RoPE(hd*prf) (pre-merge, coreai #66)", ckpt: "c1_dense/f32", scn: "fwd_L5", firstTap: /^layers\.2\/self_attn\/rope_k$/ },
-  { mutation: "router_softmax_all", why: "softmax over all experts before top-k (mlx-swift #228, pre-#1114)", ckpt: "c5_moe/f32", scn: "fwd_L5", firstTap: /^layers\.0\/router\/(indices|weights)$/ },
-  { mutation: "router_normed_input", why: "router fed the pre-FFN-normed h instead of the residual", ckpt: "c5_moe/f32", scn: "fwd_L5", firstTap: /^layers\.0\/router\/norm$/ },
-  { mutation: "keqv_values_after_norm", why: "k_eq_v values taken from the normed K (mlx-swift #231)", ckpt: "c2_keqv/f32", scn: "fwd_L5", firstTap: /^layers\.2\/self_attn\/v_norm$/ },
-  { mutation: "v_norm_missing", why: "values not passed through the no-scale RMSNorm", ckpt: "c1_dense/f32", scn: "fwd_L5", firstTap: /^layers\.0\/self_attn\/v_norm$/ },
-  { mutation: "no_layer_scalar", why: "layer_scalar multiply missing", ckpt: "c1_dense/f32", scn: "fwd_L5", firstTap: /^layers\.0\/output$/ },
-  { mutation: "no_double_wide", why: "double-wide MLP off on KV-shared layers (E2B)", ckpt: "c3_e2b/f32", scn: "fwd_L5", loadError: /model\.layers\.4\.mlp\.(gate|up|down)_proj\.weight.*expected shape/ },
+  { mutation: "rope_full_factor_1", why: "full-attention partial_rotary_factor 1.0 (mlx-lm #1114)", ckpt: "c1_dense/f32", scn: "fwd_L13", firstTap: /^layers\.2\/self_attn\/rope_k$/ },
+  { mutation: "rope_contiguous_partial", why: "proportional RoPE as a contiguous nn.RoPE(hd*prf) (pre-merge, coreai #66)", ckpt: "c1_dense/f32", scn: "fwd_L13", firstTap: /^layers\.2\/self_attn\/rope_k$/ },
+  { mutation: "router_softmax_all", why: "softmax over all experts before top-k (mlx-swift #228, pre-#1114)", ckpt: "c5_moe/f32", scn: "fwd_L13", firstTap: /^layers\.0\/router\/(indices|weights)$/ },
+  { mutation: "router_normed_input", why: "router fed the pre-FFN-normed h instead of the residual", ckpt: "c5_moe/f32", scn: "fwd_L13", firstTap: /^layers\.0\/router\/norm$/ },
+  { mutation: "keqv_values_after_norm", why: "k_eq_v values taken from the normed K (mlx-swift #231)", ckpt: "c2_keqv/f32", scn: "fwd_L13", firstTap: /^layers\.2\/self_attn\/v_norm$/ },
+  { mutation: "v_norm_missing", why: "values not passed through the no-scale RMSNorm", ckpt: "c1_dense/f32", scn: "fwd_L13", firstTap: /^layers\.0\/self_attn\/v_norm$/ },
+  { mutation: "no_layer_scalar", why: "layer_scalar multiply missing", ckpt: "c1_dense/f32", scn: "fwd_L13", firstTap: /^layers\.0\/output$/ },
+  { mutation: "no_double_wide", why: "double-wide MLP off on KV-shared layers (E2B)", ckpt: "c3_e2b/f32", scn: "fwd_L13", loadError: /model\.layers\.4\.mlp\.(gate|up|down)_proj\.weight.*expected shape/ },
   { mutation: "embed_scale_f32", why: "embed scale as a float32 array promotes bf16 to float32 (hazard #1)", ckpt: "c1_dense/bf16", scn: "fwd_L5", firstTap: /^embed_scaled$/ },
-  { mutation: "gelu_cube_mul", why: "x*x*x in place of power(x, 3) in gelu_approx (hazard #2)", ckpt: "c1_dense/bf16", scn: "fwd_L13", firstTap: /^layers\.0\/mlp\/geglu$/ },
+  { mutation: "gelu_cube_mul", why: "x*x*x in place of power(x, 3) in gelu_approx (hazard #2)", ckpt: "c1_dense/bf16", scn: "fwd_L5", firstTap: /^layers\.0\/mlp\/geglu$/ },
   { mutation: "rope_offset_after_update", why: "RoPE offset read after the cache update (pre-#1114 branch)", ckpt: "c1_dense/f32", scn: "gen_P9_S5", firstTap: /^prefill0\/layers\.0\/self_attn\/offset$/ },
   { mutation: "mask_wrong_type", why: "sliding and full masks swapped (mlx-lm #465 class)", ckpt: "c1_dense/f32", scn: "fwd_L13", firstTap: /^layers\.0\/self_attn\/sdpa$/ },
   { mutation: "no_sanitize_shared_kv", why: "sanitize keeps shared-layer K/V (mlx-lm #1242/#1240)", ckpt: "c3_e2b/hf_bf16", scn: "fwd_L5", loadError: /parameters not in model[\s\S]*model\.layers\.4\.self_attn\.k_proj\.weight/ },
-  { mutation: "ple_unscaled_embeddings", why: "per-layer projection fed the unscaled embeddings (hazard #12)", ckpt: "c3_e2b/f32", scn: "fwd_L5", firstTap: /^per_layer_model_projection$/ },
-  { mutation: "per_layer_input_scale_missing", why: "(projection + token inputs) not scaled by 2**-0.5", ckpt: "c3_e2b/f32", scn: "fwd_L5", firstTap: /^per_layer_inputs$/ },
-  { mutation: "shared_kv_first_source", why: "KV-shared layers read the FIRST non-shared layer of their type, not the last", ckpt: "c3_e2b/f32", scn: "fwd_L5", firstTap: /^layers\.4\/self_attn\/sdpa$/ },
-  { mutation: "sdpa_scale_rsqrt", why: "attention scale 1/sqrt(head_dim) instead of 1.0 (ferrox #40 class)", ckpt: "c1_dense/f32", scn: "fwd_L5", firstTap: /^layers\.0\/self_attn\/sdpa$/ },
-  { mutation: "no_softcap", why: "final logit softcap missing (llama.cpp #21390, vLLM #52173)", ckpt: "c1_dense/f32", scn: "fwd_L5", firstTap: /^logits$/ },
+  { mutation: "ple_unscaled_embeddings", why: "per-layer projection fed the unscaled embeddings (hazard #12)", ckpt: "c3_e2b/f32", scn: "fwd_L13", firstTap: /^per_layer_model_projection$/ },
+  { mutation: "per_layer_input_scale_missing", why: "(projection + token inputs) not scaled by 2**-0.5", ckpt: "c3_e2b/f32", scn: "fwd_L13", firstTap: /^per_layer_inputs$/ },
+  { mutation: "shared_kv_first_source", why: "KV-shared layers read the FIRST non-shared layer of their type, not the last", ckpt: "c3_e2b/f32", scn: "fwd_L13", firstTap: /^layers\.4\/self_attn\/sdpa$/ },
+  { mutation: "sdpa_scale_rsqrt", why: "attention scale 1/sqrt(head_dim) instead of 1.0 (ferrox #40 class)", ckpt: "c1_dense/f32", scn: "fwd_L13", firstTap: /^layers\.0\/self_attn\/sdpa$/ },
+  { mutation: "no_softcap", why: "final logit softcap missing (llama.cpp #21390, vLLM #52173)", ckpt: "c1_dense/f32", scn: "fwd_L13", firstTap: /^logits$/ },
 ];
 
 const scenarios = new Map<string, number[][]>(
