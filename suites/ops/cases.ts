@@ -212,6 +212,12 @@ for (const name of ELEMENTWISE_BINARY) {
   }
 }
 
+// integer division and remainder by zero (MLX defines the result; both sides must agree)
+for (const name of ["floorDivide", "remainder", "divide"] as const) {
+  const fn = (opsMod as unknown as Record<string, BinFn>)[name]!;
+  add(name, snake(name), [arr([8], "int32", { values: [7, -7, 0, 5, 1, -1, 9, 3] }), arr([8], "int32", { values: [0, 0, 0, 2, 0, -3, 0, 1] })], {}, (xs) => fn(xs[0]!, xs[1]!));
+}
+
 // matmul-like binaries
 for (const dt of FLOATS) {
   const mm = (xs: Operand[]) => mx.matmul(A(xs, 0), A(xs, 1));
