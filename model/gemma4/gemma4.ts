@@ -56,7 +56,7 @@ export class Model extends Module {
     return this.language_model.layers;
   }
 
-  makeCache(factory: Parameters<gemma4_text.Model["makeCache"]>[0]): gemma4_text.LayerCache[] {
+  makeCache(factory: gemma4_text.CacheFactory = gemma4_text.defaultCacheFactory): gemma4_text.LayerCache[] {
     return this.language_model.makeCache(factory);
   }
 }

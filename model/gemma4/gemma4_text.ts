@@ -16,7 +16,7 @@
 
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
-import type { KVCacheLike } from "../cache/index.ts";
+import { KVCache, type KVCacheLike, RotatingKVCache } from "../cache/index.ts";
 import { createAttentionMask, disposeMask, type Mask } from "../mask.ts";
 import type { LayerType, ModelArgs } from "./config.ts";
 import { mutated } from "./mutations.ts";
@@ -42,6 +42,17 @@ export type { ModelArgs } from "./config.ts";
 
 /** The cache interface the model consumes (implemented by model/cache/). */
 export type LayerCache = KVCacheLike;
+
+/** What make_cache builds per layer type; the default is model/cache's classes. */
+export interface CacheFactory {
+  kvCache(): LayerCache;
+  rotatingKVCache(maxSize: number, keep: number): LayerCache;
+}
+
+export const defaultCacheFactory: CacheFactory = {
+  kvCache: () => new KVCache(),
+  rotatingKVCache: (maxSize, keep) => new RotatingKVCache(maxSize, keep),
+};
 
 /** A Linear or its quantized replacement (nn.quantize swaps the module in place). */
 export type AnyLinear = Linear | QuantizedLinear;
@@ -850,7 +861,7 @@ export class Model extends Module {
    * make_cache(): one cache per NON-shared layer: full → KVCache(), sliding →
    * RotatingKVCache(max_size=sliding_window, keep=0). The factories come from model/cache/.
    */
-  makeCache(factory: { kvCache(): LayerCache; rotatingKVCache(maxSize: number, keep: number): LayerCache }): LayerCache[] {
+  makeCache(factory: CacheFactory = defaultCacheFactory): LayerCache[] {
     const first_kv_shared = this.args.num_hidden_layers - this.args.num_kv_shared_layers;
     const caches: LayerCache[] = [];
     for (let i = 0; i < first_kv_shared; i++) {
