@@ -10,7 +10,7 @@ import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { CASES, exposedOps, NOT_OPS } from "../suites/ops/cases.ts";
 import { coverage, runCases } from "../suites/ops/runner.ts";
 import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
-import { type Budget, runParity, type RunSpec } from "./engine.ts";
+import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
 import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
 import { renderHtml } from "./html.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
@@ -88,12 +88,12 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
   build.update(0, "building the fixture checkpoints with mlx-lm (cached after the first run)");
   await oracle.request("make_checkpoints", {}, 1_800_000);
   build.done(`${plan.checkpoints.length} fixture checkpoints ready`);
-  const runs: RunResult[] = [];
+  const specs: RunSpec[] = [];
   for (const c of ckpts) {
     for (const sid of c.moe ? [FIXTURE_SCENARIOS.all, FIXTURE_SCENARIOS.moe] : [FIXTURE_SCENARIOS.all]) {
       const s = scenarios.get(sid)!;
       const [fixture, variant] = c.id.split("/") as [string, string];
-      runs.push(await runOne(oracle, {
+      specs.push({
         tsDir: join(REPO_ROOT, ".cache", "checkpoints", c.id),
         oracleCheckpoint: c.id,
         model: fixture,
@@ -103,19 +103,33 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
         steps: s.max_tokens!,
         budget,
         bisect: bisectOn,
-      }));
+      });
     }
+  }
+  // mlx-lm captures run k+1 while TS compares run k (two processes, two cores).
+  const runs: RunResult[] = [];
+  // A prefetched capture's failure surfaces when its run awaits it, not as an unhandled rejection.
+  const prefetch = (k: number) => {
+    const p = captureOracle(oracle, specs[k]!);
+    p.catch(() => {});
+    return p;
+  };
+  let next = specs.length ? prefetch(0) : null;
+  for (let k = 0; k < specs.length; k++) {
+    const current = next!;
+    next = k + 1 < specs.length ? prefetch(k + 1) : null;
+    runs.push(await runOne(oracle, specs[k]!, current));
   }
   return runs;
 }
 
-async function runOne(oracle: OracleClient, spec: RunSpec): Promise<RunResult> {
+async function runOne(oracle: OracleClient, spec: RunSpec, capture?: Promise<Capture>): Promise<RunResult> {
   const bar = new ProgressBar(`[${spec.model} ${spec.variant}]`);
   bar.update(0, "mlx-lm capturing");
   const r = await runParity(oracle, spec, (p) => {
     const frac = (p.callIndex + ((p.layer ?? 0) + 1) / Math.max(1, p.layers)) / Math.max(1, p.calls);
     bar.update(frac, `${p.call} (${p.callIndex + 1}/${p.calls}) · layer ${(p.layer ?? 0) + 1}/${p.layers}`);
-  });
+  }, capture);
   bar.done(r.firstDivergence ? `diverges: ${fmtDivergence(r.firstDivergence)}` : `${r.bitExact}/${r.tapsCompared} taps bit-exact`);
   return r;
 }

@@ -69,9 +69,14 @@ function describeValue(v: TapValue): string {
   return `${v.dtype}[${v.shape.join(",")}]`;
 }
 
-export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: Progress): Promise<RunResult> {
-  const t0 = performance.now();
-  const cap = await oracle.request<{ meta: { generated?: number[] }; taps: WireTap[] }>(
+export interface Capture {
+  meta: { generated?: number[] };
+  taps: WireTap[];
+}
+
+/** Asks mlx-lm for every tap of the run (streamed to .npy files as it records them). */
+export function captureOracle(oracle: OracleClient, spec: RunSpec): Promise<Capture> {
+  return oracle.request<Capture>(
     "capture",
     {
       checkpoint: spec.oracleCheckpoint,
@@ -82,6 +87,15 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
     },
     1_800_000,
   );
+}
+
+/**
+ * Runs the TS side of a parity run against an oracle capture (pass a capture already requested
+ * to overlap mlx-lm's work on the next run with TS's on this one).
+ */
+export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: Progress, capture?: Promise<Capture>): Promise<RunResult> {
+  const t0 = performance.now();
+  const cap = await (capture ?? captureOracle(oracle, spec));
   const theirs = cap.taps;
   const calls = new Set(theirs.map((t) => parseTapName(t.name).call));
   const loaded = loadModel(spec.tsDir);
