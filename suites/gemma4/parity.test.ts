@@ -7,7 +7,7 @@
 // the same (checkpoint, scenario), the TS taps are also checked against the golden.
 
 import { afterAll, describe, expect, it } from "vitest";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { type CaptureResult, OracleClient, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
@@ -114,7 +114,20 @@ describe("gemma4 taps vs live mlx-lm", () => {
   });
 });
 
+/** CPU seconds (user + system) a process has used so far, from /proc (Linux); NaN elsewhere. */
+function cpuSeconds(pid: number | undefined): number {
+  try {
+    const f = readFileSync(`/proc/${pid ?? "self"}/stat`, "utf8");
+    const fields = f.slice(f.lastIndexOf(")") + 2).split(" ");
+    return (Number(fields[11]) + Number(fields[12])) / 100; // utime + stime in clock ticks (USER_HZ = 100)
+  } catch {
+    return Number.NaN;
+  }
+}
+const cpu0 = { ts: cpuSeconds(undefined), oracle: cpuSeconds(oracle.pid) };
+
 afterAll(async () => {
+  const cpu = { ts: cpuSeconds(undefined) - cpu0.ts, oracle: cpuSeconds(oracle.pid) - cpu0.oracle };
   if (NO_COMPILE) {
     mx.setCompileMode("enabled");
     await oracle.close();
@@ -124,6 +137,7 @@ afterAll(async () => {
     `[gemma4 parity${NO_COMPILE ? ", compile disabled on both sides" : ""}] ${totals.pairs}/${pairs.length} (checkpoint, scenario) pairs, ${totals.taps} taps bit-identical ` +
       `(${totals.arrays} arrays + masks/None) vs live mlx-lm; goldens: ${totals.goldenPairs} pairs, ${totals.goldenTaps} taps` +
       (existsSync(join(REPO_ROOT, "golden", "manifest.json")) ? "" : " (no golden/manifest.json yet)") +
-      `; ${((performance.now() - t0) / 1000).toFixed(1)} s: waiting on the oracle ${(totals.waitMs / 1000).toFixed(1)} s, TS load+forward+taps ${(totals.tsMs / 1000).toFixed(1)} s`,
+      `; ${((performance.now() - t0) / 1000).toFixed(1)} s: waiting on the oracle ${(totals.waitMs / 1000).toFixed(1)} s, TS load+forward+taps ${(totals.tsMs / 1000).toFixed(1)} s; ` +
+      `CPU: oracle ${cpu.oracle.toFixed(1)} s, this process ${cpu.ts.toFixed(1)} s`,
   );
 });
