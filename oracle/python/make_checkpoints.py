@@ -22,6 +22,9 @@ Checkpoint matrix (each feature covered once or more, not every combination):
   mixed         gemma4_text   affine 4-bit g64 default + per-path 8-bit g32 entry
                               (layers.1.self_attn.q_proj) + per-path False entry
                               (layers.0.mlp.down_proj stays bf16)           c4_e4b
+  q4g64_kv      gemma4_text   q4g64 plus quantized k_proj/v_proj (.weight/.scales/
+                              .biases) and k_norm for the KV-shared layers, as in
+                              conversions made before mlx-lm 0.31.3 (#1242) c4_e4b
   mxfp4         gemma4_text   mxfp4 g32 (router stays affine 8-bit g64)     c5_moe
   wrap_bf16     gemma4        bfloat16, language_model.model.* keys         c3_e2b
   wrap_f32      gemma4        float32, untied language_model.lm_head        c6_sink
@@ -85,6 +88,8 @@ MATRIX: list[tuple[str, str, str, dict | None, list[str]]] = [
      ["c2_keqv", "c3_e2b", "c5_moe"]),
     ("q4g64", "flat", "bfloat16", {"group_size": 64, "bits": 4, "mode": "affine"}, ["c4_e4b", "c6_sink"]),
     ("mixed", "flat", "bfloat16", {"group_size": 64, "bits": 4, "mode": "affine", "mixed": True}, ["c4_e4b"]),
+    ("q4g64_kv", "flat", "bfloat16", {"group_size": 64, "bits": 4, "mode": "affine", "stale_shared_kv": True},
+     ["c4_e4b"]),
     ("mxfp4", "flat", "bfloat16", {"group_size": 32, "bits": 4, "mode": "mxfp4"}, ["c5_moe"]),
     ("wrap_bf16", "wrapper", "bfloat16", None, ["c3_e2b"]),
     ("wrap_f32", "wrapper", "float32", None, ["c6_sink"]),
@@ -224,6 +229,32 @@ def hf_weights(model: nn.Module, seed: int, dtype: str) -> dict[str, mx.array]:
     return dict(sorted(out.items()))
 
 
+def add_stale_shared_kv(ckpt: Path, model: nn.Module, seed: int, quant: dict) -> None:
+    """Add quantized K/V projections + k_norm for the KV-shared layers (sanitize must drop them)."""
+    args = model.args
+    extra: dict[str, mx.array] = {}
+    for i in range(args.num_hidden_layers - args.num_kv_shared_layers, args.num_hidden_layers):
+        lt = args.layer_types[i]
+        hd = args.global_head_dim if lt == "full_attention" else args.head_dim
+        k_eq_v = args.attention_k_eq_v and lt != "sliding_attention"
+        nkv = args.num_global_key_value_heads if (k_eq_v and args.num_global_key_value_heads) else args.num_key_value_heads
+        pre = f"model.layers.{i}.self_attn"
+        for proj in ("k_proj",) + (() if k_eq_v else ("v_proj",)):
+            w = mx.array(_init_value(seed, f"stale.{pre}.{proj}", (nkv * hd, args.hidden_size))).astype(mx.bfloat16)
+            wq, scales, biases = mx.quantize(w, group_size=quant["group_size"], bits=quant["bits"])
+            extra.update({f"{pre}.{proj}.weight": wq, f"{pre}.{proj}.scales": scales, f"{pre}.{proj}.biases": biases})
+        extra[f"{pre}.k_norm.weight"] = mx.array(_init_value(seed, f"stale.{pre}.k_norm.weight", (hd,))).astype(mx.bfloat16)
+    weights = mx.load(str(ckpt / "model.safetensors"))
+    weights.update(extra)
+    weights = dict(sorted(weights.items()))
+    mx.save_safetensors(str(ckpt / "model.safetensors"), weights, metadata={"format": "mlx"})
+    index_path = ckpt / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["metadata"]["total_size"] = sum(v.nbytes for v in weights.values())
+    index["weight_map"] = {k: "model.safetensors" for k in weights}
+    index_path.write_text(json.dumps(index, indent=4))
+
+
 def build_one(ckpt_id: str, fixture: str, variant: str, layout: str, dtype: str, quant: dict | None,
               out_root: Path, seed: int) -> Path:
     final = out_root / fixture / variant
@@ -257,6 +288,8 @@ def build_one(ckpt_id: str, fixture: str, variant: str, layout: str, dtype: str,
             mx.eval(model.parameters())
         save_model(tmp, model)
         save_config(cfg, tmp / "config.json")
+        if quant is not None and quant.get("stale_shared_kv"):
+            add_stale_shared_kv(tmp, model, seed, quant)
     atomic_replace_dir(tmp, final)
     return final
 
@@ -292,6 +325,9 @@ def describe(fixture: str, variant: str, layout: str, dtype: str, quant: dict | 
         q = {k: v for k, v in quant.items() if k != "mixed"}
         if quant.get("mixed"):
             q["per_path"] = {MIXED_FALSE: False, MIXED_8BIT: {"group_size": 32, "bits": 8}}
+        q.pop("stale_shared_kv", None)
+        if quant.get("stale_shared_kv"):
+            feats.append("stale_shared_kv")
     return {"fixture": fixture, "variant": variant, "layout": layout, "dtype": dtype,
             "quantization": q, "features": feats}
 
