@@ -33,7 +33,7 @@ describe("gemma4 cache path vs mlx-lm generate_step", () => {
       const { model } = loadModel(join(CKPT_ROOT, ckpt));
       try {
         const theirs = modelTapsOnly(ref.taps);
-        const v = compareTapLists(replayTaps(model, ref.calls, theirs), theirs);
+        const v = compareTapLists(replayTaps(model, ref.calls, theirs), theirs, ref.budget);
         if (!v.ok) throw new Error(formatVerdict(`${ckpt} ${scn} (${ref.source})`, v));
         expect(v.ok).toBe(true);
         totals.calls += ref.calls.length;

@@ -7,7 +7,7 @@ import { type CallRecord, REPO_ROOT, sharedOracle } from "../../oracle/client.ts
 import { loadGolden, readManifest } from "../../oracle/golden.ts";
 import { KVCache, type KVCacheLike, RotatingKVCache } from "../../model/cache/index.ts";
 import { type AnyModel, prefixed } from "../../model/gemma4/index.ts";
-import { fromOracle, TapCollector, type TapData } from "./tap_compare.ts";
+import { fromOracle, TapCollector, type TapData, type UlpBudget } from "./tap_compare.ts";
 
 export const CKPT_ROOT = join(REPO_ROOT, ".cache", "checkpoints");
 
@@ -56,6 +56,26 @@ export interface Reference {
   calls: CallRecord[];
   taps: TapData[];
   source: "golden" | "live";
+  /** Set for a golden from another platform fingerprint: compare within this ULP budget. */
+  budget?: UlpBudget;
+}
+
+let platformCheck: Promise<UlpBudget | undefined> | undefined;
+
+/**
+ * The manifest's rule for goldens: bit-exact on the platform fingerprint (and versions) they were
+ * recorded on, else within cross_platform.ulp_budget.
+ */
+export function goldenBudget(): Promise<UlpBudget | undefined> {
+  platformCheck ??= (async () => {
+    if (!manifest) return undefined;
+    const here = await (await sharedOracle()).fingerprint();
+    const same =
+      JSON.stringify(manifest.fingerprint) === JSON.stringify(here.fingerprint) &&
+      JSON.stringify(manifest.versions) === JSON.stringify(here.versions);
+    return same ? undefined : manifest.cross_platform.ulp_budget;
+  })();
+  return platformCheck;
 }
 
 const manifest = readManifest();
@@ -66,26 +86,28 @@ const memo = new Map<string, Promise<Reference>>();
  * The oracle's full record of a scenario: the golden full dump when there is one, else a live
  * capture (memoised for the test process: the cache-path and mutation suites share them).
  */
-export function reference(ckpt: string, scn: string): Promise<Reference> {
-  const key = `${ckpt}/${scn}`;
+export function reference(ckpt: string, scn: string, { exact = false }: { exact?: boolean } = {}): Promise<Reference> {
+  const key = `${ckpt}/${scn}${exact ? "#exact" : ""}`;
   let p = memo.get(key);
   if (!p) {
-    p = fetchReference(ckpt, scn);
+    p = fetchReference(ckpt, scn, exact);
     memo.set(key, p);
     p.catch(() => memo.delete(key));
   }
   return p;
 }
 
-async function fetchReference(ckpt: string, scn: string): Promise<Reference> {
+/** `exact`: never a golden from another platform (those only match within a ULP budget). */
+async function fetchReference(ckpt: string, scn: string, exact: boolean): Promise<Reference> {
   const gid = `${ckpt}/${scn}`;
-  if (manifest?.entries[gid]) {
+  if (manifest?.entries[gid] && !(exact && (await goldenBudget()) !== undefined)) {
     const g = loadGolden(gid);
     if (g.scenario.mode === "full" && g.scenario.calls) {
       return {
         calls: g.scenario.calls as unknown as CallRecord[],
         taps: g.taps.map((t) => fromOracle({ ...t, kind: t.kind ?? "array", array: g.arrays.get(t.name) })),
         source: "golden",
+        budget: await goldenBudget(),
       };
     }
   }

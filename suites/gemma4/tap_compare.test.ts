@@ -53,3 +53,15 @@ describe("tap comparison verdicts", () => {
     expect(compareTapLists([t], [arr]).first).toMatchObject({ reason: "python_int" });
   });
 });
+
+describe("cross-platform ULP budget (goldens from another fingerprint)", () => {
+  it("float taps within the budget match, beyond it fail; ints stay exact", () => {
+    const a = f32("x", [1, 2]);
+    const b = f32("x", [1, 2 + 3 * 2 ** -22]);
+    expect(compareTapLists([b], [a]).ok).toBe(false);
+    expect(compareTapLists([b], [a], { float32: 4 }).ok).toBe(true);
+    expect(compareTapLists([b], [a], { float32: 2 }).ok).toBe(false);
+    const i = (v: number): TapData => ({ name: "i", kind: "array", dtype: "int32", shape: [1], data: new Uint8Array(new Int32Array([v]).buffer) });
+    expect(compareTapLists([i(1)], [i(2)], { float32: 64 }).ok).toBe(false);
+  });
+});

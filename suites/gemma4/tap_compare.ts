@@ -72,8 +72,14 @@ function describe(t: TapData): string {
   return `${t.dtype}[${(t.shape ?? []).join(",")}]`;
 }
 
-/** Compares one pair; null when identical. */
-export function compareTap(index: number, ours: TapData, theirs: TapData): Divergence | null {
+/**
+ * Per-dtype ULP budget (golden/manifest.json cross_platform.ulp_budget): used only against
+ * goldens recorded on another platform fingerprint; float taps within it count as matching.
+ */
+export type UlpBudget = Record<string, number>;
+
+/** Compares one pair; null when identical (or within `budget` for float dtypes). */
+export function compareTap(index: number, ours: TapData, theirs: TapData, budget?: UlpBudget): Divergence | null {
   const name = theirs.name;
   if (ours.name !== theirs.name) return { index, name, reason: "name", detail: `TS emitted ${JSON.stringify(ours.name)} where the oracle has ${JSON.stringify(theirs.name)}` };
   if (ours.kind !== theirs.kind || (ours.kind === "str" && ours.value !== theirs.value)) {
@@ -92,7 +98,11 @@ export function compareTap(index: number, ours: TapData, theirs: TapData): Diver
     shape: theirs.shape ?? [],
     data: theirs.data,
   });
-  if (!d.equal) return { index, name, reason: d.note ? "dtype/shape" : "value", detail: formatDiff(d), diff: d };
+  if (!d.equal) {
+    const b = budget?.[d.dtype];
+    if (!d.note && b !== undefined && Number.isFinite(d.maxUlp) && d.maxUlp <= b && !Number.isNaN(d.maxAbs)) return null;
+    return { index, name, reason: d.note ? "dtype/shape" : "value", detail: formatDiff(d), diff: d };
+  }
   const pa = ours.meta?.python_int;
   const pb = theirs.meta?.python_int;
   if (pa !== undefined && pb !== undefined && pa !== pb) {
@@ -102,11 +112,11 @@ export function compareTap(index: number, ours: TapData, theirs: TapData): Diver
 }
 
 /** Walks both lists in execution order; stops at the first difference. */
-export function compareTapLists(ours: readonly TapData[], theirs: readonly TapData[]): Verdict {
+export function compareTapLists(ours: readonly TapData[], theirs: readonly TapData[], budget?: UlpBudget): Verdict {
   const n = Math.min(ours.length, theirs.length);
   let arrays = 0;
   for (let i = 0; i < n; i++) {
-    const d = compareTap(i, ours[i]!, theirs[i]!);
+    const d = compareTap(i, ours[i]!, theirs[i]!, budget);
     if (d) {
       if (d.reason === "name") {
         const pos = ours.findIndex((t) => t.name === theirs[i]!.name);
