@@ -1,24 +1,11 @@
 // .npy <-> plain records, raw bytes only (no numeric conversion, no dependency on the mlx binding).
 // bfloat16 has no numpy dtype: it travels as '<u2' data with the tag "bfloat16" kept next to it.
 
-export const DTYPE_NAMES = [
-  "bool",
-  "uint8",
-  "uint16",
-  "uint32",
-  "uint64",
-  "int8",
-  "int16",
-  "int32",
-  "int64",
-  "float16",
-  "float32",
-  "float64",
-  "bfloat16",
-  "complex64",
-] as const;
+// The dtype list is the binding's (a pure module: importing it loads no native code).
+import { DTYPES, type Dtype } from "../mlx/src/dtype.ts";
 
-export type DtypeName = (typeof DTYPE_NAMES)[number];
+export const DTYPE_NAMES = DTYPES;
+export type DtypeName = Dtype;
 
 /** One tensor as raw little-endian C-order bytes. */
 export interface NpyRecord {
