@@ -43,10 +43,11 @@ const report = { schema: SCHEMA_ID, createdAt: "2026-11-30T00:00:00Z", versions:
 describe.skipIf(chromiumPath === null)("parity.html in headless Chromium", () => {
   let browser: Browser;
   let dir: string;
+  // Launching Chromium takes seconds on a loaded 2-core machine.
   beforeAll(async () => {
-    browser = await chromium.launch({ executablePath: chromiumPath!, args: CHROMIUM_ARGS });
+    browser = await chromium.launch({ executablePath: chromiumPath!, args: CHROMIUM_ARGS, timeout: 120_000 });
     dir = mkdtempSync(join(tmpdir(), "parity-html-"));
-  });
+  }, 120_000);
   afterAll(async () => {
     await browser?.close();
     rmSync(dir, { recursive: true, force: true });
@@ -75,5 +76,5 @@ describe.skipIf(chromiumPath === null)("parity.html in headless Chromium", () =>
     mkdirSync("report/screenshots", { recursive: true });
     await page.screenshot({ path: "report/screenshots/parity-html.png", fullPage: true });
     await page.close();
-  });
+  }, 120_000);
 });
