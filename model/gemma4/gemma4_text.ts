@@ -553,6 +553,23 @@ export class DecoderLayer extends Module {
   }
 }
 
+/**
+ * Mutation only (pre-#1112): the PLE projection as a custom Linear-like module WITHOUT
+ * to_quantized, so nn.quantize cannot replace it and quantized checkpoints fail to load
+ * ("Unable to quantize model of type ScaledLinear" upstream). Same ops as Linear for floats.
+ */
+class ScaledLinear extends Module {
+  weight: MlxArray;
+  constructor(input_dims: number, output_dims: number) {
+    super();
+    this.weight = placeholder([output_dims, input_dims]);
+  }
+  call(x: MlxArray): MlxArray {
+    using wt = mx.transpose(this.weight);
+    return mx.matmul(x, wt);
+  }
+}
+
 // ------------------------------------------------------------------ Gemma4TextModel
 
 export interface TextModelCallOptions {
@@ -599,7 +616,9 @@ export class Gemma4TextModel extends Module {
       this.embed_tokens_per_layer_scale = pyPow(P, 0.5);
       this.per_layer_input_scale = pyPow(2.0, -0.5);
       this.per_layer_projection_scale = pyPow(config.hidden_size, -0.5);
-      this.per_layer_model_projection = new Linear(config.hidden_size, config.num_hidden_layers * P);
+      this.per_layer_model_projection = mutated("ple_projection_scaled_linear")
+        ? (new ScaledLinear(config.hidden_size, config.num_hidden_layers * P) as unknown as Linear)
+        : new Linear(config.hidden_size, config.num_hidden_layers * P);
       this.per_layer_projection_norm = new RMSNorm(P, config.rms_norm_eps);
     }
 

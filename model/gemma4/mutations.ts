@@ -21,6 +21,7 @@ export const MUTATIONS = [
   "v_norm_missing", // values not passed through the no-scale RMSNorm
   "sdpa_scale_rsqrt", // attention scale 1/sqrt(head_dim) instead of Gemma 4's 1.0
   "per_layer_input_scale_missing", // (p + r) not multiplied by 2**-0.5
+  "ple_projection_scaled_linear", // PLE projection not quantizable (ScaledLinear, mlx-lm #1112)
 ] as const;
 
 export type Mutation = (typeof MUTATIONS)[number];

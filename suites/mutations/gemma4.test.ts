@@ -42,6 +42,7 @@ const CASES: Case[] = [
   { mutation: "no_sanitize_shared_kv", why: "sanitize keeps shared-layer K/V (mlx-lm #1242/#1240)", ckpt: "c3_e2b/hf_bf16", scn: "fwd_L5", loadError: /parameters not in model[\s\S]*model\.layers\.4\.self_attn\.k_proj\.weight/ },
   { mutation: "ple_unscaled_embeddings", why: "per-layer projection fed the unscaled embeddings (hazard #12)", ckpt: "c3_e2b/f32", scn: "fwd_L13", firstTap: /^per_layer_model_projection$/ },
   { mutation: "per_layer_input_scale_missing", why: "(projection + token inputs) not scaled by 2**-0.5", ckpt: "c3_e2b/f32", scn: "fwd_L13", firstTap: /^per_layer_inputs$/ },
+  { mutation: "ple_projection_scaled_linear", why: "PLE projection without to_quantized: quantized checkpoints fail to load (mlx-lm #1112, omlx #592)", ckpt: "c3_e2b/q4g32", scn: "fwd_L5", loadError: /per_layer_model_projection\.(scales|biases)[\s\S]*per_layer_model_projection\.weight.*expected shape/ },
   { mutation: "shared_kv_first_source", why: "KV-shared layers read the FIRST non-shared layer of their type, not the last", ckpt: "c3_e2b/f32", scn: "fwd_L13", firstTap: /^layers\.4\/self_attn\/sdpa$/ },
   { mutation: "sdpa_scale_rsqrt", why: "attention scale 1/sqrt(head_dim) instead of 1.0 (ferrox #40 class)", ckpt: "c1_dense/f32", scn: "fwd_L13", firstTap: /^layers\.0\/self_attn\/sdpa$/ },
   { mutation: "no_softcap", why: "final logit softcap missing (llama.cpp #21390, vLLM #52173)", ckpt: "c1_dense/f32", scn: "fwd_L13", firstTap: /^logits$/ },
