@@ -116,8 +116,22 @@ function chromium() {
   run("apt-get", ["install", "-y", "-qq", "chromium"], "apt-get install chromium failed", "Install Chromium by hand or set CHROMIUM_PATH.", { env });
 }
 
+// 5. The fixture checkpoints, built by mlx-lm itself (.cache/checkpoints; the builder skips
+// checkpoints that are up to date, so a second run takes a fraction of a second).
+function checkpoints(py) {
+  if (!existsSync(join(root, ".cache", "checkpoints", "index.json"))) log("building the fixture checkpoints with mlx-lm (first run only, about a minute)");
+  const r = spawnSync(py, [join(root, "oracle", "python", "make_checkpoints.py")], { cwd: root, encoding: "utf8" });
+  if (r.status !== 0) {
+    process.stderr.write(r.stdout + r.stderr);
+    fail("building the fixture checkpoints failed", "See the output above (oracle/python/make_checkpoints.py).");
+  }
+  const built = (r.stdout.match(/: built/g) ?? []).length;
+  if (built) log(`built ${built} fixture checkpoints with mlx-lm`);
+}
+
 npmDeps();
 const py = venv();
 shim(py);
 chromium();
+checkpoints(py);
 if (!which("g++") && !isMac) log("warning: g++ is not on PATH, so MLX compile() is a no-op in both Python and TS.");
