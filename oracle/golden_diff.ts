@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { diffArrays, diffLines } from "diff";
 import { type GoldenIndex, type Manifest, readIndex, readNpzTaps } from "./golden.ts";
 import type { NpyRecord } from "./npy.ts";
+import { compareRaw } from "./tensor_diff.ts";
 
 export interface TensorChange {
   tap: string;
@@ -16,89 +17,13 @@ export interface TensorChange {
   note?: string;
 }
 
-/** Signed float bits mapped onto a monotonic integer line (so |a-b| counts ULPs). */
-function ordered(bits: number, width: 16 | 32): number {
-  const sign = width === 16 ? 0x8000 : 0x80000000;
-  return bits & sign ? -(bits & (sign - 1)) : bits;
-}
-
-function f16ToNumber(h: number): number {
-  const s = h & 0x8000 ? -1 : 1;
-  const e = (h >> 10) & 0x1f;
-  const m = h & 0x3ff;
-  if (e === 0) return s * m * 2 ** -24;
-  if (e === 31) return m ? Number.NaN : s * Number.POSITIVE_INFINITY;
-  return s * (1 + m / 1024) * 2 ** (e - 15);
-}
-
-function values(rec: NpyRecord): { num: (i: number) => number; ulp?: (i: number) => number; n: number } {
-  const dv = new DataView(rec.data.buffer, rec.data.byteOffset, rec.data.byteLength);
-  const n = rec.shape.reduce((a, b) => a * b, 1);
-  switch (rec.dtype) {
-    case "float32":
-      return { n, num: (i) => dv.getFloat32(i * 4, true), ulp: (i) => ordered(dv.getUint32(i * 4, true), 32) };
-    case "float64":
-      return { n, num: (i) => dv.getFloat64(i * 8, true) };
-    case "float16":
-      return { n, num: (i) => f16ToNumber(dv.getUint16(i * 2, true)), ulp: (i) => ordered(dv.getUint16(i * 2, true), 16) };
-    case "bfloat16":
-      return {
-        n,
-        num: (i) => {
-          const b = new DataView(new ArrayBuffer(4));
-          b.setUint32(0, dv.getUint16(i * 2, true) << 16);
-          return b.getFloat32(0);
-        },
-        ulp: (i) => ordered(dv.getUint16(i * 2, true), 16),
-      };
-    case "bool":
-    case "uint8":
-      return { n, num: (i) => dv.getUint8(i) };
-    case "int8":
-      return { n, num: (i) => dv.getInt8(i) };
-    case "uint16":
-      return { n, num: (i) => dv.getUint16(i * 2, true) };
-    case "int16":
-      return { n, num: (i) => dv.getInt16(i * 2, true) };
-    case "uint32":
-      return { n, num: (i) => dv.getUint32(i * 4, true) };
-    case "int32":
-      return { n, num: (i) => dv.getInt32(i * 4, true) };
-    case "uint64":
-    case "int64":
-      return { n, num: (i) => Number(dv.getBigInt64(i * 8, true)) };
-    case "complex64":
-      return { n: n * 2, num: (i) => dv.getFloat32(i * 4, true) };
-  }
-}
-
 export function compareTensors(tap: string, a: NpyRecord, b: NpyRecord): TensorChange {
-  if (a.dtype !== b.dtype || a.shape.join() !== b.shape.join()) {
-    return {
-      tap,
-      dtype: `${a.dtype}->${b.dtype}`,
-      changed: Number.NaN,
-      total: 0,
-      maxAbs: Number.NaN,
-      maxUlp: Number.NaN,
-      note: `shape/dtype ${a.dtype}${JSON.stringify(a.shape)} -> ${b.dtype}${JSON.stringify(b.shape)}`,
-    };
+  const d = compareRaw(tap, a, b);
+  if (d.note) {
+    const note = `shape/dtype ${a.dtype}${JSON.stringify(a.shape)} -> ${b.dtype}${JSON.stringify(b.shape)}`;
+    return { tap, dtype: `${a.dtype}->${b.dtype}`, changed: Number.NaN, total: 0, maxAbs: Number.NaN, maxUlp: Number.NaN, note };
   }
-  const va = values(a);
-  const vb = values(b);
-  let changed = 0;
-  let maxAbs = 0;
-  let maxUlp = 0;
-  for (let i = 0; i < va.n; i++) {
-    const x = va.num(i);
-    const y = vb.num(i);
-    if (Object.is(x, y)) continue;
-    changed++;
-    const d = Math.abs(x - y);
-    maxAbs = Number.isNaN(d) ? Number.NaN : Math.max(maxAbs, d);
-    if (va.ulp && vb.ulp) maxUlp = Math.max(maxUlp, Math.abs((va.ulp(i) as number) - (vb.ulp(i) as number)));
-  }
-  return { tap, dtype: a.dtype, changed, total: va.n, maxAbs, maxUlp };
+  return { tap, dtype: a.dtype, changed: d.mismatches, total: d.total, maxAbs: d.maxAbs, maxUlp: d.maxUlp };
 }
 
 function fmtChange(c: TensorChange): string {
