@@ -2,7 +2,7 @@
 // tracked after every token, bit-exact against the oracle's generate_step at every step
 // (tokens and logprobs bytes) and in the final cache state.
 //
-// Opt-in (it takes a while on a shared 2-core box): LONG_RUN=1 bun test suites/generation/long-run.test.ts
+// Part of npm test (about a minute on the 2-core box); LONG_RUN=0 skips it for a quick local loop.
 //   LONG_RUN_TOKENS (default 2000), LONG_RUN_CKPT (default c3_e2b/f32).
 // Memory rule: after warm-up (the first 10% of tokens), active memory minus the KV caches' own
 // bytes (which legitimately grow: the full-attention KVCache adds 256 rows at a time) stays
@@ -15,7 +15,7 @@ import { generateStep } from "../../model/generate.ts";
 import { compareRaw, formatDiff, rawOfNpy } from "../compare.ts";
 import { generateModel, loadScenarios, model } from "./parity.ts";
 
-const enabled = process.env.LONG_RUN === "1";
+const enabled = process.env.LONG_RUN !== "0";
 const N = Number.parseInt(process.env.LONG_RUN_TOKENS ?? "2000", 10);
 const CK = process.env.LONG_RUN_CKPT ?? "c3_e2b/f32";
 
