@@ -7,7 +7,7 @@
 // Results: bench/RESULTS.md and bench/results.json.
 import * as mx from "@mlx-bun/mlx";
 import { spawn, spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { createInterface } from "node:readline";
 import { join } from "node:path";
@@ -25,6 +25,7 @@ const FLAGS: FlagSpec[] = [
   { name: "only", kind: "string", valueName: "names", help: "comma-separated workload names (tiny-dense,tiny-e2b,tiny-moe,e2b,moe)" },
   { name: "e2b-layers", kind: "int", help: "layers of the E2B-shaped checkpoint (35 = the real model)", default: 35 },
   { name: "moe-layers", kind: "int", help: "layers of the 26B-A4B-shaped MoE slice", default: 4 },
+  { name: "big-prompts", kind: "string", valueName: "list", help: "prompt lengths for the full-width workloads (a 1024-token prefill of a 262144-vocab model takes minutes per run on a small CPU)", default: "128,1024" },
   { name: "suite-cost", kind: "bool", help: "also time `npm test` and `npm run golden:regen` (minutes)" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -38,7 +39,7 @@ interface Workload {
   decode: number;
 }
 
-function workloads(o: { quick: boolean; e2bLayers: number; moeLayers: number }): Workload[] {
+function workloads(o: { quick: boolean; e2bLayers: number; moeLayers: number; bigPrompts: number[] }): Workload[] {
   const fx = (f: string, v: string) => join(ROOT, ".cache", "checkpoints", f, v);
   const prompts = o.quick ? [32] : [128, 1024];
   const decode = o.quick ? 16 : 64;
@@ -55,9 +56,9 @@ function workloads(o: { quick: boolean; e2bLayers: number; moeLayers: number }):
   const moe = join(ROOT, ".cache", "bench", `26b-a4b-${o.moeLayers}l`);
   list.push(
     { name: "e2b", what: `E2B-shaped, full width, ${o.e2bLayers} layers, 4-bit g64 (random weights)`, dir: e2b,
-      build: ["oracle/python/make_checkpoints.py", "--shape", "e2b", "--layers", String(o.e2bLayers), "--out", e2b], prompts, decode },
+      build: ["oracle/python/make_checkpoints.py", "--shape", "e2b", "--layers", String(o.e2bLayers), "--out", e2b], prompts: o.bigPrompts, decode },
     { name: "moe", what: `26B-A4B-shaped MoE slice, ${o.moeLayers} layers, 128 experts top-8, 4-bit g64`, dir: moe,
-      build: ["oracle/python/make_checkpoints.py", "--shape", "26b-a4b", "--layers", String(o.moeLayers), "--out", moe], prompts, decode },
+      build: ["oracle/python/make_checkpoints.py", "--shape", "26b-a4b", "--layers", String(o.moeLayers), "--out", moe], prompts: o.bigPrompts, decode },
   );
   return list;
 }
@@ -222,7 +223,9 @@ async function main(): Promise<void> {
   const quick = a.quick === true;
   const pairs = quick ? 2 : Number(a.pairs);
   if (!quick && pairs < 5) throw new UsageError("--pairs must be at least 5 (use --quick for a smoke run)");
-  let wl = workloads({ quick, e2bLayers: Number(a["e2b-layers"]), moeLayers: Number(a["moe-layers"]) });
+  const bigPrompts = String(a["big-prompts"]).split(",").map(Number);
+  if (bigPrompts.some((n) => !Number.isInteger(n) || n < 2)) throw new UsageError("--big-prompts needs comma-separated prompt lengths >= 2");
+  let wl = workloads({ quick, e2bLayers: Number(a["e2b-layers"]), moeLayers: Number(a["moe-layers"]), bigPrompts });
   if (typeof a.only === "string") {
     const names = new Set(a.only.split(","));
     wl = wl.filter((w) => names.has(w.name));
@@ -275,28 +278,33 @@ async function main(): Promise<void> {
         const c = JSON.parse(calls.stdout.trim().split("\n").pop()!) as { median: number };
         extra.push(`- ${w.name}: **${c.median} native calls** per decode step on the TS side (graph building, MLX_BUN_COUNT_CALLS=1).`);
       }
+      writeResults(quick, pairs, wl, rows, extra, {});
     }
   } finally {
     py.close();
   }
-  const meta: Record<string, string> = {
-    date: new Date().toISOString(),
-    machine: `${cpus()[0]?.model ?? "unknown CPU"}, ${cpus().length} cores, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, ${process.platform}-${process.arch}`,
-    versions: `libmlx ${mx.version()}, mlx-lm ${spawnSync(PY, ["-I", "-c", "import mlx_lm; print(mlx_lm.__version__)"], { encoding: "utf8" }).stdout.trim()}, bun ${Bun.version}`,
-    mode: quick ? "--quick (smoke)" : `${pairs} pairs per row`,
-  };
   const suite: Record<string, number> = {};
   if (a["suite-cost"]) {
     suite.npmTestSeconds = timeCommand("npm", ["test"]);
     suite.goldenRegenSeconds = timeCommand("npm", ["run", "golden:regen"]);
     extra.push(`- Suite cost: \`npm test\` ${suite.npmTestSeconds.toFixed(0)} s, \`npm run golden:regen\` ${suite.goldenRegenSeconds.toFixed(0)} s (wall time, this machine).`);
   }
-  mkdirSync(join(ROOT, "bench"), { recursive: true });
+  process.stdout.write(writeResults(quick, pairs, wl, rows, extra, suite));
+}
+
+/** Writes bench/RESULTS.md and bench/results.json (after every workload, so a long run keeps what it measured). */
+function writeResults(quick: boolean, pairs: number, wl: Workload[], rows: Row[], extra: string[], suite: Record<string, number>): string {
+  const meta: Record<string, string> = {
+    date: new Date().toISOString(),
+    machine: `${cpus()[0]?.model ?? "unknown CPU"}, ${cpus().length} cores, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, ${process.platform}-${process.arch}`,
+    versions: `libmlx ${mx.version()}, mlx-lm ${spawnSync(PY, ["-I", "-c", "import mlx_lm; print(mlx_lm.__version__)"], { encoding: "utf8" }).stdout.trim()}, bun ${Bun.version}`,
+    mode: quick ? "--quick (smoke)" : `${pairs} pairs per row`,
+  };
   const suffix = quick ? "-quick" : "";
   writeFileSync(join(ROOT, "bench", `results${suffix}.json`), JSON.stringify({ meta, workloads: wl, rows, notes: extra, suite }, null, 2) + "\n");
   const md = markdown(meta, wl, rows, extra.length ? ["## Notes", "", ...extra] : []);
   writeFileSync(join(ROOT, "bench", `RESULTS${suffix}.md`), md);
-  process.stdout.write(md);
+  return md;
 }
 
 main().catch((e) => {
