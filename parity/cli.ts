@@ -155,7 +155,7 @@ async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<Ru
 function writeReports(rep: ParityReport, out: string): string[] {
   mkdirSync(out, { recursive: true });
   const files = [join(out, "parity.json"), join(out, "parity.md"), join(out, "parity.html")];
-  writeFileSync(files[0]!, `${JSON.stringify(rep, null, 1)}\n`);
+  writeFileSync(files[0]!, `${JSON.stringify(rep)}\n`);
   writeFileSync(files[1]!, renderMarkdown(rep));
   writeFileSync(files[2]!, renderHtml(rep));
   return files;
