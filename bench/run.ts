@@ -177,7 +177,8 @@ function markdown(meta: Record<string, string>, wl: Workload[], rows: Row[], ext
   for (const [k, v] of Object.entries(meta)) out.push(`- **${k}**: ${v}`);
   out.push("", "Each row: one warm-up per side, then pairs run alternately (TS, mlx-lm, TS, mlx-lm, …). Ratio = TS / mlx-lm per pair (median, min–max); for tok/s higher is better, for time and memory lower is better.", "");
   out.push("## Workloads", "");
-  for (const w of wl) out.push(`- **${w.name}**: ${w.what} (prompts ${w.prompts.join(" and ")} tokens, ${w.decode} decode tokens)`);
+  const measured = new Set(rows.map((r) => r.workload));
+  for (const w of wl.filter((x) => measured.has(x.name))) out.push(`- **${w.name}**: ${w.what} (prompts ${w.prompts.join(" and ")} tokens, ${w.decode} decode tokens)`);
   out.push("", "## Results", "", "| workload | metric | TS median (min–max) | mlx-lm median (min–max) | ratio TS/mlx-lm median (min–max) | per-pair ratios | target |", "|---|---|---|---|---|---|---|");
   for (const r of rows) {
     const s = (x: Stat) => `${f(x.median, r.unit)} (${f(x.min, r.unit)}–${f(x.max, r.unit)}) ${r.unit}`;
