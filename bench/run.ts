@@ -241,7 +241,7 @@ async function main(): Promise<void> {
       const vocab = Number((JSON.parse(readFileSync(join(w.dir, "config.json"), "utf8")) as { vocab_size?: number }).vocab_size ?? 256);
       console.error(`[bench] ${w.name}: loading on both sides`);
       await py.call({ cmd: "load", path: w.dir });
-      const { model } = loadGenerationModel(w.dir);
+      const { loaded, model } = loadGenerationModel(w.dir);
       for (const [k, plen] of w.prompts.entries()) {
         const prompt = promptOf(plen, vocab);
         const maxTokens = k === 0 ? w.decode : 2;
@@ -280,6 +280,10 @@ async function main(): Promise<void> {
         extra.push(`- ${w.name}: **${c.median} native calls** per decode step on the TS side (graph building, MLX_BUN_COUNT_CALLS=1).`);
       }
       writeResults(quick, pairs, wl, rows, extra, {});
+      // Free this workload's weights, as the Python worker does when it loads the next model
+      // (otherwise they would count in the next workload's TS peak memory).
+      for (const p of loaded.model.parameters().values()) p.dispose();
+      mx.clearCache();
     }
   } finally {
     py.close();
