@@ -133,13 +133,56 @@ function replace(old: MlxArray | null, next: MlxArray): MlxArray {
   return next;
 }
 
-// ------------------------------------------------------------------------------------ KVCache
+// ------------------------------------------------------------------------------ shared part
 
-export class KVCache implements KVCacheLike {
-  static readonly step = 256;
+/** What both caches share (Python's _BaseCache): the key/value buffers, state and disposal. */
+abstract class BufferedCache {
   keys: MlxArray | null = null;
   values: MlxArray | null = null;
   offset = 0;
+
+  empty(): boolean {
+    return this.keys === null;
+  }
+
+  get nbytes(): number {
+    return this.keys === null || this.values === null ? 0 : this.keys.nbytes + this.values.nbytes;
+  }
+
+  /** [keys, values] buffers as they are held (KVCache: full capacity; RotatingKVCache: physical order), as mlx-lm 0.32.2's state tuple; caller-owned handles. */
+  get state(): MlxArray[] {
+    if (this.keys === null || this.values === null) return [];
+    return [mx.alias(this.keys), mx.alias(this.values)];
+  }
+
+  /** Sets the buffers only (offsets come from metaState), like the Python setters. */
+  set state(v: MlxArray[]) {
+    const name = `${this.constructor.name}.state`;
+    if (!Array.isArray(v) || (v.length !== 0 && v.length !== 2)) throw new CacheError(name, "expects [keys, values] or []");
+    if (v.length === 2) {
+      checkKV(name, v[0]!, v[1]!);
+      this.keys = replace(this.keys, mx.alias(v[0]!));
+      this.values = replace(this.values, mx.alias(v[1]!));
+    } else {
+      this.dispose();
+    }
+  }
+
+  dispose(): void {
+    this.keys?.dispose();
+    this.values?.dispose();
+    this.keys = this.values = null;
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+// ------------------------------------------------------------------------------------ KVCache
+
+export class KVCache extends BufferedCache implements KVCacheLike {
+  static readonly step = 256;
 
   updateAndFetch(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray] {
     const { B, H, S, Dk, Dv } = checkKV("KVCache.updateAndFetch", keys, values);
@@ -184,32 +227,7 @@ export class KVCache implements KVCacheLike {
     return this.offset;
   }
 
-  empty(): boolean {
-    return this.keys === null;
-  }
 
-  get nbytes(): number {
-    return this.keys === null || this.values === null ? 0 : this.keys.nbytes + this.values.nbytes;
-  }
-
-  /** [keys, values] buffers (full capacity, as mlx-lm 0.32.2's state tuple); caller-owned handles. */
-  get state(): MlxArray[] {
-    if (this.keys === null || this.values === null) return [];
-    return [mx.alias(this.keys), mx.alias(this.values)];
-  }
-
-  set state(v: MlxArray[]) {
-    if (!Array.isArray(v) || (v.length !== 0 && v.length !== 2)) throw new CacheError("KVCache.state", "expects [keys, values] or []");
-    if (v.length === 2) {
-      checkKV("KVCache.state", v[0]!, v[1]!);
-      this.keys = replace(this.keys, mx.alias(v[0]!));
-      this.values = replace(this.values, mx.alias(v[1]!));
-    } else {
-      this.keys?.dispose();
-      this.values?.dispose();
-      this.keys = this.values = null;
-    }
-  }
 
   get metaState(): string[] {
     return [String(this.offset)];
@@ -246,29 +264,18 @@ export class KVCache implements KVCacheLike {
     return cacheAttentionMask(N, offset, returnArray, windowSize);
   }
 
-  dispose(): void {
-    this.keys?.dispose();
-    this.values?.dispose();
-    this.keys = this.values = null;
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
-  }
 }
 
 // ---------------------------------------------------------------------------- RotatingKVCache
 
-export class RotatingKVCache implements KVCacheLike {
+export class RotatingKVCache extends BufferedCache implements KVCacheLike {
   static readonly step = 256;
   keep: number;
   maxSize: number;
-  keys: MlxArray | null = null;
-  values: MlxArray | null = null;
-  offset = 0;
   idx = 0;
 
   constructor(maxSize: number, keep = 0) {
+    super();
     if (!Number.isInteger(maxSize) || maxSize < 1) throw new CacheError("RotatingKVCache", `maxSize must be a positive integer, got ${maxSize}`);
     if (!Number.isInteger(keep) || keep < 0 || keep >= maxSize) throw new CacheError("RotatingKVCache", `keep must be an integer in [0, maxSize), got ${keep}`);
     this.maxSize = maxSize;
@@ -394,33 +401,7 @@ export class RotatingKVCache implements KVCacheLike {
     return Math.min(this.offset, this.maxSize);
   }
 
-  empty(): boolean {
-    return this.keys === null;
-  }
 
-  get nbytes(): number {
-    return this.keys === null || this.values === null ? 0 : this.keys.nbytes + this.values.nbytes;
-  }
-
-  /** [keys, values] buffers in physical order, as mlx-lm 0.32.2's state tuple; caller-owned handles. */
-  get state(): MlxArray[] {
-    if (this.keys === null || this.values === null) return [];
-    return [mx.alias(this.keys), mx.alias(this.values)];
-  }
-
-  /** Sets the buffers only (offset/_idx come from metaState), like the Python setter. */
-  set state(v: MlxArray[]) {
-    if (!Array.isArray(v) || (v.length !== 0 && v.length !== 2)) throw new CacheError("RotatingKVCache.state", "expects [keys, values] or []");
-    if (v.length === 2) {
-      checkKV("RotatingKVCache.state", v[0]!, v[1]!);
-      this.keys = replace(this.keys, mx.alias(v[0]!));
-      this.values = replace(this.values, mx.alias(v[1]!));
-    } else {
-      this.keys?.dispose();
-      this.values?.dispose();
-      this.keys = this.values = null;
-    }
-  }
 
   /** [keep, max_size, offset, _idx] as strings. */
   get metaState(): string[] {
@@ -486,15 +467,6 @@ export class RotatingKVCache implements KVCacheLike {
     return null;
   }
 
-  dispose(): void {
-    this.keys?.dispose();
-    this.values?.dispose();
-    this.keys = this.values = null;
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
-  }
 }
 
 /** The config fields makeCache needs (mlx-lm gemma4_text.ModelArgs names). */
