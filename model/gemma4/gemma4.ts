@@ -52,6 +52,12 @@ export class Model extends Module {
     return this.language_model.sanitize(out);
   }
 
+  /** Releases the weights and the compiled decode closures that hold them. */
+  dispose(): void {
+    for (const l of this.layers) l.disposeCompiled();
+    for (const p of this.parameters().values()) p.dispose();
+  }
+
   get layers(): gemma4_text.DecoderLayer[] {
     return this.language_model.layers;
   }

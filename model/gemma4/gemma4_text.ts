@@ -40,6 +40,16 @@ import type { Tensor } from "./tensors.ts";
 
 export type { ModelArgs } from "./config.ts";
 
+/**
+ * Decode steps (L = 1 with a cache, no taps) run through per-layer compiled closures
+ * (DecoderLayer.decodeCompiled). GEMMA4_DECODE_COMPILE=0, or setDecodeCompile(false), turns
+ * that off: every call then builds Python's graph op by op.
+ */
+let decodeCompile = process.env.GEMMA4_DECODE_COMPILE !== "0";
+export function setDecodeCompile(on: boolean): void {
+  decodeCompile = on;
+}
+
 /** The cache interface the model consumes (implemented by model/cache/). */
 export type LayerCache = KVCacheLike;
 
@@ -210,8 +220,28 @@ export class Router extends Module {
     this.top_k = config.top_k_experts!;
   }
 
-  call(x: MlxArray, taps?: TapSink, tp = ""): [MlxArray, MlxArray] {
-    using w_eff = mx.multiply(this.scale, this._root_size); // self.scale * self._root_size
+  private _w_eff?: MlxArray;
+
+  /** self.scale * self._root_size, the same op as in call(), evaluated once (borrowed). */
+  effectiveScale(): MlxArray {
+    if (!this._w_eff || this._w_eff.disposed) {
+      this._w_eff = mx.multiply(this.scale, this._root_size);
+      mx.evaluate([this._w_eff]);
+    }
+    return this._w_eff;
+  }
+
+  disposeCached(): void {
+    this._w_eff?.dispose();
+    this._w_eff = undefined;
+  }
+
+  /**
+   * `w_eff` (decode compile only): self.scale * self._root_size from effectiveScale(), so the
+   * Python float never becomes a fused kernel's printed literal (7 significant digits).
+   */
+  call(x: MlxArray, taps?: TapSink, tp = "", w_eff_in?: MlxArray): [MlxArray, MlxArray] {
+    using w_eff = w_eff_in ? mx.alias(w_eff_in) : mx.multiply(this.scale, this._root_size); // self.scale * self._root_size
     using xn = mx.fast.rmsNorm(x, w_eff, this.eps);
     if (taps) taps(`${tp}norm`, xn);
     using expert_scores = this.proj.call(xn);
@@ -343,6 +373,10 @@ export class Attention extends Module {
    * Returns [o_proj(output), (keys, values), offset]. The returned keys/values/offset are owned
    * by the caller (the model keeps them for the KV-shared layers). `shared_kv`/`offset` are
    * borrowed: the layer returns fresh aliases of them.
+   *
+   * Python's __call__ body in three parts, so that a decode step can compile the first and the
+   * last (fixed shapes) around the cache update and SDPA (whose shapes grow with the cache):
+   * project → attend → output, in Python's op and tap order.
    */
   call(
     x: MlxArray,
@@ -353,6 +387,40 @@ export class Attention extends Module {
     taps?: TapSink,
     tp = "",
   ): [MlxArray, KV, Offset] {
+    const off = this.ropeOffset(cache, shared_kv, offset, x.shape[1]!);
+    try {
+      const [queries, own] = this.project(x, off, shared_kv === null, taps, tp);
+      using _q = queries;
+      const [out, kv] = this.attend(queries, own, shared_kv, cache, mask, taps, tp);
+      try {
+        using _o = out;
+        return [this.output(out, taps, tp), kv, off];
+      } catch (e) {
+        disposeKV(kv);
+        throw e;
+      }
+    } catch (e) {
+      if (off instanceof mx.MlxArray) off.dispose();
+      throw e;
+    }
+  }
+
+  /**
+   * The RoPE offset: for a layer with its own K/V, mx.array(cache.offset), a copy taken BEFORE
+   * the cache update (absolute position); for a KV-shared layer, its source layer's offset.
+   */
+  ropeOffset(cache: LayerCache | null, shared_kv: KV | null, offset: Offset | null, L: number): Offset {
+    if (shared_kv !== null) return offset instanceof mx.MlxArray ? mx.alias(offset) : (offset ?? 0);
+    if (!this.has_kv) throw new Error(`Layer ${this.layer_idx} is a KV-shared layer but received no shared_kv`);
+    if (cache === null) return 0;
+    return mx.array(mutated("rope_offset_after_update") ? cache.offset + L : cache.offset);
+  }
+
+  /**
+   * q_proj … rope(queries), and with `ownKV` k_proj … v_norm: the roped queries (B, n_heads, L, D)
+   * and, with `ownKV`, the new (keys, values) (B, n_kv_heads, L, D), all owned by the caller.
+   */
+  project(x: MlxArray, off: Offset, ownKV: boolean, taps?: TapSink, tp = ""): [MlxArray, KV | null] {
     const [B, L] = x.shape as [number, number];
     using stack = new DisposableStack();
     const q = stack.use(this.q_proj.call(x));
@@ -360,68 +428,104 @@ export class Attention extends Module {
     const qr = stack.use(mx.reshape(q, [B, L, this.n_heads, this.head_dim]));
     const qn = stack.use(this.q_norm.call(qr)); // norm over head_dim, before the transpose
     if (taps) taps(`${tp}q_norm`, qn);
-
-    let keys: MlxArray;
-    let values: MlxArray;
-    let off: Offset;
-    if (shared_kv !== null) {
-      keys = mx.alias(shared_kv[0]);
-      values = mx.alias(shared_kv[1]);
-      off = offset instanceof mx.MlxArray ? mx.alias(offset) : (offset ?? 0);
-      if (taps) taps(`${tp}offset`, off);
-    } else if (!this.has_kv) {
-      throw new Error(`Layer ${this.layer_idx} is a KV-shared layer but received no shared_kv`);
-    } else {
-      const kp = stack.use(this.k_proj!.call(x));
-      if (taps) taps(`${tp}k_proj`, kp);
-      const k = stack.use(mx.reshape(kp, [B, L, this.n_kv_heads, this.head_dim]));
-      let v = k;
-      if (!this.use_k_eq_v) {
-        const vp = stack.use(this.v_proj!.call(x));
-        if (taps) taps(`${tp}v_proj`, vp);
-        v = stack.use(mx.reshape(vp, [B, L, this.n_kv_heads, this.head_dim]));
+    if (!ownKV && taps) taps(`${tp}offset`, off);
+    const kv = ownKV ? this.projectKV(x, off, taps, tp) : null;
+    try {
+      const queries = stack.use(mx.transpose(qn, [0, 2, 1, 3]));
+      const rq = this.rope.call(queries, off);
+      try {
+        if (taps) taps(`${tp}rope_q`, rq);
+      } catch (e) {
+        rq.dispose();
+        throw e;
       }
-      // mx.array(cache.offset): a copy taken BEFORE the cache update (absolute position)
-      if (cache === null) off = 0;
-      else off = mx.array(mutated("rope_offset_after_update") ? cache.offset + L : cache.offset);
-      if (taps) taps(`${tp}offset`, off);
+      return [rq, kv];
+    } catch (e) {
+      if (kv) disposeKV(kv);
+      throw e;
+    }
+  }
 
-      const kn = stack.use(this.k_norm!.call(k));
-      if (taps) taps(`${tp}k_norm`, kn);
-      const kt = stack.use(mx.transpose(kn, [0, 2, 1, 3]));
-      keys = this.rope.call(kt, off);
+  /** k_proj, v_proj, k_norm, rope(keys), v_norm of a layer with its own K/V (k_eq_v: values from k_proj). */
+  private projectKV(x: MlxArray, off: Offset, taps?: TapSink, tp = ""): KV {
+    const [B, L] = x.shape as [number, number];
+    using stack = new DisposableStack();
+    const kp = stack.use(this.k_proj!.call(x));
+    if (taps) taps(`${tp}k_proj`, kp);
+    const k = stack.use(mx.reshape(kp, [B, L, this.n_kv_heads, this.head_dim]));
+    let v = k;
+    if (!this.use_k_eq_v) {
+      const vp = stack.use(this.v_proj!.call(x));
+      if (taps) taps(`${tp}v_proj`, vp);
+      v = stack.use(mx.reshape(vp, [B, L, this.n_kv_heads, this.head_dim]));
+    }
+    if (taps) taps(`${tp}offset`, off);
+
+    const kn = stack.use(this.k_norm!.call(k));
+    if (taps) taps(`${tp}k_norm`, kn);
+    const kt = stack.use(mx.transpose(kn, [0, 2, 1, 3]));
+    const keys = this.rope.call(kt, off);
+    try {
       if (taps) taps(`${tp}rope_k`, keys);
-
       if (mutated("keqv_values_after_norm") && this.use_k_eq_v) v = kn;
       const vn = stack.use(mutated("v_norm_missing") ? mx.alias(v) : this.v_norm!.call(v));
       if (taps) taps(`${tp}v_norm`, vn);
-      values = mx.transpose(vn, [0, 2, 1, 3]);
-    }
-
-    const queries = stack.use(mx.transpose(qn, [0, 2, 1, 3]));
-    const rq = stack.use(this.rope.call(queries, off));
-    if (taps) taps(`${tp}rope_q`, rq);
-
-    if (cache !== null) {
-      const [ck, cv] = cache.updateAndFetch(keys, values);
+      return [keys, mx.transpose(vn, [0, 2, 1, 3])];
+    } catch (e) {
       keys.dispose();
-      values.dispose();
-      keys = ck;
-      values = cv;
+      throw e;
+    }
+  }
+
+  /**
+   * The cache update (keys, values = cache.update_and_fetch(keys, values)) and SDPA. Takes
+   * ownership of `own` (the new keys/values); `shared_kv` is borrowed. Returns the SDPA output
+   * (B, n_heads, L, D) and the (keys, values) attended over, owned by the caller.
+   */
+  attend(queries: MlxArray, own: KV | null, shared_kv: KV | null, cache: LayerCache | null, mask: Mask, taps?: TapSink, tp = ""): [MlxArray, KV] {
+    let [keys, values] = own ?? [mx.alias(shared_kv![0]), mx.alias(shared_kv![1])];
+    if (cache !== null) {
+      try {
+        const [ck, cv] = cache.updateAndFetch(keys, values);
+        keys.dispose();
+        values.dispose();
+        keys = ck;
+        values = cv;
+      } catch (e) {
+        keys.dispose();
+        values.dispose();
+        throw e;
+      }
       if (taps) {
         taps(`${tp}cache_keys`, keys);
         taps(`${tp}cache_values`, values);
       }
     }
+    try {
+      const out = mx.fast.scaledDotProductAttention(queries, keys, values, { scale: mutated("sdpa_scale_rsqrt") ? 1 / Math.sqrt(this.head_dim) : this.scale, mask });
+      if (taps) taps(`${tp}sdpa`, out);
+      return [out, [keys, values]];
+    } catch (e) {
+      keys.dispose();
+      values.dispose();
+      throw e;
+    }
+  }
 
-    const out = stack.use(mx.fast.scaledDotProductAttention(rq, keys, values, { scale: mutated("sdpa_scale_rsqrt") ? 1 / Math.sqrt(this.head_dim) : this.scale, mask }));
-    if (taps) taps(`${tp}sdpa`, out);
-    const ot = stack.use(mx.transpose(out, [0, 2, 1, 3]));
-    const or = stack.use(mx.reshape(ot, [B, L, -1]));
+  /** o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1)). */
+  output(out: MlxArray, taps?: TapSink, tp = ""): MlxArray {
+    const [B, , L] = out.shape as [number, number, number];
+    using ot = mx.transpose(out, [0, 2, 1, 3]);
+    using or = mx.reshape(ot, [B, L, -1]);
     const o = this.o_proj.call(or);
     if (taps) taps(`${tp}o_proj`, o);
-    return [o, [keys, values], off];
+    return o;
   }
+}
+
+function disposeKV(kv: KV): void {
+  kv[0].dispose();
+  kv[1].dispose();
 }
 
 // ------------------------------------------------------------------ DecoderLayer
@@ -446,6 +550,9 @@ export class DecoderLayer extends Module {
   per_layer_projection: AnyLinear | null = null;
   post_per_layer_input_norm: RMSNorm | null = null;
   layer_scalar: MlxArray;
+  // the decode-step closures (decodeCompiled), traced on first use
+  private _pre?: mx.CompiledFunction<(x: MlxArray, off: MlxArray) => MlxArray[]>;
+  private _post?: mx.CompiledFunction<(...inputs: MlxArray[]) => MlxArray>;
 
   constructor(config: ModelArgs, layer_idx: number) {
     super();
@@ -488,13 +595,85 @@ export class DecoderLayer extends Module {
     taps?: TapSink,
     tp = "",
   ): [MlxArray, KV, Offset] {
-    using stack = new DisposableStack();
     if (taps && per_layer_input !== null && this.per_layer_input_gate !== null) taps(`${tp}per_layer_input`, per_layer_input);
+    if (!taps && x.shape[1] === 1 && decodeCompile && (cache !== null || offset instanceof mx.MlxArray)) {
+      return this.decodeCompiled(x, mask, cache, per_layer_input, shared_kv, offset);
+    }
     const residual0 = x;
-    const hn = stack.use(this.input_layernorm.call(x));
-    if (taps) taps(`${tp}input_layernorm`, hn);
-    const [attn, kv, off] = this.self_attn.call(hn, mask, cache, shared_kv, offset, taps, taps ? `${tp}self_attn/` : "");
-    stack.use(attn);
+    const [attn, kv, off] = (() => {
+      using hn = this.input_layernorm.call(x);
+      if (taps) taps(`${tp}input_layernorm`, hn);
+      return this.self_attn.call(hn, mask, cache, shared_kv, offset, taps, taps ? `${tp}self_attn/` : "");
+    })();
+    try {
+      using _a = attn;
+      return [this.feedForward(residual0, attn, per_layer_input, this.layer_scalar, taps, tp), kv, off];
+    } catch (e) {
+      disposeKV(kv);
+      if (off instanceof mx.MlxArray) off.dispose();
+      throw e;
+    }
+  }
+
+  /**
+   * One decode token (L = 1, with a cache) through two compiled closures around the cache update
+   * and SDPA: input_layernorm → self_attn.project, and self_attn.output → feedForward. Their
+   * shapes are fixed from step to step, so each is traced once and replayed; the graph is the
+   * uncompiled path's op for op, with elementwise chains fused. Fused kernels compute each op in
+   * its own dtype with the unfused functors (docs: mlx-binding §2.6), and the generation parity
+   * suites hold this path bit-exact against mlx-lm's uncompiled step. Parameters that are single
+   * numbers (layer_scalar, the router's scale) enter as inputs, never as inlined literals.
+   */
+  private decodeCompiled(x: MlxArray, mask: Mask, cache: LayerCache | null, per_layer_input: MlxArray | null, shared_kv: KV | null, offset: Offset | null): [MlxArray, KV, Offset] {
+    const attn = this.self_attn;
+    const ownKV = shared_kv === null;
+    const off = attn.ropeOffset(cache, shared_kv, offset, 1) as MlxArray;
+    try {
+      this._pre ??= mx.compile((xi: MlxArray, o: MlxArray) => {
+        using hn = this.input_layernorm.call(xi);
+        const [q, kv] = attn.project(hn, o, ownKV);
+        return kv ? [q, kv[0], kv[1]] : [q];
+      });
+      const [queries, ...own] = this._pre(x, off) as MlxArray[];
+      using _q = queries!;
+      const [out, kv] = attn.attend(queries!, ownKV ? (own as KV) : null, shared_kv, cache, mask);
+      try {
+        using _o = out;
+        // inputs: x, out, layer_scalar, [router scale (MoE)], [per_layer_input (PLE)]
+        this._post ??= mx.compile((xi: MlxArray, o: MlxArray, ls: MlxArray, ...extra: MlxArray[]) => {
+          const routerScale = this.router ? extra.shift() : undefined;
+          using a = attn.output(o);
+          return this.feedForward(xi, a, extra[0] ?? null, ls, undefined, "", routerScale);
+        });
+        const inputs = [x, out, this.layer_scalar];
+        if (this.router) inputs.push(this.router.effectiveScale());
+        if (per_layer_input !== null) inputs.push(per_layer_input);
+        return [this._post(...inputs) as MlxArray, kv, off];
+      } catch (e) {
+        disposeKV(kv);
+        throw e;
+      }
+    } catch (e) {
+      off.dispose();
+      throw e;
+    }
+  }
+
+  /** Releases the compiled decode closures (their traces hold the layer's weights). */
+  disposeCompiled(): void {
+    this._pre?.dispose();
+    this._post?.dispose();
+    this._pre = this._post = undefined;
+    this.router?.disposeCached();
+  }
+
+  /**
+   * Python's __call__ after self_attn: post_attention_layernorm, the residual, the MLP (or
+   * MLP + experts), the per-layer input gate and layer_scalar. `routerScale` (decode compile
+   * only) is the router's scale * root_size, computed outside the trace.
+   */
+  feedForward(residual0: MlxArray, attn: MlxArray, per_layer_input: MlxArray | null, layer_scalar: MlxArray, taps?: TapSink, tp = "", routerScale?: MlxArray): MlxArray {
+    using stack = new DisposableStack();
     const pa = stack.use(this.post_attention_layernorm.call(attn));
     if (taps) taps(`${tp}post_attention_layernorm`, pa);
     let h = stack.use(mx.add(residual0, pa));
@@ -510,7 +689,7 @@ export class DecoderLayer extends Module {
       if (taps) taps(`${tp}post_feedforward_layernorm_1`, h1);
 
       const routerIn = mutated("router_normed_input") ? stack.use(this.pre_feedforward_layernorm.call(h)) : h;
-      const [top_k_indices, top_k_weights] = this.router!.call(routerIn, taps, taps ? `${tp}router/` : "");
+      const [top_k_indices, top_k_weights] = this.router!.call(routerIn, taps, taps ? `${tp}router/` : "", routerScale);
       stack.use(top_k_indices);
       stack.use(top_k_weights);
       let h2 = stack.use(this.pre_feedforward_layernorm_2!.call(h));
@@ -547,9 +726,9 @@ export class DecoderLayer extends Module {
       h = stack.use(mx.add(residual2, gate));
     }
 
-    const out = mutated("no_layer_scalar") ? mx.alias(h) : mx.multiply(h, this.layer_scalar);
+    const out = mutated("no_layer_scalar") ? mx.alias(h) : mx.multiply(h, layer_scalar);
     if (taps) taps(`${tp}output`, out);
-    return [out, kv, off];
+    return out;
   }
 }
 
@@ -816,6 +995,12 @@ export class Model extends Module {
     const logits = logit_softcap(this.final_logit_softcapping, l0);
     if (taps) taps("logits", logits);
     return logits;
+  }
+
+  /** Releases the weights and the compiled decode closures that hold them. */
+  dispose(): void {
+    for (const l of this.layers) l.disposeCompiled();
+    for (const p of this.parameters().values()) p.dispose();
   }
 
   /** Model.sanitize: drops / renames checkpoint keys, in Python's rule order. */
