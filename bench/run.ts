@@ -7,7 +7,7 @@
 // Results: bench/RESULTS.md and bench/results.json.
 import * as mx from "@mlx-bun/mlx";
 import { spawn, spawnSync } from "node:child_process";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { createInterface } from "node:readline";
 import { join } from "node:path";
@@ -26,7 +26,9 @@ const FLAGS: FlagSpec[] = [
   { name: "e2b-layers", kind: "int", help: "layers of the E2B-shaped checkpoint (35 = the real model)", default: 35 },
   { name: "moe-layers", kind: "int", help: "layers of the 26B-A4B-shaped MoE slice", default: 4 },
   { name: "big-prompts", kind: "string", valueName: "list", help: "prompt lengths for the full-width workloads (a 1024-token prefill of a 262144-vocab model takes minutes per run on a small CPU)", default: "128,1024" },
+  { name: "big-dtype", kind: "string", valueName: "dtype", help: "dtype of the full-width checkpoints' unquantized parameters and activations: bfloat16 (as released) or float32 (libmlx's CPU quantized matmul runs ~10x faster in float32)", default: "bfloat16" },
   { name: "suite-cost", kind: "bool", help: "also time `npm test` and `npm run golden:regen` (minutes)" },
+  { name: "no-workloads", kind: "bool", help: "run no workload (with --suite-cost: only the suite cost)" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
 
@@ -37,9 +39,15 @@ interface Workload {
   build: string[];
   prompts: number[];
   decode: number;
+  /** The warm-up run's [prompt length, tokens]; default: the measured run itself. */
+  warmup?: [number, number];
 }
 
-function workloads(o: { quick: boolean; e2bLayers: number; moeLayers: number; bigPrompts: number[] }): Workload[] {
+// The full-width workloads warm up on a 16-token prompt and 2 tokens: that loads the weights
+// and JIT-builds the kernels the measured runs use (a full-size warm-up costs minutes there).
+const WARMUP_BIG: [number, number] = [16, 2];
+
+function workloads(o: { quick: boolean; e2bLayers: number; moeLayers: number; bigPrompts: number[]; bigDtype: string }): Workload[] {
   const fx = (f: string, v: string) => join(ROOT, ".cache", "checkpoints", f, v);
   const prompts = o.quick ? [32] : [128, 1024];
   const decode = o.quick ? 16 : 64;
@@ -52,13 +60,15 @@ function workloads(o: { quick: boolean; e2bLayers: number; moeLayers: number; bi
     tiny("tiny-moe", "c5_moe", "q4g32", "fixture C5 (MoE, k_eq_v), 4-bit g32"),
   ];
   if (o.quick) return list;
-  const e2b = join(ROOT, ".cache", "bench", `e2b-${o.e2bLayers}l`);
-  const moe = join(ROOT, ".cache", "bench", `26b-a4b-${o.moeLayers}l`);
+  const tag = o.bigDtype === "bfloat16" ? "" : `-${o.bigDtype}`;
+  const e2b = join(ROOT, ".cache", "bench", `e2b-${o.e2bLayers}l${tag}`);
+  const moe = join(ROOT, ".cache", "bench", `26b-a4b-${o.moeLayers}l${tag}`);
+  const shape = (name: string, out: string, layers: number) => ["oracle/python/make_checkpoints.py", "--shape", name, "--layers", String(layers), "--dtype", o.bigDtype, "--out", out];
   list.push(
-    { name: "e2b", what: `E2B-shaped, full width, ${o.e2bLayers} layers, 4-bit g64 (random weights)`, dir: e2b,
-      build: ["oracle/python/make_checkpoints.py", "--shape", "e2b", "--layers", String(o.e2bLayers), "--out", e2b], prompts: o.bigPrompts, decode },
-    { name: "moe", what: `26B-A4B-shaped MoE slice, ${o.moeLayers} layers, 128 experts top-8, 4-bit g64`, dir: moe,
-      build: ["oracle/python/make_checkpoints.py", "--shape", "26b-a4b", "--layers", String(o.moeLayers), "--out", moe], prompts: o.bigPrompts, decode },
+    { name: "e2b", what: `E2B-shaped, full width, ${o.e2bLayers} layers, 4-bit g64, ${o.bigDtype} (random weights)`, dir: e2b,
+      build: shape("e2b", e2b, o.e2bLayers), prompts: o.bigPrompts, decode, warmup: WARMUP_BIG },
+    { name: "moe", what: `26B-A4B-shaped MoE slice, ${o.moeLayers} layers, 128 experts top-8, 4-bit g64, ${o.bigDtype}`, dir: moe,
+      build: shape("26b-a4b", moe, o.moeLayers), prompts: o.bigPrompts, decode, warmup: WARMUP_BIG },
   );
   return list;
 }
@@ -172,20 +182,38 @@ function row(workload: string, metric: string, unit: string, better: Row["better
 
 const f = (x: number, unit: string) => (unit === "GB" ? (x / 1e9).toFixed(3) : unit === "ms" ? (x * 1e3).toFixed(3) : x >= 100 ? x.toFixed(0) : x.toFixed(2));
 
-function markdown(meta: Record<string, string>, wl: Workload[], rows: Row[], extra: string[]): string {
+function markdown(meta: Record<string, string>, wl: MeasuredWorkload[], rows: Row[], notes: Note[], suite: SuiteCost | null): string {
   const out = ["# Benchmarks: TypeScript (Bun) vs mlx-lm on the same libmlx", ""];
   for (const [k, v] of Object.entries(meta)) out.push(`- **${k}**: ${v}`);
-  out.push("", "Each row: one warm-up per side, then pairs run alternately (TS, mlx-lm, TS, mlx-lm, …). Ratio = TS / mlx-lm per pair (median, min–max); for tok/s higher is better, for time and memory lower is better.", "");
+  out.push("", "Each row: one warm-up per side, then pairs run alternately (TS, mlx-lm, TS, mlx-lm, …). Ratio = TS / mlx-lm per pair (median, min–max); for tok/s higher is better, for time and memory lower is better. A run of some workloads (`--only`) keeps the other workloads' rows from the previous results, with their own date.", "");
   out.push("## Workloads", "");
-  const measured = new Set(rows.map((r) => r.workload));
-  for (const w of wl.filter((x) => measured.has(x.name))) out.push(`- **${w.name}**: ${w.what} (prompts ${w.prompts.join(" and ")} tokens, ${w.decode} decode tokens)`);
+  for (const w of wl) {
+    const warm = w.warmup ? `; warm-up ${w.warmup[0]}-token prompt, ${w.warmup[1]} tokens` : "";
+    out.push(`- **${w.name}**: ${w.what} (prompts ${w.prompts.join(" and ")} tokens, ${w.decode} decode tokens${warm}; measured ${w.measured}, ${w.mode})`);
+  }
   out.push("", "## Results", "", "| workload | metric | TS median (min–max) | mlx-lm median (min–max) | ratio TS/mlx-lm median (min–max) | per-pair ratios | target |", "|---|---|---|---|---|---|---|");
   for (const r of rows) {
     const s = (x: Stat) => `${f(x.median, r.unit)} (${f(x.min, r.unit)}–${f(x.max, r.unit)}) ${r.unit}`;
     out.push(`| ${r.workload} | ${r.metric} | ${s(r.ts)} | ${s(r.mlxLm)} | **${r.ratio.median.toFixed(3)}** (${r.ratio.min.toFixed(3)}–${r.ratio.max.toFixed(3)}) | ${r.ratios.map((x) => x.toFixed(2)).join(" ")} | ${r.target ?? ""} |`);
   }
-  out.push("", ...extra);
+  if (notes.length || suite) out.push("", "## Notes", "");
+  for (const n of notes) out.push(`- ${n.text}`);
+  if (suite) out.push(`- Suite cost (${suite.measured}, wall time, this machine): \`npm test\` ${suite.npmTestSeconds.toFixed(0)} s, \`npm run golden:regen\` ${suite.goldenRegenSeconds.toFixed(0)} s.`);
   return out.join("\n") + "\n";
+}
+
+interface MeasuredWorkload extends Workload {
+  measured: string;
+  mode: string;
+}
+interface Note {
+  workload: string;
+  text: string;
+}
+interface SuiteCost {
+  measured: string;
+  npmTestSeconds: number;
+  goldenRegenSeconds: number;
 }
 
 // ------------------------------------------------------------------ main
@@ -226,14 +254,23 @@ async function main(): Promise<void> {
   if (!quick && pairs < 5) throw new UsageError("--pairs must be at least 5 (use --quick for a smoke run)");
   const bigPrompts = String(a["big-prompts"]).split(",").map(Number);
   if (bigPrompts.some((n) => !Number.isInteger(n) || n < 2)) throw new UsageError("--big-prompts needs comma-separated prompt lengths >= 2");
-  let wl = workloads({ quick, e2bLayers: Number(a["e2b-layers"]), moeLayers: Number(a["moe-layers"]), bigPrompts });
+  const bigDtype = String(a["big-dtype"]);
+  if (bigDtype !== "bfloat16" && bigDtype !== "float32") throw new UsageError("--big-dtype must be bfloat16 or float32");
+  let wl = workloads({ quick, e2bLayers: Number(a["e2b-layers"]), moeLayers: Number(a["moe-layers"]), bigPrompts, bigDtype });
+  if (a["no-workloads"]) {
+    if (!a["suite-cost"]) throw new UsageError("--no-workloads needs --suite-cost");
+    wl = [];
+  }
   if (typeof a.only === "string") {
     const names = new Set(a.only.split(","));
     wl = wl.filter((w) => names.has(w.name));
     if (wl.length === 0) throw new UsageError(`--only matched no workload`);
   }
   const rows: Row[] = [];
-  const extra: string[] = [];
+  const notes: Note[] = [];
+  const done: MeasuredWorkload[] = [];
+  const started = new Date().toISOString();
+  const mode = quick ? "--quick" : `${pairs} pairs`;
   const py = new PyWorker();
   try {
     for (const w of wl) {
@@ -245,10 +282,11 @@ async function main(): Promise<void> {
       for (const [k, plen] of w.prompts.entries()) {
         const prompt = promptOf(plen, vocab);
         const maxTokens = k === 0 ? w.decode : 2;
-        const run = async (side: "ts" | "py") =>
-          side === "ts" ? tsGenerate(model, prompt, maxTokens) : py.call<GenSample>({ cmd: "generate", prompt, max_tokens: maxTokens, prefill_step_size: 2048 });
-        await run("ts");
-        await run("py");
+        const run = async (side: "ts" | "py", p = prompt, n = maxTokens) =>
+          side === "ts" ? tsGenerate(model, p, n) : py.call<GenSample>({ cmd: "generate", prompt: p, max_tokens: n, prefill_step_size: 2048 });
+        const [wp, wn] = w.warmup ? [promptOf(w.warmup[0], vocab), w.warmup[1]] : [prompt, maxTokens];
+        await run("ts", wp, wn);
+        await run("py", wp, wn);
         const ts: GenSample[] = [];
         const pys: GenSample[] = [];
         for (let i = 0; i < pairs; i++) {
@@ -256,7 +294,7 @@ async function main(): Promise<void> {
           ts.push(await run("ts"));
           pys.push(await run("py"));
         }
-        if (ts[0]!.tokens.join() !== pys[0]!.tokens.join()) extra.push(`- ${w.name}, prompt ${plen}: **generated tokens differ** between the sides (TS ${ts[0]!.tokens.slice(0, 8)} … vs mlx-lm ${pys[0]!.tokens.slice(0, 8)} …)`);
+        if (ts[0]!.tokens.join() !== pys[0]!.tokens.join()) notes.push({ workload: w.name, text: `${w.name}, prompt ${plen}: **generated tokens differ** between the sides (TS ${ts[0]!.tokens.slice(0, 8)} … vs mlx-lm ${pys[0]!.tokens.slice(0, 8)} …)` });
         rows.push(row(w.name, `prefill ${plen} tok`, "tok/s", "higher", ts.map((s) => s.prompt_tps), pys.map((s) => s.prompt_tps), "≥ 1.0"));
         if (k === 0) {
           const decodeTarget = w.name.startsWith("tiny") ? "≥ 1.5" : "≥ 1.0";
@@ -265,7 +303,7 @@ async function main(): Promise<void> {
         rows.push(row(w.name, `peak memory (prompt ${plen})`, "GB", "lower", ts.map((s) => s.peak_memory), pys.map((s) => s.peak_memory), "≤ 1.05"));
       }
       // Host overhead: building one decode step's graph (no eval), median over reps.
-      const reps = quick ? 10 : 30;
+      const reps = quick || w.warmup ? 10 : 30; // a full-width step evaluates for ~1 s
       const prompt = promptOf(8, vocab);
       const tsB: number[] = [];
       const pyB: number[] = [];
@@ -277,38 +315,68 @@ async function main(): Promise<void> {
       const calls = spawnSync(process.execPath, [join(ROOT, "bench", "native_calls.ts"), w.dir], { cwd: ROOT, env: { ...process.env, MLX_BUN_COUNT_CALLS: "1" }, encoding: "utf8" });
       if (calls.status === 0) {
         const c = JSON.parse(calls.stdout.trim().split("\n").pop()!) as { median: number };
-        extra.push(`- ${w.name}: **${c.median} native calls** per decode step on the TS side (graph building, MLX_BUN_COUNT_CALLS=1).`);
+        notes.push({ workload: w.name, text: `${w.name}: **${c.median} native calls** per decode step on the TS side (graph building, MLX_BUN_COUNT_CALLS=1).` });
       }
-      writeResults(quick, pairs, wl, rows, extra, {});
+      done.push({ ...w, measured: started, mode });
+      writeResults(quick, done, rows, notes, null);
       // Free this workload's weights, as the Python worker does when it loads the next model
       // (otherwise they would count in the next workload's TS peak memory).
-      for (const p of loaded.model.parameters().values()) p.dispose();
+      loaded.model.dispose();
       mx.clearCache();
     }
   } finally {
     py.close();
   }
-  const suite: Record<string, number> = {};
+  let suite: SuiteCost | null = null;
   if (a["suite-cost"]) {
-    suite.npmTestSeconds = timeCommand("npm", ["test"]);
-    suite.goldenRegenSeconds = timeCommand("npm", ["run", "golden:regen"]);
-    extra.push(`- Suite cost: \`npm test\` ${suite.npmTestSeconds.toFixed(0)} s, \`npm run golden:regen\` ${suite.goldenRegenSeconds.toFixed(0)} s (wall time, this machine).`);
+    console.error("[bench] suite cost: npm test, then npm run golden:regen");
+    const npmTestSeconds = timeCommand("npm", ["test"]);
+    suite = { measured: new Date().toISOString(), npmTestSeconds, goldenRegenSeconds: timeCommand("npm", ["run", "golden:regen"]) };
   }
-  process.stdout.write(writeResults(quick, pairs, wl, rows, extra, suite));
+  process.stdout.write(writeResults(quick, done, rows, notes, suite));
 }
 
-/** Writes bench/RESULTS.md and bench/results.json (after every workload, so a long run keeps what it measured). */
-function writeResults(quick: boolean, pairs: number, wl: Workload[], rows: Row[], extra: string[], suite: Record<string, number>): string {
+interface ResultsFile {
+  meta: Record<string, string>;
+  workloads: MeasuredWorkload[];
+  rows: Row[];
+  notes: Note[];
+  suite: SuiteCost | null;
+}
+
+/**
+ * Writes bench/RESULTS.md and bench/results.json (after every workload, so a long run keeps what
+ * it measured). Workloads (and the suite cost) not measured in this run keep their previous rows.
+ */
+function writeResults(quick: boolean, done: MeasuredWorkload[], rows: Row[], notes: Note[], suite: SuiteCost | null): string {
+  const suffix = quick ? "-quick" : "";
+  const file = join(ROOT, "bench", `results${suffix}.json`);
+  let prev: ResultsFile | null = null;
+  try {
+    prev = JSON.parse(readFileSync(file, "utf8")) as ResultsFile;
+    if (!Array.isArray(prev.workloads) || !Array.isArray(prev.rows) || !Array.isArray(prev.notes) || !prev.workloads.every((w) => w.measured)) prev = null;
+  } catch {
+    prev = null;
+  }
+  const now = new Set(done.map((w) => w.name));
+  const keep = (name: string) => !now.has(name);
+  const order = ["tiny-dense", "tiny-e2b", "tiny-moe", "e2b", "moe"];
+  const workloads = [...(prev?.workloads.filter((w) => keep(w.name)) ?? []), ...done].sort((x, y) => order.indexOf(x.name) - order.indexOf(y.name));
+  const byWorkload = <T extends { workload: string }>(xs: T[]) => [...xs].sort((x, y) => order.indexOf(x.workload) - order.indexOf(y.workload));
+  const allRows = byWorkload([...(prev?.rows.filter((r) => keep(r.workload)) ?? []), ...rows]);
+  const allNotes = byWorkload([...(prev?.notes.filter((n) => keep(n.workload)) ?? []), ...notes]);
+  const allSuite = suite ?? prev?.suite ?? null;
   const meta: Record<string, string> = {
     date: new Date().toISOString(),
     machine: `${cpus()[0]?.model ?? "unknown CPU"}, ${cpus().length} cores, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, ${process.platform}-${process.arch}`,
     versions: `libmlx ${mx.version()}, mlx-lm ${spawnSync(PY, ["-I", "-c", "import mlx_lm; print(mlx_lm.__version__)"], { encoding: "utf8" }).stdout.trim()}, bun ${Bun.version}`,
-    mode: quick ? "--quick (smoke)" : `${pairs} pairs per row`,
   };
-  const suffix = quick ? "-quick" : "";
-  writeFileSync(join(ROOT, "bench", `results${suffix}.json`), JSON.stringify({ meta, workloads: wl, rows, notes: extra, suite }, null, 2) + "\n");
-  const md = markdown(meta, wl, rows, extra.length ? ["## Notes", "", ...extra] : []);
-  writeFileSync(join(ROOT, "bench", `RESULTS${suffix}.md`), md);
+  const out: ResultsFile = { meta, workloads, rows: allRows, notes: allNotes, suite: allSuite };
+  writeFileSync(file + ".tmp", JSON.stringify(out, null, 2) + "\n");
+  const md = markdown(meta, workloads, allRows, allNotes, allSuite);
+  writeFileSync(join(ROOT, "bench", `RESULTS${suffix}.md.tmp`), md);
+  renameSync(file + ".tmp", file);
+  renameSync(join(ROOT, "bench", `RESULTS${suffix}.md.tmp`), join(ROOT, "bench", `RESULTS${suffix}.md`));
   return md;
 }
 

@@ -164,7 +164,7 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
   try {
     for await (const t of generateStep(model, spec.prompt, { maxTokens: spec.steps, prefillStepSize: spec.prefillStepSize, onStep: stepTaps(sink) })) tsTokens.push(t.token);
   } finally {
-    for (const p of loaded.model.parameters().values()) p.dispose();
+    loaded.model.dispose();
     for (const t of theirs.slice(index)) if (t.npy) unlinkQuiet(t.npy);
   }
   if (!structural && index < theirs.length) structural = `TS stopped after ${index} taps; mlx-lm emitted ${theirs.length}`;

@@ -391,14 +391,15 @@ def shape_config(shape: str, layers: int | None) -> dict:
     return {k: v for k, v in s.items() if v is not None}
 
 
-def build_shape(shape: str, layers: int | None, out: Path, seed: int) -> None:
+def build_shape(shape: str, layers: int | None, out: Path, seed: int, dtype: str = "bfloat16") -> None:
     cfg = shape_config(shape, layers)
     print(f"[shape] {shape}: {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
-          f"shared {cfg['num_kv_shared_layers']} -> {out}", flush=True)
+          f"shared {cfg['num_kv_shared_layers']}, {dtype} -> {out}", flush=True)
     mx.random.seed(seed)
     model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(cfg))
-    # lazy random init (MLX defaults), bf16, then 4-bit affine g64 with the model's predicate
-    model.update(tree_map(lambda v: v.astype(mx.bfloat16), model.parameters()))
+    # lazy random init (MLX defaults), cast to dtype, then 4-bit affine g64 with the model's predicate
+    dt = getattr(mx, dtype)
+    model.update(tree_map(lambda v: v.astype(dt), model.parameters()))
     _, qcfg = quantize_model(model, cfg, 64, 4, mode="affine")
     tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
     if tmp.exists():
@@ -427,12 +428,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the checkpoint matrix and exit")
     ap.add_argument("--shape", choices=sorted(SHAPES), help="build one full-width random 4-bit checkpoint")
     ap.add_argument("--layers", type=int, default=None, help="with --shape: number of layers (default: real)")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="with --shape: dtype of the unquantized parameters, scales and biases, hence of the "
+                         "activations (default bfloat16, as the released models)")
     args = ap.parse_args(argv)
 
     if args.shape:
         if args.out is None:
             ap.error("--shape needs --out PATH")
-        build_shape(args.shape, args.layers, args.out.resolve(), args.seed)
+        build_shape(args.shape, args.layers, args.out.resolve(), args.seed, args.dtype)
         return 0
 
     ids = matrix_ids()

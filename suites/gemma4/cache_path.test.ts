@@ -9,7 +9,7 @@
 import { describe, expect, it } from "vitest";
 import { join } from "node:path";
 import { loadModel } from "../../model/gemma4/index.ts";
-import { CKPT_ROOT, disposeModel, modelTapsOnly, reference, replayTaps } from "./run.ts";
+import { CKPT_ROOT, modelTapsOnly, reference, replayTaps } from "./run.ts";
 import { compareTapLists, formatVerdict } from "./tap_compare.ts";
 
 // The golden full dumps of generate scenarios (golden/manifest.json full_dumps) cover: the
@@ -40,7 +40,7 @@ describe("gemma4 cache path vs mlx-lm generate_step", () => {
         totals.taps += v.compared;
         if (ref.source === "golden") totals.golden++;
       } finally {
-        disposeModel(model);
+        model.dispose();
       }
     }, 120_000);
   }

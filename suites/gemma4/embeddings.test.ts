@@ -14,7 +14,7 @@ import { DEFAULT_PYTHON, REPO_ROOT, sharedOracle } from "../../oracle/client.ts"
 import { parseNpy, toNpy } from "../../oracle/npy.ts";
 import { gemma4_text, loadModel } from "../../model/gemma4/index.ts";
 import { compareRaw, formatDiff } from "../compare.ts";
-import { CKPT_ROOT, disposeModel } from "./run.ts";
+import { CKPT_ROOT } from "./run.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "gemma4-emb-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -37,7 +37,7 @@ function embeddings(ckpt: string): { dtype: string; shape: number[]; data: Uint8
     using e = mx.multiply(rows, 1.01);
     return { dtype: e.dtype, shape: e.shape, data: e.toBytes() };
   } finally {
-    disposeModel(text);
+    text.dispose();
   }
 }
 
@@ -67,7 +67,7 @@ describe("embeddings-only path vs mlx-lm", () => {
         if (!d.equal) throw new Error(formatDiff(d));
         expect(d.equal).toBe(true);
       } finally {
-        disposeModel(model);
+        model.dispose();
       }
     }, 60_000);
   }
@@ -97,13 +97,13 @@ describe("taps cost nothing without a sink", () => {
       L.mlxb_eval = orig.eval;
       L.mlxb_async_eval = orig.async;
       L.mlxb_copy_out = orig.copy;
-      disposeModel(model);
+      model.dispose();
     }
   });
 
   it("the text model class is the one the loader builds", () => {
     const { text } = loadModel(join(CKPT_ROOT, "c1_dense/f32"));
     expect(text).toBeInstanceOf(gemma4_text.Model);
-    disposeModel(text);
+    text.dispose();
   });
 });

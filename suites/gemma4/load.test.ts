@@ -25,7 +25,7 @@ function logitsBytes(dir: string): Uint8Array {
     using l = model.call(x);
     return l.toBytes();
   } finally {
-    for (const a of model.parameters().values()) a.dispose();
+    model.dispose();
   }
 }
 
@@ -60,7 +60,7 @@ function copyCheckpoint(id: string, name: string): string {
 function loadError(dir: string): Error {
   try {
     const { model } = loadModel(dir);
-    for (const a of model.parameters().values()) a.dispose();
+    model.dispose();
   } catch (e) {
     return e as Error;
   }

@@ -6,7 +6,7 @@ import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { sharedOracle } from "../../oracle/client.ts";
 import { loadModel } from "../../model/gemma4/index.ts";
-import { cacheFactory, CKPT_ROOT, disposeModel } from "./run.ts";
+import { cacheFactory, CKPT_ROOT } from "./run.ts";
 
 const oracle = await sharedOracle();
 await oracle.request("make_checkpoints", { only: ["c6_sink/q4g32", "c3_e2b/bf16", "c5_moe/f32"] }, 600_000);
@@ -40,7 +40,7 @@ describe("no leaked handles", () => {
         run();
         expect(mx.liveHandles()).toBe(before);
       } finally {
-        disposeModel(model);
+        model.dispose();
       }
     }, 60_000);
   }

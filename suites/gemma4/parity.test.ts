@@ -72,7 +72,7 @@ function capture(k: number): Promise<CaptureResult> {
 let loaded: { id: string; m: LoadedModel } | null = null;
 function model(id: string): LoadedModel {
   if (loaded?.id !== id) {
-    if (loaded) for (const a of loaded.m.model.parameters().values()) a.dispose();
+    if (loaded) loaded.m.model.dispose();
     loaded = { id, m: loadModel(join(CKPT_ROOT, id)) };
   }
   return loaded.m;
@@ -141,7 +141,7 @@ afterAll(async () => {
     mx.setCompileMode("enabled");
     await oracle.close();
   }
-  if (loaded) for (const a of loaded.m.model.parameters().values()) a.dispose();
+  if (loaded) loaded.m.model.dispose();
   console.log(
     `[gemma4 parity${NO_COMPILE ? ", compile disabled on both sides" : ""}] ${totals.pairs}/${pairs.length} (checkpoint, scenario) pairs, ${totals.taps} taps bit-identical ` +
       `(${totals.arrays} arrays + masks/None) vs live mlx-lm; goldens (${samePlatform ? "same platform: bit-exact" : "other platform: within the manifest's ULP budget"}): ${totals.goldenPairs} pairs, ${totals.goldenTaps} taps` +

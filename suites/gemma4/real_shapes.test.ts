@@ -11,7 +11,6 @@ import * as mx from "@mlx-bun/mlx";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { loadModel } from "../../model/gemma4/index.ts";
 import { compareRaw, formatDiff } from "../compare.ts";
-import { disposeModel } from "./run.ts";
 
 const BENCH = join(REPO_ROOT, ".cache", "bench");
 const enabled = process.env.GEMMA4_REAL_SHAPES === "1";
@@ -31,7 +30,7 @@ describe.skipIf(!enabled)("real-shape checkpoints vs mlx-lm (opt-in)", () => {
         const diff = compareRaw("logits", { dtype: l.dtype, shape: l.shape, data: l.toBytes() }, want);
         if (!diff.equal) throw new Error(formatDiff(diff));
       } finally {
-        disposeModel(model);
+        model.dispose();
       }
     }, 1_800_000);
   }

@@ -114,8 +114,3 @@ async function fetchReference(ckpt: string, scn: string, exact: boolean): Promis
   const cap = await (await sharedOracle()).capture(ckpt, scn, { mode: "full" });
   return { calls: cap.calls, taps: cap.taps.map(fromOracle), source: "live" };
 }
-
-/** Disposes every parameter of a model. */
-export function disposeModel(model: AnyModel): void {
-  for (const a of model.parameters().values()) a.dispose();
-}

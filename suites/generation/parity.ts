@@ -227,7 +227,7 @@ export async function explain(oracle: OracleClient, ckpt: string, sc: Scenario, 
 }
 
 export function freeModels(): void {
-  for (const m of models.values()) for (const p of m.model.parameters().values()) p.dispose();
+  for (const m of models.values()) m.model.dispose();
   models.clear();
   mx.clearCache();
 }

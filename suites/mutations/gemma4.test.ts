@@ -11,7 +11,7 @@ import { readFileSync } from "node:fs";
 import { REPO_ROOT } from "../../oracle/client.ts";
 import { loadModel } from "../../model/gemma4/index.ts";
 import { MUTATIONS, type Mutation, withMutation } from "../../model/gemma4/mutations.ts";
-import { CKPT_ROOT, disposeModel, forwardTaps, modelTapsOnly, reference, replayTaps } from "../gemma4/run.ts";
+import { CKPT_ROOT, forwardTaps, modelTapsOnly, reference, replayTaps } from "../gemma4/run.ts";
 import { compareTapLists, formatVerdict, type Verdict } from "../gemma4/tap_compare.ts";
 
 interface Case {
@@ -72,7 +72,7 @@ async function run(c: Case, mutation: Mutation | null): Promise<{ verdict?: Verd
       const ours = tokens ? forwardTaps(loaded.model, tokens) : replayTaps(loaded.model, ref.calls, theirs);
       return { verdict: compareTapLists(ours, theirs, ref.budget) };
     } finally {
-      disposeModel(loaded.model);
+      loaded.model.dispose();
     }
   };
   return mutation ? withMutation(mutation, go) : go();
