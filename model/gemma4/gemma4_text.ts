@@ -659,6 +659,11 @@ export class DecoderLayer extends Module {
     }
   }
 
+  /** Whether decodeCompiled has built this layer's closures. */
+  get decodeTraced(): boolean {
+    return this._pre !== undefined && this._post !== undefined;
+  }
+
   /** Releases the compiled decode closures (their traces hold the layer's weights). */
   disposeCompiled(): void {
     this._pre?.dispose();

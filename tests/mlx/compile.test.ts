@@ -81,4 +81,22 @@ describe("compile", () => {
     f.dispose();
     expect(mx.liveHandles()).toBe(before);
   }, 120_000); // the first run on a machine compiles the fused kernel with g++
+  it("prints a captured 1-element array into a fused kernel as a 7-digit literal; as an input it keeps its bits", () => {
+    // Why the model's compiled decode closures take layer_scalar and the router scale as inputs:
+    // float32 0.70710677 (0x3F3504F3) prints as 0.7071068, which parses to 0.70710683.
+    using c = mx.array(new Float32Array([Math.SQRT1_2]), [1]);
+    using k = mx.random.key(7);
+    using x = mx.random.normal({ shape: [4096], key: k });
+    const body = (a: MlxArray, s: MlxArray) => {
+      using t = mx.add(a, 1);
+      return mx.multiply(t, s);
+    };
+    using plain = body(x, c);
+    using captured = mx.compile((a: MlxArray) => body(a, c));
+    using asInput = mx.compile(body);
+    using viaCapture = captured(x) as MlxArray;
+    using viaInput = asInput(x, c) as MlxArray;
+    expect(Buffer.from(viaInput.toBytes()).equals(Buffer.from(plain.toBytes()))).toBe(true);
+    expect(Buffer.from(viaCapture.toBytes()).equals(Buffer.from(plain.toBytes()))).toBe(false);
+  });
 });
