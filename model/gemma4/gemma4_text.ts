@@ -236,10 +236,7 @@ export class Router extends Module {
     this._w_eff = undefined;
   }
 
-  /**
-   * `w_eff` (decode compile only): self.scale * self._root_size from effectiveScale(), so the
-   * Python float never becomes a fused kernel's printed literal (7 significant digits).
-   */
+  /** `w_eff_in` (decode compile only): self.scale * self._root_size from effectiveScale(). */
   call(x: MlxArray, taps?: TapSink, tp = "", w_eff_in?: MlxArray): [MlxArray, MlxArray] {
     using w_eff = w_eff_in ? mx.alias(w_eff_in) : mx.multiply(this.scale, this._root_size); // self.scale * self._root_size
     using xn = mx.fast.rmsNorm(x, w_eff, this.eps);
@@ -621,8 +618,8 @@ export class DecoderLayer extends Module {
    * shapes are fixed from step to step, so each is traced once and replayed; the graph is the
    * uncompiled path's op for op, with elementwise chains fused. Fused kernels compute each op in
    * its own dtype with the unfused functors (docs: mlx-binding §2.6), and the generation parity
-   * suites hold this path bit-exact against mlx-lm's uncompiled step. Parameters that are single
-   * numbers (layer_scalar, the router's scale) enter as inputs, never as inlined literals.
+   * suites hold this path bit-exact against mlx-lm's uncompiled step. The router's
+   * scale * _root_size is computed once outside the trace (a constant of the weights).
    */
   private decodeCompiled(x: MlxArray, mask: Mask, cache: LayerCache | null, per_layer_input: MlxArray | null, shared_kv: KV | null, offset: Offset | null): [MlxArray, KV, Offset] {
     const attn = this.self_attn;

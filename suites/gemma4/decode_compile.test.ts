@@ -11,9 +11,9 @@ import { loadModel } from "../../model/gemma4/index.ts";
 import { setDecodeCompile } from "../../model/gemma4/gemma4_text.ts";
 import { cacheFactory, CKPT_ROOT } from "./run.ts";
 
-// Every fixture feature on the decode path: dense bf16, k_eq_v f16, PLE + KV sharing (4-bit),
+// Every fixture feature on the decode path: dense bf16, k_eq_v bf16, PLE + KV sharing (4-bit),
 // E4B f32, MoE (f32 and 4-bit, so the router scale input and gather_qmm), attention sinks.
-const CKPTS = ["c1_dense/bf16", "c2_keqv/f16", "c3_e2b/q4g32", "c4_e4b/f32", "c5_moe/f32", "c5_moe/q4g32", "c6_sink/q4g64"];
+const CKPTS = ["c1_dense/bf16", "c2_keqv/bf16", "c3_e2b/q4g32", "c4_e4b/f32", "c5_moe/f32", "c5_moe/q4g32", "c6_sink/q4g64"];
 await (await sharedOracle()).request("make_checkpoints", { only: CKPTS }, 600_000);
 
 interface Run {
