@@ -593,7 +593,9 @@ export class DecoderLayer extends Module {
     tp = "",
   ): [MlxArray, KV, Offset] {
     if (taps && per_layer_input !== null && this.per_layer_input_gate !== null) taps(`${tp}per_layer_input`, per_layer_input);
-    if (!taps && x.shape[1] === 1 && decodeCompile && (cache !== null || offset instanceof mx.MlxArray)) {
+    // the decode route needs the RoPE offset as an array: a cache, or a source layer that had one
+    const offsetIsArray = shared_kv === null ? cache !== null : offset instanceof mx.MlxArray;
+    if (!taps && decodeCompile && offsetIsArray && x.shape[1] === 1) {
       return this.decodeCompiled(x, mask, cache, per_layer_input, shared_kv, offset);
     }
     const residual0 = x;
@@ -619,7 +621,9 @@ export class DecoderLayer extends Module {
    * uncompiled path's op for op, with elementwise chains fused. Fused kernels compute each op in
    * its own dtype with the unfused functors (docs: mlx-binding §2.6), and the generation parity
    * suites hold this path bit-exact against mlx-lm's uncompiled step. The router's
-   * scale * _root_size is computed once outside the trace (a constant of the weights).
+   * scale * _root_size, a constant of the weights, is computed once (Router.effectiveScale).
+   * layer_scalar enters as an input: captured, a 1-element array is inlined into the fused kernel
+   * as a literal, so every layer would get its own kernel (one g++ run each on first use).
    */
   private decodeCompiled(x: MlxArray, mask: Mask, cache: LayerCache | null, per_layer_input: MlxArray | null, shared_kv: KV | null, offset: Offset | null): [MlxArray, KV, Offset] {
     const attn = this.self_attn;
