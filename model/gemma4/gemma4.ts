@@ -54,7 +54,7 @@ export class Model extends Module {
 
   /** Releases the weights and the compiled decode closures that hold them. */
   dispose(): void {
-    for (const l of this.layers) l.disposeCompiled();
+    this.language_model.model.disposeCompiled();
     for (const p of this.parameters().values()) p.dispose();
   }
 

@@ -777,6 +777,7 @@ export class Gemma4TextModel extends Module {
   readonly previous_kvs: number[];
   embed_tokens: AnyEmbedding;
   layers: DecoderLayer[];
+  private _embed?: mx.CompiledFunction<(ids: MlxArray) => MlxArray[]>; // embedCompiled, traced on first use
   norm: RMSNorm;
   embed_tokens_per_layer: AnyEmbedding | null = null;
   per_layer_model_projection: AnyLinear | null = null;
@@ -890,9 +891,12 @@ export class Gemma4TextModel extends Module {
     return masks;
   }
 
-  call(inputs: MlxArray | null, { cache = null, input_embeddings = null, per_layer_inputs = null, taps }: TextModelCallOptions = {}): MlxArray {
+  /**
+   * Python's __call__ up to the layer loop: the scaled embeddings h and, with per-layer inputs,
+   * per_layer_inputs[:, :, i, :] for each layer i (null without). All owned by the caller.
+   */
+  embed(inputs: MlxArray | null, input_embeddings: MlxArray | null, per_layer_inputs: MlxArray | null, taps?: TapSink): [MlxArray, (MlxArray | null)[]] {
     using stack = new DisposableStack();
-    if (taps && inputs !== null) taps("inputs", inputs);
     // Make the initial hidden state
     let emb = input_embeddings;
     if (emb === null) {
@@ -921,16 +925,51 @@ export class Gemma4TextModel extends Module {
       if (taps) taps("per_layer_inputs", pli);
     }
     const perLayer: (MlxArray | null)[] = [];
-    if (pli !== null) {
-      // per_layer_inputs[:, :, i, :] — a slice plus a squeeze of the layer axis
-      const s = pli.shape;
-      for (let i = 0; i < this.layers.length; i++) {
-        const sl = stack.use(mx.slice(pli, [0, 0, i, 0], [s[0]!, s[1]!, i + 1, s[3]!]));
-        perLayer.push(stack.use(mx.squeeze(sl, 2)));
+    try {
+      if (pli !== null) {
+        // per_layer_inputs[:, :, i, :] — a slice plus a squeeze of the layer axis
+        const s = pli.shape;
+        for (let i = 0; i < this.layers.length; i++) {
+          using sl = mx.slice(pli, [0, 0, i, 0], [s[0]!, s[1]!, i + 1, s[3]!]);
+          perLayer.push(mx.squeeze(sl, 2));
+        }
+      } else {
+        for (let i = 0; i < this.layers.length; i++) perLayer.push(null);
       }
-    } else {
-      for (let i = 0; i < this.layers.length; i++) perLayer.push(null);
+      return [mx.alias(h), perLayer];
+    } catch (e) {
+      for (const p of perLayer) p?.dispose();
+      throw e;
     }
+  }
+
+  /**
+   * embed() of one token as a compiled closure (traced once, then replayed; see
+   * DecoderLayer.decodeCompiled): outputs h and the per-layer inputs.
+   */
+  private embedCompiled(ids: MlxArray): [MlxArray, (MlxArray | null)[]] {
+    this._embed ??= mx.compile((x: MlxArray) => {
+      const [h, perLayer] = this.embed(x, null, null);
+      return [h, ...perLayer.filter((p): p is MlxArray => p !== null)];
+    });
+    const [h, ...perLayer] = this._embed(ids) as MlxArray[];
+    return [h!, perLayer.length ? perLayer : this.layers.map(() => null)];
+  }
+
+  /** Releases the compiled closures of the decode route (they hold the weights). */
+  disposeCompiled(): void {
+    this._embed?.dispose();
+    this._embed = undefined;
+    for (const l of this.layers) l.disposeCompiled();
+  }
+
+  call(inputs: MlxArray | null, { cache = null, input_embeddings = null, per_layer_inputs = null, taps }: TextModelCallOptions = {}): MlxArray {
+    using stack = new DisposableStack();
+    if (taps && inputs !== null) taps("inputs", inputs);
+    const oneToken = inputs !== null && input_embeddings === null && per_layer_inputs === null && inputs.shape[1] === 1;
+    const [h0, perLayer] = !taps && decodeCompile && oneToken ? this.embedCompiled(inputs!) : this.embed(inputs, input_embeddings, per_layer_inputs, taps);
+    let h = stack.use(h0);
+    for (const p of perLayer) if (p) stack.use(p);
 
     // The kv cache list, with None for all the shared kv layers
     const caches: (LayerCache | null)[] = [];
@@ -1005,7 +1044,7 @@ export class Model extends Module {
 
   /** Releases the weights and the compiled decode closures that hold them. */
   dispose(): void {
-    for (const l of this.layers) l.disposeCompiled();
+    this.model.disposeCompiled();
     for (const p of this.parameters().values()) p.dispose();
   }
 
