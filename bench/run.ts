@@ -43,6 +43,8 @@ interface Workload {
   warmup?: [number, number];
 }
 
+const plural = (n: number, word: string) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
 // The full-width workloads warm up on a 16-token prompt and 2 tokens: that loads the weights
 // and JIT-builds the kernels the measured runs use (a full-size warm-up costs minutes there).
 const WARMUP_BIG: [number, number] = [16, 2];
@@ -65,9 +67,9 @@ function workloads(o: { quick: boolean; e2bLayers: number; moeLayers: number; bi
   const moe = join(ROOT, ".cache", "bench", `26b-a4b-${o.moeLayers}l${tag}`);
   const shape = (name: string, out: string, layers: number) => ["oracle/python/make_checkpoints.py", "--shape", name, "--layers", String(layers), "--dtype", o.bigDtype, "--out", out];
   list.push(
-    { name: "e2b", what: `E2B-shaped, full width, ${o.e2bLayers} layers, 4-bit g64, ${o.bigDtype} (random weights)`, dir: e2b,
+    { name: "e2b", what: `E2B-shaped, full width, ${plural(o.e2bLayers, "layer")}, 4-bit g64, ${o.bigDtype} (random weights)`, dir: e2b,
       build: shape("e2b", e2b, o.e2bLayers), prompts: o.bigPrompts, decode, warmup: WARMUP_BIG },
-    { name: "moe", what: `26B-A4B-shaped MoE slice, ${o.moeLayers} layers, 128 experts top-8, 4-bit g64, ${o.bigDtype}`, dir: moe,
+    { name: "moe", what: `26B-A4B-shaped MoE slice, ${plural(o.moeLayers, "layer")}, 128 experts top-8, 4-bit g64, ${o.bigDtype}`, dir: moe,
       build: shape("26b-a4b", moe, o.moeLayers), prompts: o.bigPrompts, decode, warmup: WARMUP_BIG },
   );
   return list;
