@@ -10,7 +10,7 @@ import { generateStep } from "../model/generate.ts";
 import { loadModel } from "../model/gemma4/index.ts";
 import type { TapValue } from "../model/gemma4/taps.ts";
 import { generationModel, stepTaps } from "../model/runtime.ts";
-import { compareRaw, type RawTensor, rawOf } from "../suites/compare.ts";
+import { compareRaw, type RawTensor, rawOf } from "../oracle/compare.ts";
 import type { Divergence } from "./schema.ts";
 
 export type BisectResult = NonNullable<Divergence["bisect"]>;

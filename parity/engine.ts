@@ -11,7 +11,7 @@ import { generationModel, stepTaps } from "../model/runtime.ts";
 import { type OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { join } from "node:path";
 import { bisect } from "./bisect.ts";
-import { compareRaw, type RawTensor, rawOf } from "../suites/compare.ts";
+import { compareRaw, type RawTensor, rawOf } from "../oracle/compare.ts";
 import type { Divergence, RunResult, TapResult } from "./schema.ts";
 
 export interface Budget {

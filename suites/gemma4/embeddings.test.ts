@@ -13,7 +13,7 @@ import { lib } from "../../mlx/src/native.ts";
 import { DEFAULT_PYTHON, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { parseNpy, toNpy } from "../../oracle/npy.ts";
 import { gemma4_text, loadModel } from "../../model/gemma4/index.ts";
-import { compareRaw, formatDiff } from "../compare.ts";
+import { compareRaw, formatDiff } from "../../oracle/compare.ts";
 import { CKPT_ROOT } from "./run.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "gemma4-emb-"));

@@ -10,7 +10,7 @@ import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { loadModel } from "../../model/gemma4/index.ts";
-import { compareRaw, formatDiff } from "../compare.ts";
+import { compareRaw, formatDiff } from "../../oracle/compare.ts";
 
 const BENCH = join(REPO_ROOT, ".cache", "bench");
 const enabled = process.env.GEMMA4_REAL_SHAPES === "1";

@@ -1,11 +1,11 @@
-// Tap-list comparison for the model suites, on top of suites/compare.ts (bitwise tensor diff):
+// Tap-list comparison for the model suites, on top of oracle/compare.ts (bitwise tensor diff):
 // walks the TS taps and the oracle's in execution order and names the FIRST divergent tap
 // (a name out of order, a missing/extra tap, mask kind, dtype/shape, or bytes with max abs diff,
 // max ULP, mismatch count and first differing index).
 
 import * as mx from "@mlx-bun/mlx";
 import type { TapMeta, TapSink, TapValue } from "../../model/gemma4/taps.ts";
-import { compareRaw, formatDiff, type TensorDiff } from "../compare.ts";
+import { compareRaw, formatDiff, type TensorDiff } from "../../oracle/compare.ts";
 
 export type TapKind = "array" | "none" | "str";
 

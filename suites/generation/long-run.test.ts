@@ -12,7 +12,7 @@ import * as mx from "@mlx-bun/mlx";
 import { type OracleClient, sharedOracle } from "../../oracle/client.ts";
 import { KVCache, RotatingKVCache } from "../../model/cache/index.ts";
 import { generateStep } from "../../model/generate.ts";
-import { compareRaw, formatDiff, rawOfNpy } from "../compare.ts";
+import { compareRaw, formatDiff, rawOfNpy } from "../../oracle/compare.ts";
 import { generateModel, loadScenarios, model } from "./parity.ts";
 
 const enabled = process.env.LONG_RUN !== "0";

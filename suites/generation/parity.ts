@@ -13,7 +13,7 @@ import { KVCache, RotatingKVCache, type KVCacheLike } from "../../model/cache/in
 import { generateStep, type CallInfo, type GenerateModel, type StepInfo } from "../../model/generate.ts";
 import { loadModel, type LoadedModel } from "../../model/gemma4/index.ts";
 import type { TapSink } from "../../model/gemma4/taps.ts";
-import { compareRaw, formatDiff, rawOfNpy, type RawTensor, type TensorDiff } from "../compare.ts";
+import { compareRaw, formatDiff, rawOfNpy, type RawTensor, type TensorDiff } from "../../oracle/compare.ts";
 
 export const CKPT_ROOT = join(REPO_ROOT, ".cache", "checkpoints");
 

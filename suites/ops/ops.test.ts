@@ -2,8 +2,8 @@
 // process, byte for byte. The case table is shared with `npm run parity` (report.ts).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { sharedOracle } from "../../oracle/client.ts";
-import { CASES, exposedOps, NOT_OPS } from "./cases.ts";
-import { type CaseResult, coverage, runCases } from "./runner.ts";
+import { CASES, exposedOps, NOT_OPS } from "../../oracle/ops/cases.ts";
+import { type CaseResult, coverage, runCases } from "../../oracle/ops/runner.ts";
 
 let results: CaseResult[] = [];
 const byOp = new Map<string, CaseResult[]>();

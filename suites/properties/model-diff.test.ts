@@ -12,7 +12,7 @@ import { type OracleClient, sharedOracle } from "../../oracle/client.ts";
 import { KVCache, RotatingKVCache } from "../../model/cache/index.ts";
 import { generateStep } from "../../model/generate.ts";
 import { generateModel, model } from "../generation/parity.ts";
-import { compareRaw, formatDiff, rawOfNpy, type RawTensor } from "../compare.ts";
+import { compareRaw, formatDiff, rawOfNpy, type RawTensor } from "../../oracle/compare.ts";
 import { checkProperty, propertyRuns, propertyTimeout } from "./harness.ts";
 
 let oracle: OracleClient;

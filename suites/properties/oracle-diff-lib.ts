@@ -10,7 +10,7 @@ import { type CacheOp, type CacheOpResult, type MaskResult, OracleClient, shared
 import type { NpyRecord } from "../../oracle/npy.ts";
 import { KVCache, RotatingKVCache, type KVCacheLike } from "../../model/cache/index.ts";
 import { createAttentionMask, createCausalMask, type Mask } from "../../model/mask.ts";
-import { compareRaw, formatDiff, rawOf, rawOfNpy } from "../compare.ts";
+import { compareRaw, formatDiff, rawOf, rawOfNpy } from "../../oracle/compare.ts";
 
 let oracle: OracleClient;
 /** Starts (or reuses) the shared oracle; call before the properties run. */

@@ -4,8 +4,8 @@ import * as mx from "@mlx-bun/mlx";
 import type { Dtype, MlxArray } from "@mlx-bun/mlx";
 import type { Operand } from "@mlx-bun/mlx/ops";
 import type { ArraySpec, Gen, InputSpec, OpCase, View } from "./cases.ts";
-import type { OpInput, OracleClient } from "../../oracle/client.ts";
-import type { NpyRecord } from "../../oracle/npy.ts";
+import type { OpInput, OracleClient } from "../client.ts";
+import type { NpyRecord } from "../npy.ts";
 
 export interface CaseResult {
   id: string;

@@ -1,11 +1,11 @@
-// Bitwise tensor comparison for the parity suites (oracle/tensor_diff.ts), plus the helpers
+// Bitwise tensor comparison for the suites and the parity command (oracle/tensor_diff.ts), plus the helpers
 // that read MlxArrays and npy records into raw tensors.
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
-import type { NpyRecord } from "../oracle/npy.ts";
-import { compareRaw, type RawTensor, type TensorDiff } from "../oracle/tensor_diff.ts";
+import type { NpyRecord } from "./npy.ts";
+import { compareRaw, type RawTensor, type TensorDiff } from "./tensor_diff.ts";
 
-export { compareRaw, firstDivergence, formatDiff, type RawTensor, type TensorDiff } from "../oracle/tensor_diff.ts";
+export { compareRaw, firstDivergence, formatDiff, type RawTensor, type TensorDiff } from "./tensor_diff.ts";
 
 export function rawOf(a: MlxArray): RawTensor {
   return { dtype: a.dtype, shape: a.shape, data: a.toBytes() };

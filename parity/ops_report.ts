@@ -1,8 +1,8 @@
 // `npm run parity` (for now): the op-level parity report. Prints the coverage table and exits 0
 // only if every exposed op is parity-tested and every case is bit-exact.
-import { CASES, exposedOps, NOT_OPS } from "./cases.ts";
-import { OracleClient } from "../../oracle/client.ts";
-import { coverage, runCases } from "./runner.ts";
+import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
+import { OracleClient } from "../oracle/client.ts";
+import { coverage, runCases } from "../oracle/ops/runner.ts";
 
 const t0 = performance.now();
 const exposed = exposedOps().filter((o) => !(o in NOT_OPS));
