@@ -5,14 +5,20 @@ import tapsJson from "./taps.json" with { type: "json" };
 
 export interface TapTemplate {
   name: string;
-  repeat: "model" | "layer" | "mask";
+  repeat: "model" | "layer" | "mask" | "vision_layer" | "audio_layer";
   when: string[];
   observed: "input" | "output";
   source: string;
   shape: string;
 }
 
-export const TAP_SPEC = tapsJson as { version: number; conditions: Record<string, string>; taps: TapTemplate[] };
+export const TAP_SPEC = tapsJson as {
+  version: number;
+  conditions: Record<string, string>;
+  taps: TapTemplate[];
+  media_conditions: Record<string, string>;
+  media_taps: TapTemplate[];
+};
 
 /** The config fields the expansion needs, with mlx-lm's defaults (ModelArgs, not HF's). */
 export interface TapConfig {
@@ -53,6 +59,16 @@ export interface CallShape {
   cache: boolean;
   /** A generate_step _step call (adds logprobs/token). */
   step: boolean;
+  /**
+   * mlx-vlm's LanguageModel calls (the defaults are mlx-lm's, where all but `embeds` hold): ids
+   * passed; the call embeds them itself; inputs_embeds passed; per-layer token inputs looked up
+   * in this call (not passed in); SwitchGLU on its batched path (not 1 < L <= 8).
+   */
+  ids?: boolean;
+  embed?: boolean;
+  embeds?: boolean;
+  pliLookup?: boolean;
+  moeBatched?: boolean;
 }
 
 export function layerConditions(cfg: TapConfig, i: number, call: CallShape): Set<string> {
@@ -63,7 +79,10 @@ export function layerConditions(cfg: TapConfig, i: number, call: CallShape): Set
   if (hasKv && call.cache) s.add("cache");
   if (cfg.enable_moe_block) {
     s.add("moe");
-    if (call.batch * call.length * cfg.top_k_experts >= 64) s.add("sorted");
+    if (call.moeBatched ?? true) {
+      s.add("moe_batched");
+      if (call.batch * call.length * cfg.top_k_experts >= 64) s.add("sorted");
+    }
   } else {
     s.add("dense");
   }
@@ -76,6 +95,10 @@ export function expandTaps(cfg: TapConfig, call: CallShape): string[] {
   const model = new Set<string>();
   if (cfg.hidden_size_per_layer_input) model.add("ple");
   if (call.step) model.add("step");
+  if (call.ids ?? true) model.add("ids");
+  if (call.embed ?? true) model.add("embed");
+  if (call.embeds ?? false) model.add("embeds");
+  if (call.pliLookup ?? true) model.add("pli_lookup");
   const maskTypes = [...new Set(cfg.layer_types)];
   const out: string[] = [];
   const entries = TAP_SPEC.taps;
@@ -109,6 +132,63 @@ export function prefillChunks(promptLength: number, prefillStepSize: number): nu
     const n = Math.min(prefillStepSize, promptLength - done - 1);
     out.push(n);
     done += n;
+  }
+  return out;
+}
+
+/** The config fields the media expansion needs (mlx-vlm's gemma4 config.json). */
+export interface MediaTapConfig {
+  ple: boolean;
+  vision_layers: number;
+  vision_clip: boolean;
+  audio_layers: number;
+  audio_clip: boolean;
+  audio_proj: boolean;
+}
+
+/** From a gemma4 config.json object with vision_config / audio_config (mlx-vlm's defaults). */
+export function mediaTapConfig(config: Record<string, unknown>): MediaTapConfig {
+  const t = (config.text_config ?? {}) as Record<string, unknown>;
+  const v = (config.vision_config ?? {}) as Record<string, unknown>;
+  const a = config.audio_config as Record<string, unknown> | null | undefined;
+  return {
+    ple: Boolean(t.hidden_size_per_layer_input ?? 256),
+    vision_layers: Number(v.num_hidden_layers ?? 16),
+    vision_clip: Boolean(v.use_clipped_linears ?? false),
+    audio_layers: a ? Number(a.num_hidden_layers ?? 12) : 0,
+    audio_clip: a ? Boolean(a.use_clipped_linears ?? true) : false,
+    audio_proj: a ? (a.output_proj_dims === undefined ? true : a.output_proj_dims !== null) : false,
+  };
+}
+
+/** Ordered tap names (without the "embed/" prefix) of one mlx-vlm get_input_embeddings call. */
+export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; audio: boolean }): string[] {
+  const conds = new Set<string>();
+  if (cfg.ple) conds.add("ple");
+  if (media.image) {
+    conds.add("image");
+    if (cfg.vision_clip) conds.add("vision_clip");
+  }
+  if (media.audio) {
+    conds.add("audio");
+    if (cfg.audio_clip) conds.add("audio_clip");
+    if (cfg.audio_proj) conds.add("audio_proj");
+  }
+  const layers: Record<string, number> = { vision_layer: media.image ? cfg.vision_layers : 0, audio_layer: media.audio ? cfg.audio_layers : 0 };
+  const out: string[] = [];
+  const entries = TAP_SPEC.media_taps;
+  for (let k = 0; k < entries.length; ) {
+    const e = entries[k] as TapTemplate;
+    if (e.repeat in layers) {
+      const block: TapTemplate[] = [];
+      while (k < entries.length && (entries[k] as TapTemplate).repeat === e.repeat) block.push(entries[k++] as TapTemplate);
+      for (let i = 0; i < layers[e.repeat]!; i++) {
+        for (const b of block) if (b.when.every((w) => conds.has(w))) out.push(b.name.replace("{i}", String(i)));
+      }
+      continue;
+    }
+    if (e.when.every((w) => conds.has(w))) out.push(e.name);
+    k++;
   }
   return out;
 }

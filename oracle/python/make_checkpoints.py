@@ -39,6 +39,9 @@ Checkpoint matrix (each feature covered once or more, not every combination):
 (*) MLX's CPU GatherMM only supports float32, so unquantized MoE checkpoints exist only in
 float32 here; bf16 MoE is covered by the quantized variants (gather_qmm runs in bf16).
 
+The multimodal fixtures (fixtures/mm_configs/, mlx-vlm's classes) are built by the same run:
+see make_mm_checkpoints.py for their matrix.
+
 An index of what was built (ids, features, file sha256) is written to <out>/index.json.
 
 Full-width random checkpoints for benchmarks (4-bit affine g64, never committed):
@@ -66,6 +69,7 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten  # noqa: E402
 from mlx_lm.models import gemma4, gemma4_text  # noqa: E402
 from mlx_lm.utils import quantize_model, save_config, save_model  # noqa: E402
 
+import make_mm_checkpoints as mmc  # noqa: E402
 from common import (  # noqa: E402
     DEFAULT_CKPT_ROOT,
     atomic_replace_dir,
@@ -298,9 +302,28 @@ def stamp_for(ckpt_id: str, seed: int) -> str:
     h = hashlib.sha256()
     h.update(Path(__file__).read_bytes())
     fixture = ckpt_id.split("/")[0]
-    h.update((Path(__file__).resolve().parents[2] / "fixtures" / "configs" / f"{fixture}.json").read_bytes())
+    if fixture in mmc.mm_fixture_names():
+        for b in mmc.mm_stamp_inputs(fixture):
+            h.update(b)
+    else:
+        h.update((Path(__file__).resolve().parents[2] / "fixtures" / "configs" / f"{fixture}.json").read_bytes())
     h.update(f"{seed}|{mx.__version__}".encode())
     return h.hexdigest()
+
+
+def all_ids() -> list[str]:
+    """Every checkpoint id this builder knows: the text matrix, then the multimodal one."""
+    return [t[0] for t in matrix_ids()] + [t[0] for t in mmc.mm_matrix_ids()]
+
+
+def build_by_id(ckpt_id: str, out_root: Path, seed: int) -> Path:
+    for cid, fixture, variant, layout, dtype, quant in matrix_ids():
+        if cid == ckpt_id:
+            return build_one(cid, fixture, variant, layout, dtype, quant, out_root, seed)
+    for cid, fixture, variant, dtype, quant in mmc.mm_matrix_ids():
+        if cid == ckpt_id:
+            return mmc.build_mm_one(fixture, variant, dtype, quant, out_root, seed)
+    raise KeyError(ckpt_id)
 
 
 def describe(fixture: str, variant: str, layout: str, dtype: str, quant: dict | None) -> dict:
@@ -339,6 +362,13 @@ def write_index(out_root: Path, built: list[str], seed: int) -> None:
         if not d.exists():
             continue
         e = describe(fixture, variant, layout, dtype, quant)
+        e["files"] = {p.name: sha256_file(p) for p in sorted(d.iterdir()) if p.is_file() and p.name != ".stamp"}
+        entries[ckpt_id] = e
+    for ckpt_id, fixture, variant, dtype, quant in mmc.mm_matrix_ids():
+        d = out_root / ckpt_id
+        if not d.exists():
+            continue
+        e = mmc.describe_mm(fixture, variant, dtype, quant)
         e["files"] = {p.name: sha256_file(p) for p in sorted(d.iterdir()) if p.is_file() and p.name != ".stamp"}
         entries[ckpt_id] = e
     idx = {"seed": seed, "mlx": mx.__version__, "checkpoints": entries}
@@ -439,13 +469,14 @@ def main(argv: list[str] | None = None) -> int:
         build_shape(args.shape, args.layers, args.out.resolve(), args.seed, args.dtype)
         return 0
 
-    ids = matrix_ids()
+    ids = all_ids()
     if args.only:
-        ids = [t for t in ids if any(fnmatch.fnmatch(t[0], g) for g in args.only)]
+        ids = [t for t in ids if any(fnmatch.fnmatch(t, g) for g in args.only)]
     if args.list:
-        for ckpt_id, fixture, variant, layout, dtype, quant in ids:
-            d = describe(fixture, variant, layout, dtype, quant)
-            print(f"{ckpt_id:28s} {layout:8s} {dtype:9s} {json.dumps(d['quantization'])}  {','.join(d['features'])}")
+        rows = [(t[0], describe(*t[1:])) for t in matrix_ids()] + [(t[0], mmc.describe_mm(*t[1:])) for t in mmc.mm_matrix_ids()]
+        for ckpt_id, d in rows:
+            if ckpt_id in ids:
+                print(f"{ckpt_id:28s} {d['layout']:8s} {d['dtype']:9s} {json.dumps(d['quantization'])}  {','.join(d['features'])}")
         return 0
     if not ids:
         print("no checkpoint matches --only", file=sys.stderr)
@@ -455,14 +486,14 @@ def main(argv: list[str] | None = None) -> int:
     out_root.mkdir(parents=True, exist_ok=True)
     built = []
     t0 = time.time()
-    for n, (ckpt_id, fixture, variant, layout, dtype, quant) in enumerate(ids, 1):
+    for n, ckpt_id in enumerate(ids, 1):
         stamp = stamp_for(ckpt_id, args.seed)
         stamp_file = out_root / ckpt_id / ".stamp"
         if not args.force and stamp_file.exists() and stamp_file.read_text() == stamp:
             print(f"[{n}/{len(ids)}] {ckpt_id}: up to date", flush=True)
             continue
         t = time.time()
-        final = build_one(ckpt_id, fixture, variant, layout, dtype, quant, out_root, args.seed)
+        final = build_by_id(ckpt_id, out_root, args.seed)
         (final / ".stamp").write_text(stamp)
         built.append(ckpt_id)
         print(f"[{n}/{len(ids)}] {ckpt_id}: built in {time.time() - t:.2f}s", flush=True)

@@ -2,7 +2,9 @@
 
 `expand(args, batch=B, length=L, cache=bool, step=bool)` returns the ordered tap names (without
 the call prefix) that mlx-lm produces for that call; capture.py checks every recorded call
-against it, and oracle/taps.ts implements the same expansion for the TS model.
+against it, and oracle/taps.ts implements the same expansion for the TS model. mlx-vlm's
+language-model calls pass the keyword flags (ids / embed / embeds / pli_lookup / moe_batched);
+`expand_media(...)` gives the taps of mlx-vlm's get_input_embeddings (the "embed/" call).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def _get(args: Any, key: str, default=None):
     return args.get(key, default) if isinstance(args, dict) else getattr(args, key, default)
 
 
-def layer_conditions(args: Any, i: int, *, batch: int, length: int, cache: bool) -> set[str]:
+def layer_conditions(args: Any, i: int, *, batch: int, length: int, cache: bool, moe_batched: bool = True) -> set[str]:
     n = _get(args, "num_hidden_layers")
     shared = _get(args, "num_kv_shared_layers", 0) or 0
     lt = _get(args, "layer_types")[i]
@@ -40,8 +42,10 @@ def layer_conditions(args: Any, i: int, *, batch: int, length: int, cache: bool)
         conds.add("cache")
     if _get(args, "enable_moe_block", False):
         conds.add("moe")
-        if batch * length * _get(args, "top_k_experts") >= 64:
-            conds.add("sorted")
+        if moe_batched:
+            conds.add("moe_batched")
+            if batch * length * _get(args, "top_k_experts") >= 64:
+                conds.add("sorted")
     else:
         conds.add("dense")
     if _get(args, "hidden_size_per_layer_input", 0):
@@ -49,8 +53,9 @@ def layer_conditions(args: Any, i: int, *, batch: int, length: int, cache: bool)
     return conds
 
 
-def model_conditions(args: Any, *, step: bool) -> set[str]:
-    conds: set[str] = set()
+def model_conditions(args: Any, *, step: bool, ids: bool = True, embed: bool = True, embeds: bool = False,
+                     pli_lookup: bool = True) -> set[str]:
+    conds: set[str] = {c for c, on in (("ids", ids), ("embed", embed), ("embeds", embeds), ("pli_lookup", pli_lookup)) if on}
     if _get(args, "hidden_size_per_layer_input", 0):
         conds.add("ple")
     if step:
@@ -66,10 +71,11 @@ def mask_types(args: Any) -> list[str]:
     return seen
 
 
-def expand(args: Any, *, batch: int, length: int, cache: bool, step: bool) -> list[str]:
+def expand(args: Any, *, batch: int, length: int, cache: bool, step: bool, ids: bool = True, embed: bool = True,
+           embeds: bool = False, pli_lookup: bool = True, moe_batched: bool = True) -> list[str]:
     entries = spec()["taps"]
     n = _get(args, "num_hidden_layers")
-    mconds = model_conditions(args, step=step)
+    mconds = model_conditions(args, step=step, ids=ids, embed=embed, embeds=embeds, pli_lookup=pli_lookup)
     out: list[str] = []
     idx = 0
     while idx < len(entries):
@@ -80,7 +86,7 @@ def expand(args: Any, *, batch: int, length: int, cache: bool, step: bool) -> li
                 block.append(entries[idx])
                 idx += 1
             for i in range(n):
-                lconds = layer_conditions(args, i, batch=batch, length=length, cache=cache)
+                lconds = layer_conditions(args, i, batch=batch, length=length, cache=cache, moe_batched=moe_batched)
                 for b in block:
                     if all(c in lconds for c in b["when"]):
                         out.append(b["name"].replace("{i}", str(i)))
@@ -96,4 +102,46 @@ def expand(args: Any, *, batch: int, length: int, cache: bool, step: bool) -> li
 
 def observed_as_input() -> set[str]:
     """Template names whose value is recorded where it is consumed, not where it is made."""
-    return {e["name"] for e in spec()["taps"] if e["observed"] == "input"}
+    return {e["name"] for e in spec()["taps"] + spec()["media_taps"] if e["observed"] == "input"}
+
+
+def media_conditions(text: Any, vision: Any, audio: Any, *, image: bool, with_audio: bool) -> set[str]:
+    """Conditions of one get_input_embeddings call (mlx-vlm's config objects or dicts)."""
+    conds: set[str] = set()
+    if _get(text, "hidden_size_per_layer_input", 0):
+        conds.add("ple")
+    if image:
+        conds.add("image")
+        if _get(vision, "use_clipped_linears", False):
+            conds.add("vision_clip")
+    if with_audio:
+        conds.add("audio")
+        if _get(audio, "use_clipped_linears", True):
+            conds.add("audio_clip")
+        if _get(audio, "output_proj_dims", 1536) is not None:
+            conds.add("audio_proj")
+    return conds
+
+
+def expand_media(text: Any, vision: Any, audio: Any, *, image: bool, with_audio: bool) -> list[str]:
+    """Ordered tap names (without the "embed/" prefix) of one get_input_embeddings call."""
+    conds = media_conditions(text, vision, audio, image=image, with_audio=with_audio)
+    layers = {"vision_layer": _get(vision, "num_hidden_layers", 0) if image else 0,
+              "audio_layer": _get(audio, "num_hidden_layers", 0) if with_audio else 0}
+    entries = spec()["media_taps"]
+    out: list[str] = []
+    idx = 0
+    while idx < len(entries):
+        e = entries[idx]
+        if e["repeat"] in layers:
+            block = []
+            while idx < len(entries) and entries[idx]["repeat"] == e["repeat"]:
+                block.append(entries[idx])
+                idx += 1
+            for i in range(layers[e["repeat"]]):
+                out += [b["name"].replace("{i}", str(i)) for b in block if all(c in conds for c in b["when"])]
+            continue
+        if all(c in conds for c in e["when"]):
+            out.append(e["name"])
+        idx += 1
+    return out

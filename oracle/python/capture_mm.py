@@ -1,0 +1,555 @@
+#!/usr/bin/env python
+"""Record every tap of oracle/taps.json while mlx-vlm itself runs multimodal Gemma 4.
+
+The same run-time wrapping as capture.py (nothing in mlx-vlm is edited; every wrapper is
+restored on exit), for mlx-vlm's classes: the vision tower, the audio tower, the multimodal
+embedders, masked_scatter, and mlx-vlm's own language model (language.py), caches and
+generate_step. Calls:
+  "embed/"       Model.get_input_embeddings (taps.json "media_taps")
+  ""             the language model of a single forward (Model.__call__)
+  "prefill{k}/"  the chunk calls of mlx_vlm.generate.generate_step (taps.json "taps")
+  "step{n}/"     its _step calls
+The media inputs are built here (fixtures/mm_scenarios.json: seeded images through mlx-vlm's
+Gemma4ImageProcessor, seeded waveforms through Gemma4AudioFeatureExtractor); they are taps of
+the embed call (pixel_values, input_features, input_mask), so a TS run reads them from the
+capture or the golden.
+
+  capture_mm.py CHECKPOINT_DIR SCENARIO_ID [--mode full|logits]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+import numpy as np  # noqa: E402
+
+import capture as cap  # noqa: E402
+import taps as tapspec  # noqa: E402
+from common import FIXTURES, module_path_to_tap  # noqa: E402
+
+MM_SCENARIOS = FIXTURES / "mm_scenarios.json"
+SAMPLE_RATE = 16000
+
+
+def _vlm():
+    """mlx-vlm's modules, imported on first use (the server starts without them)."""
+    from mlx_vlm.models import base as vbase
+    from mlx_vlm.models import cache as vcache
+    from mlx_vlm.models import switch_layers as vswitch
+    from mlx_vlm.models.gemma4 import audio as vaudio
+    from mlx_vlm.models.gemma4 import gemma4 as vgemma4
+    from mlx_vlm.models.gemma4 import language as vlang
+    from mlx_vlm.models.gemma4 import vision as vvision
+
+    return SimpleNamespace(base=vbase, cache=vcache, switch=vswitch, audio=vaudio, gemma4=vgemma4, lang=vlang,
+                           vision=vvision, generate=importlib.import_module("mlx_vlm.generate"))
+
+
+# -------------------------------------------------------------------- scenarios and media
+
+def load_mm_scenarios() -> dict:
+    return json.loads(MM_SCENARIOS.read_text())
+
+
+def mm_scenario(sid: str) -> dict:
+    for s in load_mm_scenarios()["scenarios"]:
+        if s["id"] == sid:
+            return s
+    raise KeyError(f"unknown multimodal scenario {sid!r}")
+
+
+def build_media(spec: dict) -> dict:
+    """One image or audio clip, through mlx-vlm's own processor classes."""
+    from mlx_vlm.models.gemma4.audio_feature_extractor import Gemma4AudioFeatureExtractor
+    from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4ImageProcessor, Gemma4Processor
+
+    rng = np.random.default_rng(spec["seed"])
+    if spec["kind"] == "image":
+        img = rng.integers(0, 256, (spec["height"], spec["width"], 3), dtype=np.uint8)
+        data, n = Gemma4ImageProcessor()(img, max_soft_tokens=spec["max_soft_tokens"])
+        return {"kind": "image", "pixels": data["pixel_values"][0], "n": int(n[0])}
+    if spec["kind"] == "audio":
+        t = np.arange(int(round(spec["seconds"] * SAMPLE_RATE)))
+        wave = (0.4 * np.sin(2 * np.pi * 330.0 * t / SAMPLE_RATE) + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
+        fe = Gemma4AudioFeatureExtractor()([wave])
+        n = Gemma4Processor._compute_audio_num_tokens(SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750),
+                                                      wave, SAMPLE_RATE)
+        return {"kind": "audio", "features": np.asarray(fe["input_features"][0], np.float32),
+                "mask": np.asarray(fe["input_features_mask"][0], bool), "n": int(n)}
+    raise ValueError(f"unknown media kind {spec['kind']!r}")
+
+
+def build_inputs(scn: dict, config: dict) -> dict:
+    """input_ids, mm_token_type_ids and the processor outputs of a scenario prompt, as mx arrays."""
+    media_specs = load_mm_scenarios()["media"]
+    ids: list[int] = []
+    images, audios = [], []
+    for item in scn["prompt"]:
+        if isinstance(item, int):
+            ids.append(item)
+            continue
+        m = build_media(media_specs[item])
+        if m["kind"] == "image":
+            images.append(m["pixels"])
+            ids += [config["boi_token_id"]] + [config["image_token_id"]] * m["n"] + [config["eoi_token_id"]]
+        else:
+            audios.append(m)
+            ids += [config["boa_token_id"]] + [config["audio_token_id"]] * m["n"] + [config["eoa_token_id"]]
+    arr = np.array(ids)
+    tt = np.zeros(len(ids), np.int32)
+    tt[arr == config["image_token_id"]] = 1
+    tt[arr == config["audio_token_id"]] = 3
+    out: dict[str, Any] = {"input_ids": mx.array([ids], dtype=mx.int32), "mm_token_type_ids": mx.array(tt[None])}
+    if images:
+        if len({im.shape for im in images}) == 1:
+            out["pixel_values"] = mx.array(np.stack(images))
+        else:
+            out["pixel_values"] = [mx.array(im) for im in images]
+    if audios:
+        out["input_features"] = mx.array(np.stack([a["features"] for a in audios]))
+        out["input_features_mask"] = mx.array(np.stack([a["mask"] for a in audios]))
+    return out
+
+
+# -------------------------------------------------------------------- recorder
+
+class MMRecorder(cap.Recorder):
+    """Recorder for mlx-vlm's gemma4 Model: calls are created as mlx-vlm makes them."""
+
+    def __init__(self, model, keep: Callable[[cap.Call, str], bool] = lambda c, n: True,
+                 spill: Callable[[np.ndarray, str], dict] | None = None, kind: str = "forward"):
+        self.v = _vlm()
+        self.model = model
+        self.spill = spill
+        self.keep = keep
+        self.kind = kind
+        self.args = model.language_model.config
+        self.calls: list[cap.Call] = []
+        # a module reachable under several paths (relative_k_proj is also _rel_pos.pos_proj):
+        # the path without private ("_x") segments names it
+        self.paths: dict[int, str] = {}
+        for p, m in model.named_modules():
+            if id(m) not in self.paths or re.search(r"(^|\.)_", self.paths[id(m)]):
+                self.paths[id(m)] = p
+        self._saved = []
+        self._stack = []
+        self._attn = []
+        self._ids = {}
+        self._quiet = 0
+        self._counts = {"prefill": 0, "step": 0}
+        self._meta: dict[int, dict] = {}  # call index -> flags for verify
+        self._last_media: str | None = None
+        self._vision_ropes: dict[str, int] = {}
+
+    # ---------------------------------------------------------------- patching
+    def __enter__(self) -> "MMRecorder":
+        v = self.v
+        classes: list[type] = []
+        for _, m in self.model.named_modules():
+            for cls in type(m).__mro__:
+                if cls in (nn.Module, object) or not issubclass(cls, nn.Module):
+                    continue
+                if "__call__" in cls.__dict__ and cls not in classes:
+                    classes.append(cls)
+        for cls in classes:
+            self._patch(cls, "__call__", self._module_wrapper(cls.__dict__["__call__"]))
+        self._patch(v.gemma4.Model, "get_input_embeddings", self._wrap_embed(v.gemma4.Model.__dict__["get_input_embeddings"]))
+        self._patch(v.gemma4, "masked_scatter", self._wrap_scatter(v.gemma4.masked_scatter))
+        self._patch(v.lang, "scaled_dot_product_attention", self._wrap_sdpa(v.lang.scaled_dot_product_attention))
+        self._patch(v.lang, "geglu", self._wrap_geglu(v.lang.geglu))
+        self._patch(nn, "gelu_approx", self._wrap_gelu(nn.gelu_approx))
+        self._patch(v.switch, "_gather_sort", self._wrap_gather_sort(v.switch._gather_sort))
+        self._patch(v.switch, "_scatter_unsort", self._wrap_unsort(v.switch._scatter_unsort))
+        for cls in (v.cache.KVCache, v.cache.RotatingKVCache):
+            self._patch(cls, "update_and_fetch", self._wrap_cache(cls.__dict__["update_and_fetch"]))
+        tm = v.lang.Gemma4TextModel
+        self._patch(tm, "get_per_layer_inputs", self._wrap_method(tm.__dict__["get_per_layer_inputs"], "per_layer_token_inputs"))
+        self._patch(tm, "project_per_layer_inputs", self._wrap_project(tm.__dict__["project_per_layer_inputs"]))
+        self._patch(tm, "_make_masks", self._wrap_make_masks(tm.__dict__["_make_masks"]))
+        for cls in (nn.Embedding, nn.QuantizedEmbedding):
+            self._patch(cls, "as_linear", self._wrap_method(cls.__dict__["as_linear"], "lm_head"))
+        pe = v.vision.VisionPatchEmbedder
+        self._patch(pe, "_position_embeddings", self._wrap_method(pe.__dict__["_position_embeddings"], "vision_tower/patch_embedder/position_embeddings"))
+        vp = v.vision.VisionPooler
+        self._patch(vp, "_avg_pool_by_positions", self._wrap_pool(vp.__dict__["_avg_pool_by_positions"]))
+        ae = v.audio.AudioEncoder
+        self._patch(ae, "_build_causal_valid_mask", self._wrap_method(ae.__dict__["_build_causal_valid_mask"], "audio_tower/causal_valid_mask"))
+        self._patch(v.vision, "apply_multidimensional_rope", self._wrap_vision_rope(v.vision.apply_multidimensional_rope))
+        self._patch(v.base, "ensure_fused_sdpa", self._wrap_vision_sdpa(v.base.ensure_fused_sdpa))
+        self._patch(v.generate, "make_sampler", self._wrap_make_sampler(v.generate.make_sampler))
+        return self
+
+    # ---------------------------------------------------------------- calls
+    def begin(self, prefix: str, kind: str, index: int, ids: Any, length: int, batch: int, cache: Any, flags: dict) -> None:
+        c0 = cache[0] if cache else None
+        self.calls.append(cap.Call(prefix=prefix, kind=kind, index=index, batch=batch, length=length,
+                                   tokens=np.array(ids).tolist() if ids is not None else [],
+                                   cache=cache is not None, offset_before=int(c0.offset) if c0 is not None else 0))
+        self._meta[len(self.calls) - 1] = flags
+        self._ids.clear()
+
+    def verify(self) -> None:
+        inputs = tapspec.observed_as_input()
+        cfg = self.model.config
+        for k, call in enumerate(self.calls):
+            f = self._meta[k]
+            if call.kind == "embed":
+                want = tapspec.expand_media(cfg.text_config, cfg.vision_config, cfg.audio_config,
+                                            image=f["image"], with_audio=f["audio"])
+            else:
+                want = tapspec.expand(self.args, batch=call.batch, length=call.length, cache=call.cache,
+                                      step=call.kind == "step", ids=f["ids"], embed=f["embed"], embeds=f["embeds"],
+                                      pli_lookup=f["pli_lookup"], moe_batched=f["moe_batched"])
+            got = set(call.taps)
+            missing = [n for n in want if n not in got]
+            extra = sorted(got - set(want))
+            if missing or extra:
+                raise RuntimeError(f"call {call.prefix or 'forward'}: taps missing {missing[:8]}, unexpected {extra[:8]}")
+            pos = {n: i for i, n in enumerate(want)}
+            tmpl = lambda n: re.sub(r"layers\.\d+", "layers.{i}", re.sub(r"^mask/.*", "mask/{type}", n))  # noqa: E731
+            last = -1
+            for n in call.observed:
+                # mlx-vlm's Attention updates the cache before it ropes the queries (mlx-lm the
+                # other way round; no op depends on the other): the cache taps keep mlx-lm's place
+                if tmpl(n) in inputs or n.endswith(("/cache_keys", "/cache_values")):
+                    continue
+                if pos[n] < last:
+                    raise RuntimeError(f"call {call.prefix or 'forward'}: tap {n!r} observed out of template order")
+                last = pos[n]
+            call.taps = {n: call.taps[n] for n in want}
+
+    # ---------------------------------------------------------------- wrappers
+    def _wrap_embed(self, orig: Callable) -> Callable:
+        rec = self
+
+        def wrapper(model, input_ids=None, pixel_values=None, *args, **kwargs):
+            has_img = pixel_values is not None and model.vision_tower is not None
+            has_aud = (kwargs.get("input_features") is not None or kwargs.get("audio_features") is not None) and model.audio_tower is not None
+            rec.begin("embed/", "embed", 0, input_ids, int(input_ids.shape[1]), int(input_ids.shape[0]), None,
+                      {"image": has_img, "audio": has_aud})
+            rec.record("inputs", input_ids)
+            out = orig(model, input_ids, pixel_values, *args, **kwargs)
+            if "embed_scaled" not in rec.call.taps:
+                rec.record("embed_scaled", out.inputs_embeds)
+            return out
+        return wrapper
+
+    def _lm_call(self, mod, orig: Callable, args: tuple, kwargs: dict):
+        inputs = args[0] if args else kwargs.get("inputs")
+        embeds = kwargs.get("inputs_embeds")
+        cache = kwargs.get("cache")
+        h = embeds if embeds is not None else inputs
+        L = int(h.shape[1])
+        if "n_to_process" in kwargs:
+            kind = "prefill"
+        elif self.kind == "forward":
+            kind = "forward"
+        else:
+            kind = "step"
+        if kind == "forward":
+            prefix, index = "", 0
+        else:
+            index = self._counts[kind]
+            self._counts[kind] += 1
+            prefix = f"{kind}{index}/"
+        cfg = self.args
+        moe_batched = not (cfg.enable_moe_block and 1 < L <= self.v.switch.DECODE_BLOCK_SIZE)
+        self.begin(prefix, kind, index, inputs, L, int(h.shape[0]), cache,
+                   {"ids": inputs is not None, "embed": embeds is None, "embeds": embeds is not None,
+                    "pli_lookup": kwargs.get("per_layer_inputs") is None, "moe_batched": moe_batched})
+        if inputs is not None:
+            self.record("inputs", inputs)
+        if embeds is not None:
+            self.record("inputs_embeds", embeds)
+        self._stack.append((id(mod), ""))
+        try:
+            out = orig(mod, *args, **kwargs)
+            self.record("logits", out.logits)
+        finally:
+            self._stack.pop()
+        self.end_call(cache)
+        return out
+
+    def _on_module(self, mod, name: str, orig: Callable, args: tuple, kwargs: dict):
+        v = self.v
+        if isinstance(mod, v.gemma4.Model):
+            return orig(mod, *args, **kwargs)
+        if isinstance(mod, v.lang.LanguageModel):
+            return self._lm_call(mod, orig, args, kwargs)
+        x = args[0] if args else None
+        self._stack.append((id(mod), name))
+        try:
+            if isinstance(mod, v.lang.DecoderLayer):
+                if name == "layers.0" and self.call.kind != "embed" and "inputs_embeds" not in self.call.taps:
+                    self.record("embed_scaled", x)
+                pli = kwargs.get("per_layer_input")
+                if pli is not None:
+                    self.record(f"{name}/per_layer_input", pli)
+                out = orig(mod, *args, **kwargs)
+                self.record(f"{name}/output", out[0])
+                return out
+            if isinstance(mod, v.lang.Attention):
+                self._attn.append({"own_kv": kwargs.get("shared_kv") is None, "ropes": 0, "name": name})
+                try:
+                    return orig(mod, *args, **kwargs)
+                finally:
+                    self._attn.pop()
+            if type(mod).__name__ in cap.ROPE_TYPES:
+                return self._on_rope(mod, name, orig, args, kwargs)
+            if isinstance(mod, v.lang.Router):
+                out = orig(mod, *args, **kwargs)
+                self.record(f"{name}/indices", out[0])
+                self.record(f"{name}/weights", out[1])
+                return out
+            if isinstance(mod, v.lang.GeGLU):
+                self._quiet += 1
+                try:
+                    out = orig(mod, *args, **kwargs)
+                finally:
+                    self._quiet -= 1
+                self.record(name, out)
+                return out
+            if isinstance(mod, v.switch.SwitchGLU):
+                L = x.shape[1] if x.ndim == 3 else 0
+                if 1 < L <= v.switch.DECODE_BLOCK_SIZE:  # token by token: only the output is a tap
+                    self._quiet += 1
+                    try:
+                        out = orig(mod, *args, **kwargs)
+                    finally:
+                        self._quiet -= 1
+                else:
+                    out = orig(mod, *args, **kwargs)
+                self.record(name, out)
+                return out
+            if isinstance(mod, v.lang.Experts):
+                out = orig(mod, *args, **kwargs)
+                self.record(name, out)
+                return out
+            return self._on_media_module(mod, name, orig, args, kwargs, x)
+        finally:
+            self._stack.pop()
+
+    def _on_media_module(self, mod, name: str, orig: Callable, args: tuple, kwargs: dict, x: Any):
+        v = self.v
+        if isinstance(mod, v.vision.ClippableLinear):
+            self._input_taps(name, x)
+            if not mod.use_clipping:
+                self._quiet += 1
+            try:
+                out = orig(mod, *args, **kwargs)
+            finally:
+                if not mod.use_clipping:
+                    self._quiet -= 1
+            self.record(name, out)
+            return out
+        if isinstance(mod, v.vision.VisionModel):
+            self.record("vision_tower/pixel_values", x)
+            out = orig(mod, *args, **kwargs)
+            self.record("vision_tower", out)
+            self._last_media = "image"
+            return out
+        if isinstance(mod, v.vision.VisionPatchEmbedder):
+            self.record("vision_tower/patch_positions", args[1])
+            out = orig(mod, *args, **kwargs)
+            self.record(name, out)
+            return out
+        if isinstance(mod, v.vision.VisionTransformerModel):
+            self.record("vision_tower/attn_mask", args[2])
+            return orig(mod, *args, **kwargs)
+        if isinstance(mod, v.vision.VisionTransformerBlock):
+            out = orig(mod, *args, **kwargs)
+            self.record(f"{name}/output", out)
+            return out
+        if isinstance(mod, v.vision.VisionPooler):
+            out = orig(mod, *args, **kwargs)
+            self.record(name, out[0])
+            return out
+        if isinstance(mod, v.audio.AudioEncoder):
+            self.record("audio_tower/input_features", x)
+            self.record("audio_tower/input_mask", args[1])
+            out = orig(mod, *args, **kwargs)
+            self.record("audio_tower", out[0])
+            self.record("audio_tower/mask", out[1])
+            self._last_media = "audio"
+            return out
+        if isinstance(mod, v.audio.SSCPConvBlock):
+            out = orig(mod, *args, **kwargs)
+            self.record(name, out[0])
+            self.record(f"{name}/mask", out[1])
+            return out
+        if isinstance(mod, (v.audio.ConformerFeedForward, v.audio.ConformerLightConv1d, v.audio.AudioRelativePositionEmbedding)):
+            if isinstance(mod, v.audio.ConformerLightConv1d):
+                self.record(f"{name.rsplit('/', 1)[0]}/attn_residual", x)
+            out = orig(mod, *args, **kwargs)
+            self.record(name, out)
+            return out
+        leaf = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding, nn.RMSNorm, nn.LayerNorm, nn.Conv2d,
+                v.lang.RMSNormNoScale, v.lang.RMSNormZeroShift, v.switch.SwitchLinear, v.switch.QuantizedSwitchLinear,
+                v.vision.VisionRMSNorm, v.vision.VisionRMSNormNoScale, v.vision.RMSNorm, v.audio.AudioRMSNorm)
+        if isinstance(mod, leaf):
+            self._input_taps(name, x)
+            out = orig(mod, *args, **kwargs)
+            self.record(name, out)
+            return out
+        return orig(mod, *args, **kwargs)  # containers whose output is a child's tap
+
+    def _input_taps(self, name: str, x: Any) -> None:
+        if self.call.kind != "embed":
+            return super()._input_taps(name, x)
+        leaf = name.rsplit("/", 1)[-1]
+        parent = name.rsplit("/", 1)[0]
+        if name == "embed_tokens_per_layer":
+            self.record("per_layer_input_ids", x)
+        elif name == "vision_tower/patch_embedder/input_proj":
+            self.record("vision_tower/patch_embedder/patches", x)
+        elif name.startswith("vision_tower/encoder/") and leaf == "pre_feedforward_layernorm":
+            self.record(f"{parent}/attn_residual", x)
+        elif name.startswith("vision_tower/encoder/") and name.endswith("mlp/down_proj"):
+            self.record(f"{parent}/gated", x)
+        elif name.startswith("audio_tower/layers.") and leaf in ("ffw_layer_2", "linear_end"):
+            self.record(f"{parent}/silu", x)
+        elif name.startswith("audio_tower/layers.") and leaf == "conv_norm":
+            self.record(f"{parent}/depthwise_conv1d", x)
+        elif name.startswith("audio_tower/layers.") and name.endswith("self_attn/post"):
+            self.record(f"{parent}/context", x)
+
+    def _wrap_scatter(self, orig: Callable) -> Callable:
+        def wrapper(input_tensor, mask, source):
+            if "embed_scaled" not in self.call.taps:
+                self.record("embed_scaled", input_tensor)
+            media = self._last_media
+            self.record(f"{media}_features", source)
+            out = orig(input_tensor, mask, source)
+            self.record(f"merge/{media}", out)
+            return out
+        return wrapper
+
+    def _wrap_project(self, orig: Callable) -> Callable:
+        def wrapper(obj, inputs_embeds, per_layer_inputs=None):
+            if per_layer_inputs is not None and "per_layer_token_inputs" not in self.call.taps:
+                self.record("per_layer_token_inputs", per_layer_inputs)
+            out = orig(obj, inputs_embeds, per_layer_inputs)
+            self.record("per_layer_inputs", out)
+            return out
+        return wrapper
+
+    def _wrap_make_masks(self, orig: Callable) -> Callable:
+        def wrapper(obj, h, cache, mm_token_type_ids=None):
+            masks = orig(obj, h, cache, mm_token_type_ids)
+            seen = set()
+            for layer, m in zip(obj.layers, masks):
+                if layer.layer_type in seen:
+                    continue
+                seen.add(layer.layer_type)
+                kind = "none" if m is None else ("causal" if isinstance(m, str) else "array")
+                self.record(f"mask/{layer.layer_type}", m, {"mask": kind})
+            return masks
+        return wrapper
+
+    def _wrap_pool(self, orig: Callable) -> Callable:
+        def wrapper(obj, x, patch_positions, length):
+            out = orig(obj, x, patch_positions, length)
+            self.record("vision_tower/pooler/pooled", out[0])
+            self.record("vision_tower/pooler/mask", out[1])
+            return out
+        return wrapper
+
+    def _wrap_vision_rope(self, orig: Callable) -> Callable:
+        def wrapper(inputs, positions, base_frequency=100.0):
+            out = orig(inputs, positions, base_frequency)
+            attn = self.current()
+            n = self._vision_ropes.get(attn, 0)
+            self._vision_ropes[attn] = n + 1
+            self.record(f"{attn}/{'rope_q' if n % 2 == 0 else 'rope_k'}", out)
+            return out
+        return wrapper
+
+    def _wrap_vision_sdpa(self, orig: Callable) -> Callable:
+        def wrapper(q, k, v, scale, mask=None):
+            out = orig(q, k, v, scale, mask=mask)
+            self.record(f"{self.current()}/sdpa", out, {"scale": scale})
+            return out
+        return wrapper
+
+    def _wrap_gelu(self, orig: Callable) -> Callable:
+        base = super()._wrap_gelu(orig)
+
+        def wrapper(x):
+            cur = self.current()
+            if self._quiet or not self.calls or not cur.startswith("vision_tower/"):
+                return base(x)
+            out = orig(x)
+            self.record(f"{cur}/gelu", out)
+            return out
+        return wrapper
+
+    def _wrap_make_sampler(self, orig: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            return self._wrap_sampler(orig(*args, **kwargs))
+        return wrapper
+
+
+# -------------------------------------------------------------------- running
+
+def mm_capture(model, scn: dict, mode: str = "full",
+               spill: Callable[[np.ndarray, str], dict] | None = None) -> tuple[list[cap.Call], dict]:
+    """Run one multimodal scenario under the recorder; the verified calls and scenario meta."""
+    v = _vlm()
+    cfg = {k: getattr(model.config, k) for k in ("image_token_id", "audio_token_id", "boi_token_id", "eoi_token_id",
+                                                 "boa_token_id", "eoa_token_id")}
+    inputs = build_inputs(scn, cfg)
+    keep = (lambda c, n: True) if mode == "full" else (lambda c, n: c.kind != "embed" and n == "logits" and c.kind != "prefill")
+    rec = MMRecorder(model, keep, spill, kind=scn["kind"])
+    meta: dict[str, Any] = {"scenario": scn["id"], "kind": scn["kind"], "mode": mode}
+    kw = {k: inputs[k] for k in ("mm_token_type_ids", "input_features", "input_features_mask") if k in inputs}
+    with rec:
+        if scn["kind"] == "forward":
+            out = model(inputs["input_ids"], pixel_values=inputs.get("pixel_values"), **kw)
+            mx.eval(out.logits)
+        else:
+            gen = v.generate.generate_step(inputs["input_ids"], model, inputs.get("pixel_values"), None,
+                                           max_tokens=scn["max_tokens"], prefill_step_size=scn["prefill_step_size"],
+                                           temperature=0.0, **kw)
+            meta["generated"] = [int(t) for t, _ in gen]
+            meta["prefill_chunks"] = [c.length for c in rec.calls if c.kind == "prefill"]
+    rec.verify()
+    return rec.calls, meta
+
+
+def load_mm(path: str | Path):
+    from mlx_vlm.utils import load_model
+
+    return load_model(Path(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="capture_mm.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint", help="multimodal checkpoint dir (gemma4 config.json with vision_config)")
+    ap.add_argument("scenario", help="scenario id from fixtures/mm_scenarios.json")
+    ap.add_argument("--mode", choices=("full", "logits"), default="full")
+    args = ap.parse_args(argv)
+    calls, meta = mm_capture(load_mm(args.checkpoint), mm_scenario(args.scenario), args.mode)
+    for c in calls:
+        print(f"{c.prefix or 'forward':10s} {c.kind:8s} L={c.length:3d} taps={len(c.taps)}")
+    if "generated" in meta:
+        print("generated:", meta["generated"], "chunks:", meta["prefill_chunks"])
+    for t in list(calls[0].taps.values())[:400]:
+        print(f"  {t.name:70s} {t.kind:6s} {t.dtype or t.value or '':9s} {t.shape}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
