@@ -964,6 +964,30 @@ int mlxb_compiled_free(Compiled* c) {
   })
 }
 
+// ---------------------------------------------------------------- convolution and einsum (multimodal towers)
+
+// mx.conv2d(input, weight, stride, padding, dilation, groups): each pair as Python's binding
+// passes it to C++ (an int there means (v, v)).
+Arr* mlxb_conv2d(const Arr* x, const Arr* w, int s0, int s1, int p0, int p1, int d0, int d1, int groups) {
+  GUARD_PTR("conv2d", { return wrap(mx::conv2d(A(x), A(w, "weight"), {s0, s1}, {p0, p1}, {d0, d1}, groups)); })
+}
+
+// mx.conv_general(input, weight, stride, padding, kernel_dilation, input_dilation, groups, flip):
+// the vectors as Python's binding builds them (an int there is a one-element vector).
+Arr* mlxb_conv_general(const Arr* x, const Arr* w, const int32_t* stride, int ns, const int32_t* pad_lo, int npl,
+                       const int32_t* pad_hi, int nph, const int32_t* kdil, int nkd, const int32_t* idil, int nid, int groups,
+                       int flip) {
+  GUARD_PTR("conv_general", {
+    return wrap(mx::conv_general(A(x), A(w, "weight"), ints_of(stride, ns), ints_of(pad_lo, npl), ints_of(pad_hi, nph),
+                                 ints_of(kdil, nkd), ints_of(idil, nid), groups, flip != 0));
+  })
+}
+
+// mx.einsum(subscripts, *operands).
+Arr* mlxb_einsum(const char* subscripts, const double* operands, int n) {
+  GUARD_PTR("einsum", { return wrap(mx::einsum(subscripts, arrays_of(operands, n))); })
+}
+
 // ---------------------------------------------------------------- benchmark support
 
 // The bench/ffi.ts chain built natively (the floor both bindings pay: MLX's own graph

@@ -137,6 +137,10 @@ const symbols = {
   mlxb_array_id: { args: [ptr], returns: f64 },
   mlxb_graph_nodes: { args: [ptr], returns: ptr },
   mlxb_graph_replay: { args: [ptr, ptr, ptr, i32], returns: ptr },
+  // convolution and einsum (multimodal towers)
+  mlxb_conv2d: { args: [ptr, ptr, i32, i32, i32, i32, i32, i32, i32], returns: ptr },
+  mlxb_conv_general: { args: [ptr, ptr, ptr, i32, ptr, i32, ptr, i32, ptr, i32, ptr, i32, i32, i32], returns: ptr },
+  mlxb_einsum: { args: [ptr, ptr, i32], returns: ptr },
 } as const;
 
 type Arg = number | ArrayBufferView | null;

@@ -596,3 +596,66 @@ export function gatherQmm(
     "gather_qmm",
   );
 }
+
+// ---------------------------------------------------------------- convolution and einsum
+
+type IntOrPair = number | readonly [number, number];
+const pair = (v: IntOrPair): [number, number] => (typeof v === "number" ? [v, v] : [v[0], v[1]]);
+
+/** mx.conv2d(input (N,H,W,C), weight (O,kH,kW,C/groups), stride=1, padding=0, dilation=1, groups=1). */
+export function conv2d(
+  input: MlxArray,
+  weight: MlxArray,
+  { stride = 1, padding = 0, dilation = 1, groups = 1 }: { stride?: IntOrPair; padding?: IntOrPair; dilation?: IntOrPair; groups?: number } = {},
+): MlxArray {
+  const [s0, s1] = pair(stride);
+  const [p0, p1] = pair(padding);
+  const [d0, d1] = pair(dilation);
+  return own(lib.mlxb_conv2d(arr(input, "conv2d").handle, arr(weight, "conv2d", "weight").handle, s0, s1, p0, p1, d0, d1, groups), "conv2d");
+}
+
+type IntOrList = number | readonly number[];
+const list = (v: IntOrList, op: string): Int32Array => shapeArg(typeof v === "number" ? [v] : v, op);
+
+/**
+ * mx.conv_general(input, weight, stride=1, padding=0, kernel_dilation=1, input_dilation=1,
+ * groups=1, flip=False). An int is a one-element list (broadcast over the spatial axes by MLX),
+ * as Python's binding passes it; `padding` may also be [low list, high list].
+ */
+export function convGeneral(
+  input: MlxArray,
+  weight: MlxArray,
+  {
+    stride = 1,
+    padding = 0,
+    kernelDilation = 1,
+    inputDilation = 1,
+    groups = 1,
+    flip = false,
+  }: { stride?: IntOrList; padding?: IntOrList | readonly [readonly number[], readonly number[]]; kernelDilation?: IntOrList; inputDilation?: IntOrList; groups?: number; flip?: boolean } = {},
+): MlxArray {
+  const op = "conv_general";
+  let lo: Int32Array;
+  let hi: Int32Array;
+  if (typeof padding !== "number" && padding.length === 2 && Array.isArray(padding[0])) {
+    const [l, h] = padding as readonly [readonly number[], readonly number[]];
+    lo = list(l, op);
+    hi = list(h, op);
+  } else {
+    lo = list(padding as IntOrList, op);
+    hi = lo;
+  }
+  const st = list(stride, op);
+  const kd = list(kernelDilation, op);
+  const id = list(inputDilation, op);
+  return own(
+    lib.mlxb_conv_general(arr(input, op).handle, arr(weight, op, "weight").handle, st, st.length, lo, lo.length, hi, hi.length, kd, kd.length, id, id.length, groups, flip ? 1 : 0),
+    op,
+  );
+}
+
+/** mx.einsum(subscripts, *operands). */
+export function einsum(subscripts: string, ...operands: MlxArray[]): MlxArray {
+  const hs = handles(operands);
+  return own(lib.mlxb_einsum(cstr(subscripts), hs, hs.length), "einsum");
+}

@@ -746,6 +746,40 @@ for (const dt of FLOATS) {
   add("fast.scaledDotProductAttention", "fast.scaled_dot_product_attention", [arr([1, 2, 1, 8], dt), arr([1, 2, 9, 8], dt), arr([1, 2, 9, 8], dt)], { scale: 1.0 }, sd);
 }
 
+// ---------------------------------------------------------------- convolution and einsum (multimodal towers)
+
+for (const dt of FLOATS) {
+  const c2 = (xs: Operand[], p: Params) =>
+    mx.conv2d(A(xs, 0), A(xs, 1), { stride: p.stride as number, padding: p.padding as number, dilation: (p.dilation ?? 1) as number, groups: (p.groups ?? 1) as number });
+  // the audio SSCP convs: NHWC, 3x3, stride 2, no padding (after an explicit mx.pad)
+  add("conv2d", "conv2d", [arr([1, 13, 16, 1], dt), arr([8, 3, 3, 1], dt)], { stride: 2, padding: 0 }, c2);
+  add("conv2d", "conv2d", [arr([2, 7, 8, 8], dt), arr([4, 3, 3, 8], dt)], { stride: 2, padding: 0 }, c2);
+  add("conv2d", "conv2d", [arr([1, 6, 5, 3], dt), arr([2, 3, 3, 3], dt)], { stride: 1, padding: 1 }, c2);
+  add("conv2d", "conv2d", [arr([1, 9, 9, 4], dt), arr([6, 3, 3, 2], dt)], { stride: 2, padding: 1, dilation: 2, groups: 2 }, c2);
+  add("conv2d", "conv2d", [arr([1, 8, 6, 2], dt, "normal", T([0, 2, 1, 3])), arr([3, 2, 2, 2], dt)], { stride: 1, padding: 0 }, c2);
+  const cg = (xs: Operand[], p: Params) =>
+    mx.convGeneral(A(xs, 0), A(xs, 1), {
+      stride: p.stride as number | number[],
+      padding: p.padding as number | number[] | [number[], number[]],
+      kernelDilation: (p.kernel_dilation ?? 1) as number | number[],
+      inputDilation: (p.input_dilation ?? 1) as number | number[],
+      groups: (p.groups ?? 1) as number,
+      flip: (p.flip ?? false) as boolean,
+    });
+  // the audio light conv: depthwise causal 1-D (groups = channels), kernel 5
+  add("convGeneral", "conv_general", [arr([1, 16, 8], dt), arr([8, 5, 1], dt)], { stride: 1, padding: 0, groups: 8 }, cg);
+  add("convGeneral", "conv_general", [arr([2, 10, 6], dt), arr([6, 3, 1], dt)], { stride: 2, padding: [[2], [0]], groups: 6 }, cg);
+  add("convGeneral", "conv_general", [arr([1, 7, 6, 2], dt), arr([3, 2, 3, 2], dt)], { stride: [1, 2], padding: [1, 0], kernel_dilation: [2, 1], input_dilation: 1 }, cg);
+  add("convGeneral", "conv_general", [arr([1, 5, 5, 2], dt), arr([2, 3, 3, 2], dt)], { stride: 1, padding: 1, input_dilation: 2, flip: true }, cg);
+  const es = (xs: Operand[], p: Params) => mx.einsum(p.subscripts as string, ...(xs as MlxArray[]));
+  // the vision pooler's and the audio attention's contractions
+  add("einsum", "einsum", [arr([1, 18, 2], dt), arr([1, 18, 5], dt)], { subscripts: "bLl,bLd->bld" }, es);
+  add("einsum", "einsum", [arr([1, 2, 3, 4, 6], dt), arr([1, 3, 6, 2, 5], dt)], { subscripts: "bnuwc,bucnh->buwnh" }, es);
+  add("einsum", "einsum", [arr([3, 4], dt), arr([5, 4], dt, "normal", T())], { subscripts: "ij,jk->ik" }, es);
+  add("einsum", "einsum", [arr([4, 4], dt)], { subscripts: "ii->i" }, es);
+  add("einsum", "einsum", [arr([2, 3, 4], dt), arr([4], dt), arr([3], dt)], { subscripts: "abc,c,b->a" }, es);
+}
+
 // ---------------------------------------------------------------- random
 
 for (const seed of [0, 42, 2 ** 33 + 5]) {

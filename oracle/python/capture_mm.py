@@ -503,6 +503,17 @@ class MMRecorder(cap.Recorder):
 
 # -------------------------------------------------------------------- running
 
+MEDIA_INPUTS = ("inputs", "vision_tower/pixel_values", "audio_tower/input_features", "audio_tower/input_mask")
+
+
+def logits_only(call: cap.Call, short: str) -> bool:
+    """Logits mode: the logits of the forward and of every _step call, plus the embed call's
+    inputs (ids and media: what a TS run needs to replay the scenario)."""
+    if call.kind == "embed":
+        return short in MEDIA_INPUTS
+    return call.kind in ("forward", "step") and short == "logits"
+
+
 def mm_capture(model, scn: dict, mode: str = "full",
                spill: Callable[[np.ndarray, str], dict] | None = None) -> tuple[list[cap.Call], dict]:
     """Run one multimodal scenario under the recorder; the verified calls and scenario meta."""
@@ -510,7 +521,7 @@ def mm_capture(model, scn: dict, mode: str = "full",
     cfg = {k: getattr(model.config, k) for k in ("image_token_id", "audio_token_id", "boi_token_id", "eoi_token_id",
                                                  "boa_token_id", "eoa_token_id")}
     inputs = build_inputs(scn, cfg)
-    keep = (lambda c, n: True) if mode == "full" else (lambda c, n: c.kind != "embed" and n == "logits" and c.kind != "prefill")
+    keep = (lambda c, n: True) if mode == "full" else logits_only
     rec = MMRecorder(model, keep, spill, kind=scn["kind"])
     meta: dict[str, Any] = {"scenario": scn["id"], "kind": scn["kind"], "mode": mode}
     kw = {k: inputs[k] for k in ("mm_token_type_ids", "input_features", "input_features_mask") if k in inputs}

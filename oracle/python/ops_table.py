@@ -286,6 +286,25 @@ OPS.update({
 })
 
 
+# ---------------------------------------------------------------- convolution and einsum (multimodal towers)
+
+def _pad_arg(padding):
+    """conv_general padding as Python takes it: an int, a list, or a (low list, high list) pair."""
+    if isinstance(padding, list) and len(padding) == 2 and isinstance(padding[0], list):
+        return (padding[0], padding[1])
+    return padding
+
+
+OPS.update({
+    "conv2d": lambda inputs, stride=1, padding=0, dilation=1, groups=1: mx.conv2d(
+        inputs[0], inputs[1], stride=stride, padding=padding, dilation=dilation, groups=groups),
+    "conv_general": lambda inputs, stride=1, padding=0, kernel_dilation=1, input_dilation=1, groups=1, flip=False: mx.conv_general(
+        inputs[0], inputs[1], stride=stride, padding=_pad_arg(padding), kernel_dilation=kernel_dilation,
+        input_dilation=input_dilation, groups=groups, flip=flip),
+    "einsum": lambda inputs, subscripts: mx.einsum(subscripts, *inputs),
+})
+
+
 def op_names() -> list[str]:
     return sorted(OPS)
 

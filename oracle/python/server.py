@@ -104,7 +104,7 @@ class Server:
             if not (p / "config.json").exists():
                 raise FileNotFoundError(f"no config.json in checkpoint dir {p}")
             return p
-        ids = {t[0] for t in mkc.matrix_ids()}
+        ids = set(mkc.all_ids())
         if ref not in ids:
             raise FileNotFoundError(f"unknown checkpoint {ref!r} (not a dir, not one of {len(ids)} matrix ids)")
         d = self.ckpt_root / ref
@@ -113,16 +113,27 @@ class Server:
             mkc.main(["--out", str(self.ckpt_root), "--only", ref])
         return d
 
-    def model(self, ref: str):
+    def model(self, ref: str, vlm: bool = False):
+        """mlx-lm's load_model, or mlx-vlm's (`vlm`: the multimodal scenarios)."""
         d = self.checkpoint_dir(ref)
-        key = str(d.resolve())
+        key = f"{'vlm:' if vlm else ''}{d.resolve()}"
         stamp = (d / "model.safetensors").stat().st_mtime_ns if (d / "model.safetensors").exists() else 0
         hit = self._models.get(key)
         if hit is None or hit[0] != stamp:
             if len(self._models) >= 8:
                 self._models.pop(next(iter(self._models)))
-            self._models[key] = (stamp, cap.load(d))
+            if vlm:
+                import capture_mm
+
+                self._models[key] = (stamp, capture_mm.load_mm(d))
+            else:
+                self._models[key] = (stamp, cap.load(d))
         return self._models[key][1]
+
+    @staticmethod
+    def is_mm(scn: dict) -> bool:
+        """A multimodal scenario (fixtures/mm_scenarios.json, or an inline one with `media`)."""
+        return scn.get("id", "").startswith("mm_") or "media" in scn or "needs" in scn
 
     @staticmethod
     def scenario(req: dict) -> dict:
@@ -132,7 +143,19 @@ class Server:
         for scn in load_scenarios():
             if scn["id"] == s:
                 return scn
+        if isinstance(s, str) and s.startswith("mm_"):
+            import capture_mm
+
+            return capture_mm.mm_scenario(s)
         raise KeyError(f"unknown scenario {s!r}")
+
+    def run_capture(self, ref: str, scn: dict, mode: str, spill=None):
+        """capture.capture under mlx-lm, or capture_mm.mm_capture under mlx-vlm for media scenarios."""
+        if self.is_mm(scn):
+            import capture_mm
+
+            return capture_mm.mm_capture(self.model(ref, vlm=True), scn, mode, spill)
+        return cap.capture(self.model(ref), scn, mode, spill)
 
     # ------------------------------------------------------------ commands
     def cmd_ping(self, req: dict) -> dict:
@@ -185,13 +208,12 @@ class Server:
 
     def cmd_capture(self, req: dict) -> dict:
         """All taps of a scenario; each stored tap comes back as an .npy file."""
-        model = self.model(req["checkpoint"])
         scn = self.scenario(req)
         # stream: every kept tap is written to its .npy as soon as it is recorded, so the
         # server never holds a whole capture in memory (real-size checkpoints).
         stream = bool(req.get("stream", False))
         spill = (lambda data, dtype: self.out_numpy(data, dtype, "tap")) if stream else None
-        calls, meta = cap.capture(model, scn, req.get("mode", "full"), spill)
+        calls, meta = self.run_capture(req["checkpoint"], scn, req.get("mode", "full"), spill)
         want = req.get("only")
         taps = []
         for r, t in zip(golden_io.tap_records(calls), (t for c in calls for t in c.taps.values())):
@@ -207,7 +229,6 @@ class Server:
 
         req: checkpoint, items [{scenario, mode}], npz, index, prefix (true: tap names are
         prefixed "<scenario>/", used when several scenarios share a file)."""
-        model = self.model(req["checkpoint"])
         prefixed = bool(req.get("prefix", False))
         groups, scenarios, taps, stored = [], [], [], 0
         seen: dict[str, str] = {}
@@ -221,7 +242,7 @@ class Server:
                                   "same_as": orig["scenario"], "stored": 0})
                 continue
             seen[key] = scn["id"]
-            calls, meta = cap.capture(model, scn, mode)
+            calls, meta = self.run_capture(req["checkpoint"], scn, mode)
             pre = f"{scn['id']}/" if prefixed else ""
             groups.append((pre, calls))
             recs = golden_io.tap_records(calls, pre)
@@ -259,10 +280,20 @@ class Server:
         return {"index": json.loads((out / "index.json").read_text())}
 
     def cmd_plan(self, req: dict) -> dict:
+        import make_mm_checkpoints as mmc
+
+        mm_ck = []
+        for cid, fixture, variant, _, _ in mmc.mm_matrix_ids():
+            d = mmc.describe_mm(fixture, variant, "", None)
+            mm_ck.append({"id": cid, "fixture": fixture, "variant": variant,
+                          "towers": [t for t in ("vision", "audio") if t in d["features"]]})
+        mm_sc = json.loads(mmc.FIXTURES.joinpath("mm_scenarios.json").read_text())["scenarios"]
         return {"checkpoints": [{"id": t[0], "fixture": t[1], "variant": t[2],
                                  "moe": mkc.is_moe(t[1])} for t in mkc.matrix_ids()],
                 "scenarios": [{k: v for k, v in s.items() if k in ("id", "kind", "applies_to")}
-                              for s in load_scenarios()]}
+                              for s in load_scenarios()],
+                "mm_checkpoints": mm_ck,
+                "mm_scenarios": [{k: v for k, v in s.items() if k in ("id", "kind", "needs")} for s in mm_sc]}
 
     def cmd_make_mask(self, req: dict) -> dict:
         """base.create_attention_mask(h, cache, window_size, return_array) with h of length N,
@@ -319,6 +350,8 @@ class Server:
 
 def same_work_key(scn: dict) -> list:
     """Scenarios with equal keys run the exact same model calls (so they have equal goldens)."""
+    if Server.is_mm(scn):
+        return ["mm", scn["id"]]
     if scn["kind"] == "forward":
         return ["forward", scn["tokens"]]
     return ["generate", scn["prompt"], cap.prefill_schedule(len(scn["prompt"]), scn["prefill_step_size"]),
