@@ -59,6 +59,11 @@ export interface GenerateStepOptions {
   promptCache?: KVCacheLike[];
   /** Default 2048. */
   prefillStepSize?: number;
+  /**
+   * false: no prefill chunks, the whole prompt goes to the first _step (mlx-vlm's generate_step
+   * when its chunked-prefill policy says no: prefill_step_size = None). Default true.
+   */
+  chunkedPrefill?: boolean;
   /** Called after every model call (prefill chunks and steps), e.g. to read caches for parity. */
   onStep?: (info: StepInfo) => void;
   /** Seed the global MLX random state first (mx.random.seed). */
@@ -146,7 +151,7 @@ async function* run(model: GenerateModel, prompt: readonly number[], opts: Gener
   try {
     let rest = prompt.slice();
     let k = 0;
-    while (rest.length > 1) {
+    while (opts.chunkedPrefill !== false && rest.length > 1) {
       const n = Math.min(prefillStep, rest.length - 1);
       const chunk = rest.slice(0, n);
       const call: CallInfo = { kind: "prefill", index: k++ };

@@ -5,6 +5,8 @@ import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { KVCache, type KVCacheLike, RotatingKVCache } from "./cache/index.ts";
 import type { CallInfo, GenerateModel, StepInfo } from "./generate.ts";
+import type { MultimodalConfig } from "./gemma4/config.ts";
+import type { MediaInputs, MultimodalModel } from "./gemma4/gemma4.ts";
 import { type LoadedModel, loadModel, prefixed, type TapSink } from "./gemma4/index.ts";
 
 export const cacheFactory = {
@@ -40,8 +42,55 @@ export function stepTaps(taps: TapSink): (info: StepInfo) => void {
   return (info) => {
     if (info.call.kind !== "step" || !info.logprobs || !info.sampled) return;
     const prefix = callPrefix(info.call);
-    using lp = mx.expandDims(info.logprobs, 0);
-    taps(`${prefix}logprobs`, lp);
+    taps(`${prefix}logprobs`, info.logprobs);
     taps(`${prefix}token`, info.sampled);
+  };
+}
+
+/** The prompt of a multimodal generation: token ids (placeholders included) and the media. */
+export interface MediaPrompt {
+  ids: readonly number[];
+  media: MediaInputs;
+}
+
+/** Gemma4Processor's mm_token_type_ids: 1 on image placeholders, 3 on audio placeholders, else 0. */
+export function mmTokenTypes(ids: readonly number[], config: MultimodalConfig): number[] {
+  return ids.map((t) => (t === config.image_token_id ? 1 : t === config.audio_token_id ? 3 : 0));
+}
+
+/**
+ * mlx_vlm.generate.generate_step's prefill for a multimodal prompt, as a GenerateModel for
+ * generateStep: get_input_embeddings once (taps under "embed/"), then every language-model call
+ * with logits_to_keep=1; prefill chunks and the first _step read their slice of the embeddings
+ * and the full per-layer inputs and token types; decode steps embed their own token. `chunked`
+ * is the model's chunked-prefill policy (pass it as generateStep's chunkedPrefill). dispose()
+ * frees the embeddings.
+ */
+export function mediaGenerationModel(model: MultimodalModel, prompt: MediaPrompt, taps?: TapSink): { generate: GenerateModel; chunked: boolean; dispose(): void } {
+  const types = mmTokenTypes(prompt.ids, model.config);
+  using ids = mx.array(Int32Array.from(prompt.ids), [1, prompt.ids.length], "int32");
+  const { inputs_embeds, per_layer_inputs } = model.get_input_embeddings(ids, prompt.media, taps ? prefixed(taps, "embed/") : undefined);
+  const mm = mx.array(Int32Array.from(types), [1, types.length], "int32");
+  let offset = 0;
+  const generate: GenerateModel = {
+    makeCache: () => model.makeCache(cacheFactory) as KVCacheLike[],
+    forward: (inputs: MlxArray, cache: KVCacheLike[], call: CallInfo): MlxArray => {
+      const t = taps ? prefixed(taps, callPrefix(call)) : undefined;
+      if (call.kind === "step" && call.index > 0) return model.language_model.call(inputs, { cache, logits_to_keep: 1, taps: t });
+      const n = call.kind === "prefill" ? inputs.shape[1]! : inputs_embeds.shape[1]! - offset;
+      const s = inputs_embeds.shape;
+      using chunk = mx.slice(inputs_embeds, [0, offset, 0], [s[0]!, offset + n, s[2]!]);
+      offset += n;
+      return model.language_model.call(inputs, { inputs_embeds: chunk, per_layer_inputs, mm_token_type_ids: mm, cache, logits_to_keep: 1, taps: t });
+    },
+  };
+  return {
+    generate,
+    chunked: model.language_model.chunkedPrefill(types),
+    dispose: () => {
+      inputs_embeds.dispose();
+      per_layer_inputs?.dispose();
+      mm.dispose();
+    },
   };
 }

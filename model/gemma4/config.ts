@@ -360,3 +360,209 @@ export function loadConfig(dir: string): LoadedConfig {
   if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) throw new ConfigError(file, "(file)", "must hold a JSON object");
   return configFromDict(decodeTaggedFloats(parsed) as Record<string, unknown>, file);
 }
+
+// ------------------------------------------------------------------ mlx-vlm gemma4 ModelConfig (multimodal)
+//
+// mlx_vlm/models/gemma4/config.py: VisionConfig, AudioConfig, TextConfig, ModelConfig, read as
+// mlx_vlm.utils.load_model reads them (BaseModelConfig.from_dict keeps the dataclass fields,
+// missing ones take the dataclass defaults; an absent vision_config / audio_config becomes {}, so
+// a default tower, which load_model then drops when the checkpoint has no weights for it).
+
+/** VisionConfig after __post_init__. */
+export interface VisionConfig {
+  model_type: string;
+  hidden_size: number;
+  intermediate_size: number;
+  num_hidden_layers: number;
+  num_attention_heads: number;
+  num_key_value_heads: number;
+  head_dim: number;
+  rms_norm_eps: number;
+  default_output_length: number;
+  patch_size: number;
+  position_embedding_size: number;
+  pooling_kernel_size: number;
+  use_clipped_linears: boolean;
+  standardize: boolean;
+  rope_parameters: { rope_theta: number; rope_type?: string };
+}
+
+export const VISION_CONFIG_DEFAULTS: Readonly<VisionConfig> = Object.freeze({
+  model_type: "gemma4_vision",
+  hidden_size: 768,
+  intermediate_size: 3072,
+  num_hidden_layers: 16,
+  num_attention_heads: 12,
+  num_key_value_heads: 12,
+  head_dim: 64,
+  rms_norm_eps: 1e-6,
+  default_output_length: 280,
+  patch_size: 16,
+  position_embedding_size: 10240,
+  pooling_kernel_size: 3,
+  use_clipped_linears: false,
+  standardize: false,
+  rope_parameters: { rope_theta: 100.0, rope_type: "default" },
+});
+
+/** AudioConfig. */
+export interface AudioConfig {
+  hidden_size: number;
+  num_hidden_layers: number;
+  num_attention_heads: number;
+  subsampling_conv_channels: number[];
+  conv_kernel_size: number;
+  residual_weight: number;
+  attention_chunk_size: number;
+  attention_context_left: number;
+  attention_context_right: number;
+  attention_logit_cap: number;
+  attention_invalid_logits_value: number;
+  use_clipped_linears: boolean;
+  rms_norm_eps: number;
+  gradient_clipping: number;
+  output_proj_dims: number | null;
+}
+
+export const AUDIO_CONFIG_DEFAULTS: Readonly<AudioConfig> = Object.freeze({
+  hidden_size: 1024,
+  num_hidden_layers: 12,
+  num_attention_heads: 8,
+  subsampling_conv_channels: [128, 32],
+  conv_kernel_size: 5,
+  residual_weight: 0.5,
+  attention_chunk_size: 12,
+  attention_context_left: 13,
+  attention_context_right: 0,
+  attention_logit_cap: 50.0,
+  attention_invalid_logits_value: -1e9,
+  use_clipped_linears: true,
+  rms_norm_eps: 1e-6,
+  gradient_clipping: 1e10,
+  output_proj_dims: 1536,
+});
+
+/** mlx-vlm's TextConfig: mlx-lm's ModelArgs fields plus the media attention rule. */
+export interface TextConfig extends ModelArgs {
+  /** "vision": bidirectional attention inside each image block (language._make_masks). */
+  use_bidirectional_attention: string | null;
+}
+
+/** ModelConfig, with the towers' configs (null: no such tower). */
+export interface MultimodalConfig {
+  text: TextConfig;
+  vision: VisionConfig | null;
+  audio: AudioConfig | null;
+  image_token_id: number;
+  audio_token_id: number;
+  video_token_id: number | null;
+  boi_token_id: number;
+  eoi_token_id: number;
+  boa_token_id: number;
+  eoa_token_id: number;
+  raw: Record<string, unknown>;
+  file: string;
+}
+
+function pick<T extends object>(defaults: Readonly<T>, given: Record<string, unknown>): T {
+  const out: Record<string, unknown> = { ...defaults };
+  for (const [k, v] of Object.entries(given)) if (k in defaults) out[k] = v;
+  return out as T;
+}
+
+function checkPosInts(o: object, keys: readonly string[], file: string, prefix: string): void {
+  for (const k of keys) {
+    const v = (o as Record<string, unknown>)[k];
+    if (!isPosInt(v)) throw new ConfigError(file, prefix + k, `must be a positive integer, got ${JSON.stringify(v)}`);
+  }
+}
+
+/** VisionConfig.from_dict + checks the tower would otherwise fail on deep inside MLX. */
+export function visionConfigFromDict(d: Record<string, unknown>, file = "config.json"): VisionConfig {
+  const c = pick(VISION_CONFIG_DEFAULTS, d);
+  if (c.rope_parameters === null || c.rope_parameters === undefined) c.rope_parameters = { rope_theta: 100.0, rope_type: "default" };
+  const p = "vision_config.";
+  checkPosInts(c, ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "patch_size", "position_embedding_size", "pooling_kernel_size", "default_output_length"], file, p);
+  if (c.head_dim % 4 !== 0) throw new ConfigError(file, `${p}head_dim`, `the 2-D RoPE splits the head dim into two rotated halves: it must be a multiple of 4, got ${c.head_dim}`);
+  if (c.num_attention_heads !== c.num_key_value_heads) {
+    throw new ConfigError(file, `${p}num_key_value_heads`, `the vision attention has no grouped heads: must equal num_attention_heads (${c.num_attention_heads}), got ${c.num_key_value_heads}`);
+  }
+  const theta = c.rope_parameters.rope_theta;
+  if (typeof theta !== "number" || !(theta > 0)) throw new ConfigError(file, `${p}rope_parameters.rope_theta`, `must be a positive number, got ${JSON.stringify(theta)}`);
+  if (typeof c.rms_norm_eps !== "number" || !(c.rms_norm_eps > 0)) throw new ConfigError(file, `${p}rms_norm_eps`, "must be a positive number");
+  return c;
+}
+
+/** AudioConfig.from_dict + checks. */
+export function audioConfigFromDict(d: Record<string, unknown>, file = "config.json"): AudioConfig {
+  const c = pick(AUDIO_CONFIG_DEFAULTS, d);
+  const p = "audio_config.";
+  checkPosInts(c, ["hidden_size", "num_hidden_layers", "num_attention_heads", "conv_kernel_size", "attention_chunk_size", "attention_context_left"], file, p);
+  if (!isNonNegInt(c.attention_context_right)) throw new ConfigError(file, `${p}attention_context_right`, "must be a non-negative integer");
+  if (c.hidden_size % c.num_attention_heads !== 0) {
+    throw new ConfigError(file, `${p}num_attention_heads`, `hidden_size (${c.hidden_size}) is not divisible by num_attention_heads (${c.num_attention_heads})`);
+  }
+  const ch = c.subsampling_conv_channels;
+  if (!Array.isArray(ch) || ch.length !== 2 || !ch.every(isPosInt)) {
+    throw new ConfigError(file, `${p}subsampling_conv_channels`, `must be two positive integers, got ${JSON.stringify(ch)}`);
+  }
+  if (c.output_proj_dims !== null && !isPosInt(c.output_proj_dims)) throw new ConfigError(file, `${p}output_proj_dims`, "must be a positive integer or null");
+  return c;
+}
+
+/** mlx-vlm TextConfig.__post_init__'s rope default (full attention rotates every dim there). */
+export function vlmDefaultRopeParameters(): Record<string, RopeParams> {
+  return {
+    full_attention: { partial_rotary_factor: 1.0, rope_theta: 1000000.0, rope_type: "proportional" },
+    sliding_attention: { partial_rotary_factor: 1.0, rope_theta: 10000.0, rope_type: "default" },
+  };
+}
+
+/** A gemma4 config.json with its towers → MultimodalConfig (mlx-vlm's ModelConfig). */
+export function multimodalConfigFromDict(config: Record<string, unknown>, file = "config.json"): MultimodalConfig {
+  const raw = { ...config };
+  if (raw.model_type !== "gemma4") {
+    throw new ConfigError(file, "model_type", `a multimodal checkpoint is model_type "gemma4", got ${JSON.stringify(raw.model_type)}`);
+  }
+  const tc = raw.text_config ?? {};
+  if (typeof tc !== "object" || tc === null || Array.isArray(tc)) throw new ConfigError(file, "text_config", "must be an object");
+  const text = { ...(tc as Record<string, unknown>) };
+  if (text.rope_parameters === undefined || text.rope_parameters === null) text.rope_parameters = vlmDefaultRopeParameters();
+  const args = modelArgsFromDict(text, file, "text_config.");
+  const bidi = text.use_bidirectional_attention ?? null;
+  if (bidi !== null && typeof bidi !== "string") throw new ConfigError(file, "text_config.use_bidirectional_attention", `must be a string or null, got ${JSON.stringify(bidi)}`);
+  const tower = (key: string): Record<string, unknown> | null => {
+    if (!(key in raw)) return {}; // load_model: config.setdefault(key, {})
+    const v = raw[key];
+    if (v === null) return null;
+    if (typeof v !== "object" || Array.isArray(v)) throw new ConfigError(file, key, "must be an object or null");
+    return v as Record<string, unknown>;
+  };
+  const v = tower("vision_config");
+  const a = tower("audio_config");
+  const ids: Record<string, number | null> = {
+    image_token_id: 258880, audio_token_id: 258881, video_token_id: null,
+    boi_token_id: 255999, eoi_token_id: 258882, boa_token_id: 256000, eoa_token_id: 258883,
+  };
+  for (const k of Object.keys(ids)) {
+    if (k in raw) {
+      const x = raw[k];
+      if (x !== null && !isNonNegInt(x)) throw new ConfigError(file, k, `must be a token id, got ${JSON.stringify(x)}`);
+      ids[k] = x as number | null;
+    }
+  }
+  return {
+    text: { ...args, use_bidirectional_attention: bidi as string | null },
+    vision: v === null ? null : visionConfigFromDict(v, file),
+    audio: a === null ? null : audioConfigFromDict(a, file),
+    image_token_id: ids.image_token_id!,
+    audio_token_id: ids.audio_token_id!,
+    video_token_id: ids.video_token_id ?? null,
+    boi_token_id: ids.boi_token_id!,
+    eoi_token_id: ids.eoi_token_id!,
+    boa_token_id: ids.boa_token_id!,
+    eoa_token_id: ids.eoa_token_id!,
+    raw,
+    file,
+  };
+}

@@ -980,6 +980,21 @@ export class Gemma4TextModel extends Module {
     stack.defer(() => {
       for (const m of new Set(masks)) disposeMask(m);
     });
+    h = stack.use(this.runLayers(h, masks, caches, perLayer, taps));
+    const out = this.norm.call(h);
+    if (taps) taps("norm", out);
+    return out;
+  }
+
+  /**
+   * The layer loop of __call__: each layer on the previous one's output, every layer's
+   * (kvs, offset) kept for the KV-shared layers. `trim` is mlx-vlm's logits_to_keep: before layer
+   * `trim.before`, h (and from there each layer's per-layer input and array mask) keeps its last
+   * `trim.keep` rows, and the shared layers' RoPE offsets move by the rows dropped. Returns the
+   * last layer's output (caller-owned); the inputs stay the caller's.
+   */
+  runLayers(h0: MlxArray, masks: readonly Mask[], caches: readonly (LayerCache | null)[], perLayer: readonly (MlxArray | null)[], taps?: TapSink, trim?: { keep: number; before: number }): MlxArray {
+    using stack = new DisposableStack();
     const intermediates: [KV | null, Offset | null][] = this.layers.map(() => [null, null]);
     stack.defer(() => {
       for (const [kv, off] of intermediates) {
@@ -990,17 +1005,33 @@ export class Gemma4TextModel extends Module {
         if (off instanceof mx.MlxArray) off.dispose();
       }
     });
+    let h = h0;
+    let trimmed_prefix = 0;
+    // a[..., -n:, ...] on `axis`
+    const lastRows = (a: MlxArray, axis: number, n: number): MlxArray => {
+      const s = a.shape;
+      const ax = axis < 0 ? s.length + axis : axis;
+      return stack.use(mx.slice(a, s.map((v, i) => (i === ax ? v - n : 0)), s));
+    };
     for (let idx = 0; idx < this.layers.length; idx++) {
       const layer = this.layers[idx]!;
+      if (trim && 0 < trim.keep && trim.keep < h.shape[1]! && idx === trim.before) {
+        trimmed_prefix = h.shape[1]! - trim.keep;
+        h = lastRows(h, 1, trim.keep);
+      }
+      const L = h.shape[1]!;
+      let pli = perLayer[idx]!;
+      if (pli !== null && pli.shape[1] !== L) pli = lastRows(pli, 1, L);
+      let m = masks[idx]!;
+      if (m instanceof mx.MlxArray && m.ndim >= 2 && m.shape[m.ndim - 2] !== L) m = lastRows(m, -2, L);
       const prev = this.previous_kvs[idx]!;
-      const [kvs, offset] = intermediates[prev]!;
-      const [hn, kv, off] = layer.call(h, masks[idx]!, caches[idx]!, perLayer[idx]!, kvs, offset, taps, taps ? `layers.${idx}/` : "");
+      let [kvs, offset] = intermediates[prev]!;
+      if (trimmed_prefix) offset = offset instanceof mx.MlxArray ? stack.use(mx.add(offset, trimmed_prefix)) : (offset ?? 0) + trimmed_prefix;
+      const [hn, kv, off] = layer.call(h, m, caches[idx]!, pli, kvs, offset, taps, taps ? `layers.${idx}/` : "");
       h = stack.use(hn);
       intermediates[idx] = [kv, off];
     }
-    const out = this.norm.call(h);
-    if (taps) taps("norm", out);
-    return out;
+    return mx.alias(h);
   }
 }
 

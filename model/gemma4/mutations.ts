@@ -26,6 +26,22 @@ export const MUTATIONS = [
 
 export type Mutation = (typeof MUTATIONS)[number];
 
+/** Multimodal port bugs (vision/audio towers, merge, media masks): suites/mutations/multimodal.test.ts. */
+export const MEDIA_MUTATIONS = [
+  "rope_axes_swapped", // 2-D RoPE: the first head-dim half rotated by y and the second by x
+  "patchify_channel_major", // patch vectors in (channel, row, col) order instead of (row, col, channel)
+  "pool_window_off_by_one", // position pooler bins of (k+1) x (k+1) patches
+  "no_pooler_scale", // the pooler's final * sqrt(hidden_size) missing
+  "image_block_causal", // causal attention inside image blocks (no bidirectional overlay)
+  "merge_order_reversed", // placeholders filled with the features in reverse order
+  "ple_media_ids_kept", // per-layer inputs looked up from the media placeholder ids instead of the pad id
+  "audio_mask_not_inverted", // the processor's valid-frame mask passed to the tower as its invalid mask
+  "audio_chunk_mask_shifted", // the chunked attention's causal window shifted by one frame
+  "audio_q_scale_f32", // q_scale * softplus(per_dim_scale) in float32 instead of the parameter dtype
+] as const;
+
+export type MediaMutation = (typeof MEDIA_MUTATIONS)[number];
+
 const active = new Set<string>();
 
 /** True when the named bug is switched on (tests only). */
@@ -33,8 +49,13 @@ export function mutated(name: Mutation): boolean {
   return active.size !== 0 && active.has(name);
 }
 
+/** True when the named multimodal bug is switched on (tests only). */
+export function mediaMutated(name: MediaMutation): boolean {
+  return active.size !== 0 && active.has(name);
+}
+
 /** Runs fn with exactly one mutation active (tests only). */
-export function withMutation<T>(name: Mutation, fn: () => T): T {
+export function withMutation<T>(name: Mutation | MediaMutation, fn: () => T): T {
   active.clear();
   active.add(name);
   try {
@@ -44,7 +65,7 @@ export function withMutation<T>(name: Mutation, fn: () => T): T {
   }
 }
 
-export async function withMutationAsync<T>(name: Mutation, fn: () => Promise<T>): Promise<T> {
+export async function withMutationAsync<T>(name: Mutation | MediaMutation, fn: () => Promise<T>): Promise<T> {
   active.clear();
   active.add(name);
   try {

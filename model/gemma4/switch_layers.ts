@@ -32,6 +32,9 @@ export function _scatter_unsort(x: MlxArray, inv_order: MlxArray, shape: readonl
   return mx.unflatten(yy, 0, shape);
 }
 
+/** mlx_vlm/models/linear.py DECODE_BLOCK_SIZE: mlx-vlm's SwitchGLU projects blocks of up to 8 tokens token by token. */
+export const DECODE_BLOCK_SIZE = 8;
+
 /** Anything SwitchGLU can call as a projection. */
 export interface SwitchProj {
   call(x: MlxArray, indices: MlxArray, sorted_indices: boolean): MlxArray;
@@ -115,6 +118,23 @@ export class QuantizedSwitchLinear extends Module implements SwitchProj {
   }
 }
 
+/** quantized_verifier.supports_quantization for a switch linear: one of MLX's native formats. */
+function exactQuantized(m: SwitchProj): m is QuantizedSwitchLinear {
+  if (!(m instanceof QuantizedSwitchLinear)) return false;
+  if (m.mode === "affine") return [2, 3, 4, 5, 6, 8].includes(m.bits) && [32, 64, 128].includes(m.group_size);
+  const fixed: Record<string, [number, number]> = { mxfp4: [4, 32], nvfp4: [4, 16], mxfp8: [8, 32] };
+  const f = fixed[m.mode];
+  return f !== undefined && m.bits === f[0] && m.group_size === f[1];
+}
+
+/** exact_quantized_switch_linear / exact_quantized_selected_linear: proj(expand_dims(contiguous(x), axes), idx).squeeze(-2). */
+function projectExact(m: QuantizedSwitchLinear, x: MlxArray, axes: number[], indices: MlxArray): MlxArray {
+  using c = mx.contiguous(x);
+  using e = mx.expandDims(c, axes);
+  using y = m.call(e, indices, false);
+  return mx.squeeze(y, -2);
+}
+
 /** The activation SwitchGLU calls as activation(x_up, x_gate). */
 export interface GluActivation {
   call(x: MlxArray, gate: MlxArray): MlxArray;
@@ -138,7 +158,15 @@ export class SwitchGLU extends Module {
     this.activation = activation;
   }
 
+  /**
+   * mlx-vlm's SwitchGLU (mlx_vlm/models/switch_layers.py) sets this to its DECODE_BLOCK_SIZE (8):
+   * for 1 < L <= 8 it projects each token as a decode step would (decodeBlock). null: mlx-lm's.
+   */
+  decode_block_size: number | null = null;
+
   call(x0: MlxArray, indices0: MlxArray, taps?: TapSink, tp = ""): MlxArray {
+    const L = x0.ndim === 3 ? x0.shape[1]! : 0;
+    if (this.decode_block_size !== null && 1 < L && L <= this.decode_block_size) return this.decodeBlock(x0, indices0);
     using xe = mx.expandDims(x0, [-2, -3]);
     using indices = mx.stopGradient(indices0);
     const do_sort = indices.size >= 64;
@@ -176,6 +204,37 @@ export class SwitchGLU extends Module {
       return mx.squeeze(yy, -2);
     } finally {
       for (const a of owned) a.dispose();
+    }
+  }
+
+  /**
+   * mlx-vlm SwitchGLU.__call__ for 1 < L <= DECODE_BLOCK_SIZE (no weights/shared/residual, as
+   * Gemma 4's Experts calls it): with fewer than 64 routes per position and native-quantized
+   * projections, every selected expert projects each hidden vector (exact_quantized_*); otherwise
+   * linear.tokenwise: the batched path one token at a time, concatenated. The Metal-only fused
+   * kernels (exact_affine_*) never run on this backend.
+   */
+  decodeBlock(x: MlxArray, indices: MlxArray): MlxArray {
+    if (x.shape[0]! * indices.shape[indices.ndim - 1]! < 64 && exactQuantized(this.up_proj) && exactQuantized(this.gate_proj)) {
+      using up = projectExact(this.up_proj, x, [-2, -3], indices);
+      using gate = projectExact(this.gate_proj, x, [-2, -3], indices);
+      using activated = this.activation.call(up, gate);
+      if (exactQuantized(this.down_proj)) return projectExact(this.down_proj, activated, [-2], indices);
+    }
+    // linear.tokenwise(self, x, indices): position i as its own (B, 1) call, contiguous slices
+    const outs: MlxArray[] = [];
+    try {
+      for (let i = 0; i < x.shape[1]!; i++) {
+        using xs = mx.slice(x, [0, i, 0], [x.shape[0]!, i + 1, x.shape[2]!]);
+        using xi = mx.contiguous(xs);
+        const is = indices.shape;
+        using ii0 = mx.slice(indices, [0, i, 0], [is[0]!, i + 1, is[2]!]);
+        using ii = mx.contiguous(ii0);
+        outs.push(this.call(xi, ii));
+      }
+      return mx.concatenate(outs, 1);
+    } finally {
+      for (const o of outs) o.dispose();
     }
   }
 }

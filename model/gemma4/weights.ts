@@ -8,7 +8,7 @@ import { closeSync, existsSync, openSync, readdirSync, readFileSync, readSync, s
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
-import { ConfigError, type LoadedConfig, loadConfig } from "./config.ts";
+import { ConfigError, type LoadedConfig, loadConfig, type MultimodalConfig, multimodalConfigFromDict } from "./config.ts";
 import * as gemma4 from "./gemma4.ts";
 import * as gemma4_text from "./gemma4_text.ts";
 import { Module, type QuantMode, type QuantParams, QuantizeError } from "./nn.ts";
@@ -315,5 +315,68 @@ export function loadModel(dir: string, { lazy = false }: { lazy?: boolean } = {}
   } catch (e) {
     for (const w of weights.values()) if (!w.array.disposed) w.array.dispose();
     throw e;
+  }
+}
+
+// ------------------------------------------------------------------ mlx_vlm.utils.load_model (multimodal)
+
+export interface LoadedMultimodalModel {
+  model: gemma4.MultimodalModel;
+  config: MultimodalConfig;
+  /** The quantization entries as loadModel reads them (null when none). */
+  raw: Record<string, unknown>;
+}
+
+/** Whether a checkpoint directory's config.json describes a gemma4 model with vision or audio towers. */
+export function isMultimodalCheckpoint(dir: string): boolean {
+  try {
+    const c = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
+    return c.model_type === "gemma4" && ((c.vision_config !== undefined && c.vision_config !== null) || (c.audio_config !== undefined && c.audio_config !== null));
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * mlx_vlm.utils.load_model for a gemma4 checkpoint: the model with its vision/audio towers
+ * (mlx-vlm's config defaults), Model.sanitize + LanguageModel.sanitize, nn.quantize with the
+ * load predicate (a per-path entry wins; otherwise modules with "<path>.scales"), the top-level
+ * towers without weights dropped (_drop_modules_without_weights), load_weights(strict=True).
+ * Every tower weight is kept; problems are one error naming file and key.
+ */
+export function loadMultimodalModel(dir: string, { lazy = false }: { lazy?: boolean } = {}): LoadedMultimodalModel {
+  const text = loadConfig(dir); // the same file checks, tagged floats and quantization lifting
+  const config = multimodalConfigFromDict(text.raw, text.file);
+  let weights = loadWeights(dir);
+  try {
+    const model = new gemma4.MultimodalModel(config);
+    weights = model.sanitize(weights);
+    const declared = declaredKeys(dir);
+    model.dropModulesWithoutWeights(new Set([...weights.keys(), ...declared]));
+    quantizeModel(model, text, weights);
+    loadWeightsStrict(model, weights, dir);
+    if (!lazy) {
+      try {
+        mx.evaluate([...model.parameters().values()]);
+      } catch (e) {
+        throw new WeightsError(dir, [], `reading the weights failed: ${(e as Error).message}`);
+      }
+    }
+    return { model, config, raw: text.raw };
+  } catch (e) {
+    for (const w of weights.values()) if (!w.array.disposed) w.array.dispose();
+    throw e;
+  }
+}
+
+/** The weight_map keys of model.safetensors.index.json (mlx-vlm's declared_keys), after its own sanitize-free read. */
+function declaredKeys(dir: string): string[] {
+  const f = join(dir, "model.safetensors.index.json");
+  if (!existsSync(f)) return [];
+  try {
+    const idx = JSON.parse(readFileSync(f, "utf8")) as { weight_map?: Record<string, string> };
+    return Object.keys(idx.weight_map ?? {}).map((k) => (k.startsWith("model.") ? k.slice("model.".length) : k));
+  } catch {
+    return [];
   }
 }

@@ -1,0 +1,132 @@
+// Running the TS multimodal model the way the oracle ran mlx-vlm (shared by the multimodal
+// parity, mutation and property suites): media inputs read back from the oracle's own record
+// (the embed call's input taps), every tap collected under the oracle's names.
+
+import { join } from "node:path";
+import * as mx from "@mlx-bun/mlx";
+import type { MlxArray } from "@mlx-bun/mlx";
+import { type CallRecord, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
+import { loadGolden, readManifest } from "../../oracle/golden.ts";
+import { generateStep } from "../../model/generate.ts";
+import type { MediaInputs, MultimodalModel } from "../../model/gemma4/index.ts";
+import { mediaGenerationModel, mmTokenTypes, stepTaps } from "../../model/runtime.ts";
+import { goldenBudget } from "../gemma4/run.ts";
+import { fromOracle, TapCollector, type TapData, type UlpBudget } from "../gemma4/tap_compare.ts";
+
+export const CKPT_ROOT = join(REPO_ROOT, ".cache", "checkpoints");
+
+export interface MmScenario {
+  id: string;
+  kind: "forward" | "generate";
+  needs: string[];
+  prompt: (number | string)[];
+  prefill_step_size?: number;
+  max_tokens?: number;
+}
+
+export const MM_SCENARIOS: MmScenario[] = ((await Bun.file(join(REPO_ROOT, "fixtures", "mm_scenarios.json")).json()) as { scenarios: MmScenario[] }).scenarios;
+
+export function mmScenario(id: string): MmScenario {
+  const s = MM_SCENARIOS.find((x) => x.id === id);
+  if (!s) throw new Error(`unknown multimodal scenario ${id}`);
+  return s;
+}
+
+export interface MmReference {
+  calls: CallRecord[];
+  taps: TapData[];
+  generated?: number[];
+  source: "golden" | "live";
+  budget?: UlpBudget;
+}
+
+const manifest = readManifest();
+const memo = new Map<string, Promise<MmReference>>();
+
+/** The oracle's record of a multimodal scenario: the golden full dump if there is one, else live. */
+export function mmReference(ckpt: string, scn: string, { exact = false, live = false }: { exact?: boolean; live?: boolean } = {}): Promise<MmReference> {
+  const key = `${ckpt}/${scn}${exact ? "#exact" : ""}${live ? "#live" : ""}`;
+  let p = memo.get(key);
+  if (!p) {
+    p = (async () => {
+      const gid = `${ckpt}/${scn}`;
+      if (!live && manifest?.entries[gid] && !(exact && (await goldenBudget()) !== undefined)) {
+        const g = loadGolden(gid);
+        if (g.scenario.mode === "full" && g.scenario.calls) {
+          return {
+            calls: g.scenario.calls as unknown as CallRecord[],
+            taps: g.taps.map((t) => fromOracle({ ...t, kind: t.kind ?? "array", array: g.arrays.get(t.name) })),
+            generated: (g.scenario.meta as { generated?: number[] } | undefined)?.generated,
+            source: "golden",
+            budget: await goldenBudget(),
+          } satisfies MmReference;
+        }
+      }
+      const cap = await (await sharedOracle()).capture(ckpt, scn, { mode: "full" });
+      return { calls: cap.calls, taps: cap.taps.map(fromOracle), generated: cap.meta.generated, source: "live" } satisfies MmReference;
+    })();
+    memo.set(key, p);
+    p.catch(() => memo.delete(key));
+  }
+  return p;
+}
+
+function arrayOf(t: TapData | undefined): MlxArray | null {
+  if (!t || !t.data) return null;
+  return mx.fromBytes(t.data, t.shape ?? [], t.dtype as mx.Dtype);
+}
+
+/** The prompt ids and media of a recorded scenario (from its embed call's input taps). */
+export function recordedInputs(ref: MmReference): { ids: number[]; media: MediaInputs } {
+  const get = (n: string) => ref.taps.find((t) => t.name === `embed/${n}`);
+  const idsTap = get("inputs");
+  if (!idsTap?.data) throw new Error("the reference has no embed/inputs tap");
+  const ids = Array.from(new Int32Array(idsTap.data.buffer, idsTap.data.byteOffset, idsTap.data.byteLength / 4));
+  const mask = arrayOf(get("audio_tower/input_mask"));
+  let valid: MlxArray | null = null;
+  if (mask) {
+    valid = mx.logicalNot(mask); // the tower's mask is the processor's, inverted
+    mask.dispose();
+  }
+  return { ids, media: { pixel_values: arrayOf(get("vision_tower/pixel_values")), input_features: arrayOf(get("audio_tower/input_features")), input_features_mask: valid } };
+}
+
+export function disposeMedia(m: MediaInputs): void {
+  const pv = m.pixel_values;
+  if (Array.isArray(pv)) for (const a of pv) a.dispose();
+  else (pv as MlxArray | null | undefined)?.dispose();
+  m.input_features?.dispose();
+  m.input_features_mask?.dispose();
+}
+
+/** Every tap of a single forward (Model.__call__) of the recorded prompt. */
+export function mmForwardTaps(model: MultimodalModel, ref: MmReference): TapData[] {
+  const { ids, media } = recordedInputs(ref);
+  const col = new TapCollector();
+  try {
+    using x = mx.array(Int32Array.from(ids), [1, ids.length], "int32");
+    const types = mmTokenTypes(ids, model.config);
+    using mm = mx.array(Int32Array.from(types), [1, types.length], "int32");
+    using logits = model.call(x, { ...media, mm_token_type_ids: mm, taps: col.sink });
+  } finally {
+    disposeMedia(media);
+  }
+  return col.taps;
+}
+
+/** Every tap of mlx-vlm's generate_step on the recorded prompt (embed call, prefill chunks, steps); the tokens. */
+export async function mmGenerateTaps(model: MultimodalModel, ref: MmReference, scn: MmScenario): Promise<{ taps: TapData[]; tokens: number[] }> {
+  const { ids, media } = recordedInputs(ref);
+  const col = new TapCollector();
+  const run = mediaGenerationModel(model, { ids, media }, col.sink);
+  const tokens: number[] = [];
+  try {
+    for await (const t of generateStep(run.generate, ids, { maxTokens: scn.max_tokens!, prefillStepSize: scn.prefill_step_size!, chunkedPrefill: run.chunked, onStep: stepTaps(col.sink) })) {
+      tokens.push(t.token);
+    }
+  } finally {
+    run.dispose();
+    disposeMedia(media);
+  }
+  return { taps: col.taps, tokens };
+}
