@@ -50,6 +50,19 @@ export interface NpyRef {
 }
 export type OpInput = NpyRecord | { scalar: number | boolean; kind: "int" | "float" | "bool" };
 
+/** One synthetic layout for mmMasks (fields as the server's mm_masks command reads them). */
+export interface MmMaskCase {
+  layer_types: string[];
+  window: number;
+  bidirectional: string | null;
+  B: number;
+  N: number;
+  /** mm_token_type_ids rows (null: none given). */
+  types: number[][] | null;
+  /** The caches' offset (null: no cache). */
+  offset: number | null;
+}
+
 export interface MaskResult {
   kind: "none" | "causal" | "array";
   array?: NpyRecord;
@@ -441,6 +454,15 @@ export class OracleClient {
   }): Promise<MaskResult> {
     const r = await this.request<{ mask: { kind: string } & Partial<NpyRef> }>("make_mask", args);
     return this.readMask(r.mask);
+  }
+
+  /**
+   * mlx-vlm's Gemma4TextModel._make_masks on synthetic layouts (the media mask property suite):
+   * per case, the mask of the first layer of each layer type.
+   */
+  async mmMasks(cases: MmMaskCase[]): Promise<Record<string, MaskResult>[]> {
+    const r = await this.request<{ results: Record<string, { kind: string } & Partial<NpyRef>>[] }>("mm_masks", { cases });
+    return r.results.map((res) => Object.fromEntries(Object.entries(res).map(([k, m]) => [k, this.readMask(m)])));
   }
 
   /** Ask the server to exit; waits for the process (kills it after `graceMs`). */

@@ -40,14 +40,20 @@ export function globMatch(glob: string, s: string): boolean {
 const matches = (rule: Rule, ck: string, sc: string) =>
   rule.checkpoints.some((g) => globMatch(g, ck)) && rule.scenarios.some((g) => globMatch(g, sc));
 
+/**
+ * Text checkpoints ({moe}) take the text scenarios ({applies_to}); multimodal checkpoints
+ * ({towers}) take the multimodal scenarios whose towers ({needs}) they have.
+ */
 export function buildPlan(
   plan: Plan,
-  checkpoints: { id: string; moe: boolean }[],
-  scenarios: { id: string; applies_to: string }[],
+  checkpoints: { id: string; moe?: boolean; towers?: string[] }[],
+  scenarios: { id: string; applies_to?: string; needs?: string[] }[],
 ): PlanItem[] {
   const out: PlanItem[] = [];
   for (const ck of checkpoints) {
     for (const sc of scenarios) {
+      if ((ck.towers === undefined) !== (sc.needs === undefined)) continue;
+      if (sc.needs && !sc.needs.every((t) => ck.towers!.includes(t))) continue;
       if (sc.applies_to === "moe" && !ck.moe) continue;
       const mode = plan.full.some((r) => matches(r, ck.id, sc.id))
         ? "full"
@@ -184,8 +190,13 @@ async function main(): Promise<number> {
   let swapped = false;
   try {
     const { versions, fingerprint } = await oracle.fingerprint();
-    const planInfo = await oracle.request<{ checkpoints: { id: string; moe: boolean }[]; scenarios: { id: string; applies_to: string }[] }>("plan");
-    const all = buildPlan(planSpec, planInfo.checkpoints, planInfo.scenarios);
+    const planInfo = await oracle.request<{
+      checkpoints: { id: string; moe: boolean }[];
+      scenarios: { id: string; applies_to: string }[];
+      mm_checkpoints: { id: string; towers: string[] }[];
+      mm_scenarios: { id: string; needs: string[] }[];
+    }>("plan");
+    const all = buildPlan(planSpec, [...planInfo.checkpoints, ...planInfo.mm_checkpoints], [...planInfo.scenarios, ...planInfo.mm_scenarios]);
     const selected = args.only.length ? all.filter((p) => args.only.some((g) => globMatch(g, p.id))) : all;
     const nFull = selected.filter((p) => p.mode === "full").length;
     console.error(`plan: ${all.length} entries (${all.filter((p) => p.mode === "full").length} full); regenerating ${selected.length} (${nFull} full)`);

@@ -118,50 +118,8 @@ export class LanguageModel extends Module {
 
   /** _make_masks(h, cache, mm_token_type_ids): one mask per layer type (first layer of the type). */
   _make_masks(h: MlxArray, cache: readonly (LayerCache | null)[], mm_token_type_ids: MlxArray | null, taps?: TapSink): Mask[] {
-    const L = h.shape[1]!;
-    let has_visual_tokens = false;
-    if (mm_token_type_ids !== null) {
-      // int(mx.sum((mm == 1) | (mm == 2)).item()) > 0: a host sync, as in Python
-      using e1 = mx.equal(mm_token_type_ids, 1);
-      using e2 = mx.equal(mm_token_type_ids, 2);
-      using v = mx.bitwiseOr(e1, e2);
-      using n = mx.sum(v);
-      has_visual_tokens = (n.item() as number) > 0;
-    }
-    // Audio spans are sequential; mlx-vlm keeps mixed image+audio prompts causal through its
-    // chunked-prefill policy, not here.
-    const use_bidirectional_vision =
-      this.config.use_bidirectional_attention === "vision" && mm_token_type_ids !== null && has_visual_tokens && L > 1 && !mediaMutated("image_block_causal");
-    const byType = new Map<string, Mask>();
-    const masks: Mask[] = [];
-    try {
-      for (let i = 0; i < this.model.layers.length; i++) {
-        const t = this.model.layers[i]!.layer_type;
-        if (!byType.has(t)) {
-          const c = cache[i] ?? null;
-          const sliding = t === "sliding_attention";
-          let m: Mask;
-          if (!sliding) {
-            m = createAttentionMask(h, c, { returnArray: use_bidirectional_vision });
-          } else {
-            const return_array = (L > 1 && c !== null && c.offset > 0) || use_bidirectional_vision;
-            m = createAttentionMask(h, c, { windowSize: this.model.window_size, returnArray: return_array });
-          }
-          if (use_bidirectional_vision && m === "causal") m = createCausalMask(L, 0, sliding ? this.model.window_size : null);
-          if (use_bidirectional_vision && m instanceof mx.MlxArray) {
-            using base = m;
-            m = LanguageModel._apply_blockwise_bidirectional_overlay(base, mm_token_type_ids!);
-          }
-          byType.set(t, m);
-          if (taps) taps(`mask/${t}`, m);
-        }
-        masks.push(byType.get(t)!);
-      }
-      return masks;
-    } catch (e) {
-      for (const m of byType.values()) disposeMask(m);
-      throw e;
-    }
+    const types = this.model.layers.map((l) => l.layer_type);
+    return makeMediaMasks(types, this.model.window_size, this.config.use_bidirectional_attention, h.shape, cache, mm_token_type_ids, taps);
   }
 
   /**
@@ -259,5 +217,66 @@ export class LanguageModel extends Module {
       else caches.push(factory.rotatingKVCache(this.config.sliding_window, 0));
     }
     return caches;
+  }
+}
+
+/**
+ * Gemma4TextModel._make_masks (mlx-vlm) for layers of `layer_types` (h: the call's hidden
+ * state, or its shape): a mask per layer, built once per layer type from the cache of the first
+ * layer of that type; with use_bidirectional_attention "vision", image tokens in the call and
+ * L > 1, both mask kinds become bool arrays with the image-block overlay.
+ */
+export function makeMediaMasks(
+  layer_types: readonly string[],
+  window_size: number,
+  use_bidirectional_attention: string | null,
+  hShape: readonly number[],
+  cache: readonly (LayerCache | null)[],
+  mm_token_type_ids: MlxArray | null,
+  taps?: TapSink,
+): Mask[] {
+  const L = hShape[1]!;
+  let has_visual_tokens = false;
+  if (mm_token_type_ids !== null) {
+    // int(mx.sum((mm == 1) | (mm == 2)).item()) > 0: a host sync, as in Python
+    using e1 = mx.equal(mm_token_type_ids, 1);
+    using e2 = mx.equal(mm_token_type_ids, 2);
+    using v = mx.bitwiseOr(e1, e2);
+    using n = mx.sum(v);
+    has_visual_tokens = (n.item() as number) > 0;
+  }
+  // Audio spans are sequential; mlx-vlm keeps mixed image+audio prompts causal through its
+  // chunked-prefill policy, not here.
+  const use_bidirectional_vision =
+    use_bidirectional_attention === "vision" && mm_token_type_ids !== null && has_visual_tokens && L > 1 && !mediaMutated("image_block_causal");
+  const byType = new Map<string, Mask>();
+  const masks: Mask[] = [];
+  try {
+    for (let i = 0; i < layer_types.length; i++) {
+      const t = layer_types[i]!;
+      if (!byType.has(t)) {
+        const c = cache[i] ?? null;
+        const sliding = t === "sliding_attention";
+        let m: Mask;
+        if (!sliding) {
+          m = createAttentionMask(hShape, c, { returnArray: use_bidirectional_vision });
+        } else {
+          const return_array = (L > 1 && c !== null && c.offset > 0) || use_bidirectional_vision;
+          m = createAttentionMask(hShape, c, { windowSize: window_size, returnArray: return_array });
+        }
+        if (use_bidirectional_vision && m === "causal") m = createCausalMask(L, 0, sliding ? window_size : null);
+        if (use_bidirectional_vision && m instanceof mx.MlxArray) {
+          using base = m;
+          m = LanguageModel._apply_blockwise_bidirectional_overlay(base, mm_token_type_ids!);
+        }
+        byType.set(t, m);
+        if (taps) taps(`mask/${t}`, m);
+      }
+      masks.push(byType.get(t)!);
+    }
+    return masks;
+  } catch (e) {
+    for (const m of byType.values()) disposeMask(m);
+    throw e;
   }
 }

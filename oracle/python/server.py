@@ -344,6 +344,42 @@ class Server:
             results.append(r)
         return {"results": results}
 
+    def cmd_mm_masks(self, req: dict) -> dict:
+        """mlx-vlm's Gemma4TextModel._make_masks on synthetic layouts. cases: [{layer_types, window,
+        bidirectional ("vision" | null), B, N, types [[int]] | null (mm_token_type_ids), offset (the
+        cache prefix; null: no cache)}] -> results [{layer_type: mask}] (first layer of each type)."""
+        import types as pytypes
+
+        import capture_mm
+
+        v = capture_mm._vlm()
+        tm = v.lang.Gemma4TextModel
+        results = []
+        for c in req["cases"]:
+            obj = pytypes.SimpleNamespace(
+                config=pytypes.SimpleNamespace(use_bidirectional_attention=c.get("bidirectional")),
+                layers=[pytypes.SimpleNamespace(layer_type=t) for t in c["layer_types"]], window_size=int(c["window"]))
+            obj._block_sequence_ids_for_mask = pytypes.MethodType(tm._block_sequence_ids_for_mask, obj)
+            obj._apply_blockwise_bidirectional_overlay = pytypes.MethodType(tm._apply_blockwise_bidirectional_overlay, obj)
+            caches = [None] * len(obj.layers)
+            if c.get("offset") is not None:
+                caches = []
+                for t in c["layer_types"]:
+                    cc = v.cache.KVCache() if t == "full_attention" else v.cache.RotatingKVCache(max_size=int(c["window"]), keep=0)
+                    cc.offset = int(c["offset"])
+                    if t != "full_attention":
+                        cc._idx = min(int(c["offset"]), int(c["window"]))
+                    caches.append(cc)
+            h = mx.zeros((int(c.get("B", 1)), int(c["N"]), 1))
+            mm = mx.array(c["types"], dtype=mx.int32) if c.get("types") is not None else None
+            masks = tm._make_masks(obj, h, caches, mm)
+            out: dict[str, Any] = {}
+            for layer, m in zip(obj.layers, masks):
+                if layer.layer_type not in out:
+                    out[layer.layer_type] = mask_value(self, m)
+            results.append(out)
+        return {"results": results}
+
     def cmd_shutdown(self, req: dict) -> dict:
         return {"bye": True}
 

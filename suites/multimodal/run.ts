@@ -11,6 +11,7 @@ import { generateStep } from "../../model/generate.ts";
 import type { MediaInputs, MultimodalModel } from "../../model/gemma4/index.ts";
 import { mediaGenerationModel, mmTokenTypes, stepTaps } from "../../model/runtime.ts";
 import { goldenBudget } from "../gemma4/run.ts";
+import { fixtureImages, type ImageSpec } from "./media.ts";
 import { fromOracle, TapCollector, type TapData, type UlpBudget } from "../gemma4/tap_compare.ts";
 
 export const CKPT_ROOT = join(REPO_ROOT, ".cache", "checkpoints");
@@ -24,7 +25,8 @@ export interface MmScenario {
   max_tokens?: number;
 }
 
-export const MM_SCENARIOS: MmScenario[] = ((await Bun.file(join(REPO_ROOT, "fixtures", "mm_scenarios.json")).json()) as { scenarios: MmScenario[] }).scenarios;
+const SPEC = (await Bun.file(join(REPO_ROOT, "fixtures", "mm_scenarios.json")).json()) as { media: Record<string, ImageSpec | { kind: "audio" }>; scenarios: MmScenario[] };
+export const MM_SCENARIOS: MmScenario[] = SPEC.scenarios;
 
 export function mmScenario(id: string): MmScenario {
   const s = MM_SCENARIOS.find((x) => x.id === id);
@@ -76,8 +78,12 @@ function arrayOf(t: TapData | undefined): MlxArray | null {
   return mx.fromBytes(t.data, t.shape ?? [], t.dtype as mx.Dtype);
 }
 
-/** The prompt ids and media of a recorded scenario (from its embed call's input taps). */
-export function recordedInputs(ref: MmReference): { ids: number[]; media: MediaInputs } {
+/**
+ * The prompt ids and media of a recorded scenario: ids and audio features from its embed call's
+ * input taps, the images rebuilt from the scenario's media specs (media.ts).
+ */
+export function recordedInputs(ref: MmReference, scn: MmScenario): { ids: number[]; media: MediaInputs } {
+  const images = scn.prompt.filter((p): p is string => typeof p === "string").map((n) => SPEC.media[n]!).filter((m): m is ImageSpec => m.kind === "image");
   const get = (n: string) => ref.taps.find((t) => t.name === `embed/${n}`);
   const idsTap = get("inputs");
   if (!idsTap?.data) throw new Error("the reference has no embed/inputs tap");
@@ -88,7 +94,7 @@ export function recordedInputs(ref: MmReference): { ids: number[]; media: MediaI
     valid = mx.logicalNot(mask); // the tower's mask is the processor's, inverted
     mask.dispose();
   }
-  return { ids, media: { pixel_values: arrayOf(get("vision_tower/pixel_values")), input_features: arrayOf(get("audio_tower/input_features")), input_features_mask: valid } };
+  return { ids, media: { pixel_values: fixtureImages(images), input_features: arrayOf(get("audio_tower/input_features")), input_features_mask: valid } };
 }
 
 export function disposeMedia(m: MediaInputs): void {
@@ -100,8 +106,8 @@ export function disposeMedia(m: MediaInputs): void {
 }
 
 /** Every tap of a single forward (Model.__call__) of the recorded prompt. */
-export function mmForwardTaps(model: MultimodalModel, ref: MmReference): TapData[] {
-  const { ids, media } = recordedInputs(ref);
+export function mmForwardTaps(model: MultimodalModel, ref: MmReference, scn: MmScenario): TapData[] {
+  const { ids, media } = recordedInputs(ref, scn);
   const col = new TapCollector();
   try {
     using x = mx.array(Int32Array.from(ids), [1, ids.length], "int32");
@@ -116,7 +122,7 @@ export function mmForwardTaps(model: MultimodalModel, ref: MmReference): TapData
 
 /** Every tap of mlx-vlm's generate_step on the recorded prompt (embed call, prefill chunks, steps); the tokens. */
 export async function mmGenerateTaps(model: MultimodalModel, ref: MmReference, scn: MmScenario): Promise<{ taps: TapData[]; tokens: number[] }> {
-  const { ids, media } = recordedInputs(ref);
+  const { ids, media } = recordedInputs(ref, scn);
   const col = new TapCollector();
   const run = mediaGenerationModel(model, { ids, media }, col.sink);
   const tokens: number[] = [];

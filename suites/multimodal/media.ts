@@ -1,0 +1,59 @@
+// The fixture media of fixtures/mm_scenarios.json, rebuilt on the TS side: images from the
+// same 32-bit hash as oracle/python/capture_mm.pattern_image, through the image processor's
+// only step that applies to them (no resize: their sizes fit the patch budget exactly, and no
+// normalize: off by default), rescale as numpy does it: float32(u) * float32(1/255). Audio
+// features come from the oracle's record (numpy's FFT is not reproducible here).
+
+import * as mx from "@mlx-bun/mlx";
+import type { MlxArray } from "@mlx-bun/mlx";
+
+export interface ImageSpec {
+  kind: "image";
+  seed: number;
+  height: number;
+  width: number;
+  max_soft_tokens: number;
+}
+
+/** pattern_image(seed, H, W): uint8 values in (H, W, 3) order. */
+export function patternImage(seed: number, height: number, width: number): Uint8Array {
+  const out = new Uint8Array(height * width * 3);
+  const mul = (a: number, b: number) => Math.imul(a, b) >>> 0;
+  for (let y = 0; y < height; y++) {
+    for (let x = 0; x < width; x++) {
+      for (let c = 0; c < 3; c++) {
+        let v = (mul(seed, 0x9e3779b1) + mul(y, 0x85ebca77) + mul(x, 0xc2b2ae3d) + mul(c, 0x27d4eb2f)) >>> 0;
+        v = (v ^ (v >>> 15)) >>> 0;
+        v = mul(v, 0x2c1b3c6d);
+        v = (v ^ (v >>> 12)) >>> 0;
+        v = mul(v, 0x297a2d39);
+        v = (v ^ (v >>> 15)) >>> 0;
+        out[(y * width + x) * 3 + c] = v >>> 24;
+      }
+    }
+  }
+  return out;
+}
+
+/** The processor's pixel_values of one fixture image: (3, H, W) float32, u * float32(1/255) in float32. */
+export function fixturePixels(spec: ImageSpec): Float32Array {
+  const { height: H, width: W } = spec;
+  const u8 = patternImage(spec.seed, H, W);
+  const scale = Math.fround(1 / 255);
+  const out = new Float32Array(3 * H * W);
+  for (let c = 0; c < 3; c++) for (let i = 0; i < H * W; i++) out[c * H * W + i] = Math.fround(u8[i * 3 + c]! * scale);
+  return out;
+}
+
+/** The images of a prompt as the processor batches them: one (B, 3, H, W) array when all sizes agree, else a list. */
+export function fixtureImages(specs: readonly ImageSpec[]): MlxArray | MlxArray[] | null {
+  if (specs.length === 0) return null;
+  const same = specs.every((s) => s.height === specs[0]!.height && s.width === specs[0]!.width);
+  if (same) {
+    const { height: H, width: W } = specs[0]!;
+    const all = new Float32Array(specs.length * 3 * H * W);
+    specs.forEach((s, b) => all.set(fixturePixels(s), b * 3 * H * W));
+    return mx.array(all, [specs.length, 3, H, W], "float32");
+  }
+  return specs.map((s) => mx.array(fixturePixels(s), [3, s.height, s.width], "float32"));
+}

@@ -1,0 +1,101 @@
+// Tap-by-tap parity of the TS multimodal model (vision tower, audio tower, merge, mlx-vlm's
+// language model and generate_step) against mlx-vlm 0.7.10: every multimodal fixture checkpoint
+// × every scenario of fixtures/mm_scenarios.json whose towers it has (single forwards, chunked
+// media prefill, 20 decode steps after an image prompt).
+//
+// Default run: every pair against its golden (golden/manifest.json: full dumps of three, the
+// logits and tokens of all), and the pairs in LIVE against the live oracle. MM_PARITY_FULL=1:
+// every pair against the live oracle too. Bar: every tap byte-identical, in the same order.
+
+import { afterAll, describe, expect, it } from "vitest";
+import { join } from "node:path";
+import { sharedOracle } from "../../oracle/client.ts";
+import { loadGolden, readManifest } from "../../oracle/golden.ts";
+import { type LoadedMultimodalModel, loadMultimodalModel } from "../../model/gemma4/index.ts";
+import { goldenBudget } from "../gemma4/run.ts";
+import { compareTapLists, formatVerdict, fromOracle, type TapData } from "../gemma4/tap_compare.ts";
+import { CKPT_ROOT, MM_SCENARIOS, type MmReference, type MmScenario, mmForwardTaps, mmGenerateTaps, mmReference } from "./run.ts";
+
+const FULL = process.env.MM_PARITY_FULL === "1";
+// one forward per fixture and every prefill path: one pass with the image overlay (m1), chunked
+// image + audio (m2), chunked image through the MoE decode-block path (m3 q4), 20 decode steps (m2 bf16)
+const LIVE = new Set(["m1_dense/f32 mm_fwd_image", "m2_e2b/f32 mm_fwd_image_audio", "m2_e2b/f32 mm_gen_chunked_av", "m3_moe/q4g64 mm_gen_chunked", "m2_e2b/bf16 mm_gen_image"]);
+
+const oracle = await sharedOracle();
+await oracle.request("make_checkpoints", { only: ["m*"] }, 600_000);
+const plan = await oracle.request<{ mm_checkpoints: { id: string; towers: string[] }[] }>("plan");
+const pairs: { ckpt: string; scn: MmScenario }[] = [];
+for (const c of plan.mm_checkpoints) for (const s of MM_SCENARIOS) if (s.needs.every((t) => c.towers.includes(t))) pairs.push({ ckpt: c.id, scn: s });
+const manifest = readManifest();
+const budget = await goldenBudget();
+
+let loaded: { id: string; m: LoadedMultimodalModel } | null = null;
+function model(id: string): LoadedMultimodalModel {
+  if (loaded?.id !== id) {
+    loaded?.m.model.dispose();
+    loaded = { id, m: loadMultimodalModel(join(CKPT_ROOT, id)) };
+  }
+  return loaded.m;
+}
+
+async function runTs(ckpt: string, scn: MmScenario, ref: MmReference): Promise<{ taps: TapData[]; tokens: number[] }> {
+  const m = model(ckpt).model;
+  return scn.kind === "forward" ? { taps: mmForwardTaps(m, ref, scn), tokens: [] } : mmGenerateTaps(m, ref, scn);
+}
+
+/** Which part of the model a tap belongs to (for the per-tower counts). */
+function part(name: string): "vision" | "audio" | "merge" | "language" {
+  if (/^embed\/(vision_tower|embed_vision)\b/.test(name)) return "vision";
+  if (/^embed\/(audio_tower|embed_audio)\b/.test(name)) return "audio";
+  if (/^embed\/(merge\/|image_features|audio_features)/.test(name)) return "merge";
+  return "language";
+}
+
+const counts = { live: { vision: 0, audio: 0, merge: 0, language: 0 }, golden: { vision: 0, audio: 0, merge: 0, language: 0 } };
+const totals = { livePairs: 0, goldenPairs: 0, goldenFull: 0 };
+
+describe("multimodal taps vs mlx-vlm", () => {
+  it("every multimodal checkpoint × scenario has a golden entry", () => {
+    const missing = pairs.map((p) => `${p.ckpt}/${p.scn.id}`).filter((id) => !manifest?.entries[id]);
+    expect(missing).toEqual([]);
+  });
+
+  for (const { ckpt, scn } of pairs) {
+    const key = `${ckpt} ${scn.id}`;
+    it(key, async () => {
+      const gid = `${ckpt}/${scn.id}`;
+      const g = loadGolden(gid);
+      const goldenTaps = g.taps.map((t) => fromOracle({ ...t, kind: t.kind ?? "array", array: g.arrays.get(t.name) }));
+      const ref: MmReference = { calls: [], taps: goldenTaps, source: "golden" };
+      const ours = await runTs(ckpt, scn, ref);
+      const names = new Set(goldenTaps.map((t) => t.name));
+      const oursG = g.scenario.mode === "full" ? ours.taps : ours.taps.filter((t) => names.has(t.name));
+      const gv = compareTapLists(oursG, goldenTaps, budget);
+      if (!gv.ok) throw new Error(formatVerdict(`${gid} (golden)`, gv));
+      if (scn.kind === "generate") expect(ours.tokens).toEqual((g.scenario.meta as { generated: number[] }).generated);
+      totals.goldenPairs++;
+      if (g.scenario.mode === "full") totals.goldenFull++;
+      for (const t of oursG) counts.golden[part(t.name)]++;
+
+      if (FULL || LIVE.has(key)) {
+        const live = await mmReference(ckpt, scn.id, { live: true });
+        const mine = await runTs(ckpt, scn, live);
+        const v = compareTapLists(mine.taps, live.taps);
+        if (!v.ok) throw new Error(formatVerdict(`${key} (live)`, v));
+        if (scn.kind === "generate") expect(mine.tokens).toEqual(live.generated);
+        totals.livePairs++;
+        for (const t of mine.taps) counts.live[part(t.name)]++;
+      }
+    }, 120_000);
+  }
+});
+
+afterAll(() => {
+  loaded?.m.model.dispose();
+  const fmt = (c: Record<string, number>) => Object.entries(c).map(([k, v]) => `${k} ${v}`).join(", ");
+  console.log(
+    `[multimodal parity] ${pairs.length} (checkpoint, scenario) pairs; live mlx-vlm: ${totals.livePairs} pairs bit-identical (${fmt(counts.live)} taps)` +
+      `${FULL ? "" : " [MM_PARITY_FULL=1: every pair live]"}; goldens (${budget ? "other platform: within the manifest's ULP budget" : "same platform: bit-exact"}): ` +
+      `${totals.goldenPairs} pairs (${totals.goldenFull} full dumps; ${fmt(counts.golden)} taps)`,
+  );
+});
