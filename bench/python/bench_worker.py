@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "oracle" / "python"))
+import device_env  # noqa: E402,F401  (MLX_DEVICE: the run's device, as on the TS side)
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
