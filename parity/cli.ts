@@ -10,9 +10,11 @@ import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
 import { runCasesIsolated } from "../oracle/ops/isolated.ts";
 import { coverage, groupUnsupported } from "../oracle/ops/runner.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, type Parsed, parseArgs, UsageError } from "./args.ts";
 import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "./device.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
+import { checkpointTowers, MEDIA_FLAGS, type MediaRequest, mediaRequest, prepareMedia, wantsMedia } from "./media.ts";
+import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
 import { renderHtml } from "./html.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
@@ -33,6 +35,7 @@ const FLAGS: FlagSpec[] = [
   { name: "skip-ops", kind: "bool", help: "fixtures: skip the op-level section" },
   { name: "ulp", kind: "int", valueName: "N", help: "budget: a tap passes if its max ULP distance is at most N", default: 0 },
   { name: "atol", kind: "number", valueName: "X", help: "budget: a tap passes if its max abs difference is at most X", default: 0 },
+  ...MEDIA_FLAGS,
   DEVICE_FLAG,
   { name: "out", kind: "string", valueName: "dir", help: "where the reports go", default: "report" },
   { name: "verbose", kind: "bool", help: "stack traces on errors, oracle stderr" },
@@ -51,6 +54,7 @@ Examples:
   npm run parity -- --only 'c5_moe/*'
   npm run parity -- --model ~/models/gemma-4-e4b-it-4bit --prompt "Why is the sky blue?" --chat --steps 16
   npm run parity -- --model ./ckpt --tokens 2,105,2364 --prefill-step-size 512
+  npm run parity -- --model ~/models/gemma-4-e2b-it --image cat.png --audio note.wav --prompt "Describe both." --chat
 `;
 
 // The fixture scenarios the report runs: a ring-buffer-wrapping generation for every
@@ -98,18 +102,27 @@ interface ScenarioEntry {
   max_tokens?: number;
 }
 
+// The multimodal fixtures (mlx-vlm) run 20 decode steps after an image prompt; those with an
+// audio tower also a chunked image + audio prefill.
+const MM_FIXTURE_SCENARIOS = { all: "mm_gen_image", audio: "mm_gen_chunked_av" };
+
 async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | undefined, bisectOn: boolean): Promise<RunResult[]> {
-  const plan = await oracle.request<{ checkpoints: { id: string; moe: boolean }[] }>("plan");
+  const plan = await oracle.request<{
+    checkpoints: { id: string; moe: boolean }[];
+    mm_checkpoints: { id: string; towers: string[] }[];
+    mm_scenarios: { id: string; kind: string }[];
+  }>("plan");
   const scenarios = new Map(
     (JSON.parse(readFileSync(join(REPO_ROOT, "fixtures", "scenarios.json"), "utf8")) as { scenarios: ScenarioEntry[] }).scenarios.map((s) => [s.id, s]),
   );
   const re = only ? globRe(only) : null;
   const ckpts = plan.checkpoints.filter((c) => !re || re.test(c.id));
-  if (ckpts.length === 0) throw new UsageError(`--only '${only}' matches no fixture checkpoint (ids look like c3_e2b/bf16)`);
+  const mmCkpts = plan.mm_checkpoints.filter((c) => !re || re.test(c.id));
+  if (ckpts.length + mmCkpts.length === 0) throw new UsageError(`--only '${only}' matches no fixture checkpoint (ids look like c3_e2b/bf16 or m2_e2b/f32)`);
   const build = new ProgressBar("[checkpoints]");
   build.update(0, "building the fixture checkpoints with mlx-lm (cached after the first run)");
   await oracle.request("make_checkpoints", {}, 1_800_000);
-  build.done(`${plan.checkpoints.length} fixture checkpoints ready`);
+  build.done(`${plan.checkpoints.length + plan.mm_checkpoints.length} fixture checkpoints ready`);
   const specs: RunSpec[] = [];
   for (const c of ckpts) {
     for (const sid of c.moe ? [FIXTURE_SCENARIOS.all, FIXTURE_SCENARIOS.moe] : [FIXTURE_SCENARIOS.all]) {
@@ -128,7 +141,25 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
       });
     }
   }
-  // mlx-lm captures run k+1 while TS compares run k (two processes, two cores).
+  const mmScenarios = JSON.parse(readFileSync(join(REPO_ROOT, "fixtures", "mm_scenarios.json"), "utf8")) as { scenarios: ScenarioEntry[] };
+  for (const c of mmCkpts) {
+    for (const sid of c.towers.includes("audio") ? [MM_FIXTURE_SCENARIOS.all, MM_FIXTURE_SCENARIOS.audio] : [MM_FIXTURE_SCENARIOS.all]) {
+      const s = mmScenarios.scenarios.find((x) => x.id === sid)!;
+      const [fixture, variant] = c.id.split("/") as [string, string];
+      specs.push({
+        tsDir: join(REPO_ROOT, ".cache", "checkpoints", c.id),
+        oracleCheckpoint: c.id,
+        model: fixture,
+        variant,
+        prompt: [],
+        prefillStepSize: s.prefill_step_size!,
+        steps: s.max_tokens!,
+        budget,
+        media: { scenario: sid },
+      });
+    }
+  }
+  // The oracle captures run k+1 while TS compares run k (two processes, two cores).
   const runs: RunResult[] = [];
   // A prefetched capture's failure surfaces when its run awaits it, not as an unhandled rejection.
   const prefetch = (k: number) => {
@@ -146,8 +177,8 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
 }
 
 async function runOne(oracle: OracleClient, spec: RunSpec, capture?: Promise<Capture>): Promise<RunResult> {
-  const bar = new ProgressBar(`[${spec.model} ${spec.variant}]`);
-  bar.update(0, "mlx-lm capturing");
+  const bar = new ProgressBar(`[${spec.model} ${spec.variant}${spec.media ? " media" : ""}]`);
+  bar.update(0, `${spec.media ? "mlx-vlm" : "mlx-lm"} capturing`);
   const r = await runParity(oracle, spec, (p) => {
     const frac = (p.callIndex + ((p.layer ?? 0) + 1) / Math.max(1, p.layers)) / Math.max(1, p.calls);
     bar.update(frac, `${p.call} (${p.callIndex + 1}/${p.calls}) · layer ${(p.layer ?? 0) + 1}/${p.layers}`);
@@ -157,9 +188,20 @@ async function runOne(oracle: OracleClient, spec: RunSpec, capture?: Promise<Cap
 }
 
 /** Everything about a --model run that can be checked before the oracle starts. */
-async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<RunSpec> {
+async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<RunSpec & { mediaRequest?: MediaRequest }> {
   const dir = resolve(String(a.model));
   const info = inspectCheckpoint(dir);
+  if (wantsMedia(a as Parsed)) {
+    if (a.bisect) throw new UsageError("--bisect replays text-model blocks; it does not apply to --image / --audio runs");
+    if (a["oracle-model"] !== undefined) throw new UsageError("--oracle-model does not apply to --image / --audio runs");
+    const req = await mediaRequest(dir, a as Parsed);
+    const steps = Number(a.steps);
+    const prefill = Number(a["prefill-step-size"]);
+    if (steps < 1) throw new UsageError("--steps must be at least 1");
+    if (prefill < 1) throw new UsageError("--prefill-step-size must be at least 1");
+    const scenario = { id: "parity-cli-media", kind: "generate", prompt: req.prompt, media: req.media, prefill_step_size: prefill, max_tokens: steps };
+    return { tsDir: dir, oracleCheckpoint: dir, model: basename(dir), variant: info.modelType, prompt: [], prefillStepSize: prefill, steps, budget, media: { scenario }, mediaRequest: req };
+  }
   const prompt = await resolvePrompt(dir, a);
   const steps = Number(a.steps);
   const prefill = Number(a["prefill-step-size"]);
@@ -197,7 +239,7 @@ function printSummary(rep: ParityReport): void {
     );
   }
   if (rep.runs.length) {
-    lines.push("Model parity (TS vs mlx-lm, every tap of every generate_step call)");
+    lines.push("Model parity (TS vs mlx-lm; media runs vs mlx-vlm: every tap of every generate_step call)");
     lines.push(textTable(SUMMARY_HEADER, rep.runs.map(summaryRow)), "");
     const taps = rep.runs.reduce((s, r) => s + r.tapsCompared, 0);
     const exact = rep.runs.reduce((s, r) => s + r.bitExact, 0);
@@ -222,7 +264,7 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(helpText("npm run parity -- [options]", "Compares the TypeScript Gemma 4 model with mlx-lm tap by tap, on the embedded fixtures or on a local checkpoint.", FLAGS, FOOTER));
     return 0;
   }
-  for (const k of ["prompt", "chat", "tokens", "oracle-model"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
+  for (const k of ["prompt", "chat", "tokens", "oracle-model", "image", "audio"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
   if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
   if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
@@ -235,6 +277,12 @@ async function main(argv: string[]): Promise<number> {
   let rep: ParityReport;
   try {
     const opLevelSummary = a.model === undefined && !a["skip-ops"] ? await opLevel(dev) : null;
+    if (spec?.mediaRequest) {
+      // mlx-vlm's processor output, checked before the capture: mlx-vlm would silently wrap a
+      // placeholder count that does not match the media
+      const prepared = await prepareMedia(oracle, spec.tsDir, spec.mediaRequest, checkpointTowers(spec.tsDir));
+      disposeMediaInputs(prepared.media);
+    }
     const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await runOne(oracle, spec!)];
     rep = {
       schema: SCHEMA_ID,

@@ -3,11 +3,15 @@
 // order, against the oracle's tap at the same position, as soon as TS produces it. Oracle taps
 // stay on disk as .npy files until their turn and are deleted right after, and TS taps are
 // compared and dropped at once, so memory stays bounded by one tap per side.
-import { existsSync, unlinkSync } from "node:fs";
-import { generateStep } from "../model/generate.ts";
-import { loadModel } from "../model/gemma4/index.ts";
+import { existsSync, readFileSync, unlinkSync } from "node:fs";
+import * as mx from "@mlx-bun/mlx";
+import type { MlxArray } from "@mlx-bun/mlx";
+import { type GenerateModel, generateStep } from "../model/generate.ts";
+import { loadModel, loadMultimodalModel } from "../model/gemma4/index.ts";
 import type { TapMeta, TapValue } from "../model/gemma4/taps.ts";
-import { generationModel, stepTaps } from "../model/runtime.ts";
+import { generationModel, type MediaPrompt, mediaGenerationModel, stepTaps } from "../model/runtime.ts";
+import { parseNpy } from "../oracle/npy.ts";
+import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { type OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { join } from "node:path";
 import { bisect } from "./bisect.ts";
@@ -32,6 +36,12 @@ export interface RunSpec {
   budget: Budget;
   /** On a divergence, bisect the block of the first divergent tap down to one MLX op. */
   bisect?: boolean;
+  /**
+   * A multimodal run against mlx-vlm: the scenario mlx-vlm's capture runs (a fixture scenario
+   * id, or an inline one with media files). The TS side reads the expanded prompt ids and the
+   * processor's media arrays from the capture itself (both sides run the same inputs).
+   */
+  media?: { scenario: string | Record<string, unknown> };
 }
 
 export type Progress = (p: { call: string; layer: number | null; layers: number; calls: number; callIndex: number }) => void;
@@ -45,7 +55,7 @@ interface WireTap {
   npy?: string;
 }
 
-const CALL_RE = /^(prefill|step)(\d+)\//;
+const CALL_RE = /^(embed\/|(prefill|step)(\d+)\/)/;
 const LAYER_RE = /^layers\.(\d+)\//;
 
 /** Splits a full tap name into (call prefix, layer, kind). */
@@ -80,7 +90,7 @@ export function captureOracle(oracle: OracleClient, spec: RunSpec): Promise<Capt
     "capture",
     {
       checkpoint: spec.oracleCheckpoint,
-      scenario: { id: "parity-cli", kind: "generate", prompt: spec.prompt, prefill_step_size: spec.prefillStepSize, max_tokens: spec.steps },
+      scenario: spec.media?.scenario ?? { id: "parity-cli", kind: "generate", prompt: spec.prompt, prefill_step_size: spec.prefillStepSize, max_tokens: spec.steps },
       mode: "full",
       only: null,
       stream: true,
@@ -98,8 +108,8 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
   const cap = await (capture ?? captureOracle(oracle, spec));
   const theirs = cap.taps;
   const calls = new Set(theirs.map((t) => parseTapName(t.name).call));
-  const loaded = loadModel(spec.tsDir);
-  const layers = loaded.text.args.num_hidden_layers;
+  const loaded = spec.media ? loadMultimodalModel(spec.tsDir) : loadModel(spec.tsDir);
+  const layers = "text" in loaded ? loaded.text.args.num_hidden_layers : loaded.config.text.num_hidden_layers;
 
   const taps: TapResult[] = [];
   const stepOf = new Map<string, number>();
@@ -161,9 +171,27 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
   };
 
   const tsTokens: number[] = [];
-  const model = generationModel(loaded, sink);
+  let prompt = spec.prompt;
   try {
-    for await (const t of generateStep(model, spec.prompt, { maxTokens: spec.steps, prefillStepSize: spec.prefillStepSize, onStep: stepTaps(sink) })) tsTokens.push(t.token);
+    let run: { generate: GenerateModel; chunked: boolean; dispose(): void };
+    if ("text" in loaded) {
+      run = { generate: generationModel(loaded, sink), chunked: true, dispose: () => {} };
+    } else {
+      const rec = recordedMedia(theirs);
+      prompt = [...rec.ids];
+      try {
+        run = mediaGenerationModel(loaded.model, rec, sink);
+      } finally {
+        disposeMediaInputs(rec.media);
+      }
+    }
+    try {
+      for await (const t of generateStep(run.generate, prompt, { maxTokens: spec.steps, prefillStepSize: spec.prefillStepSize, chunkedPrefill: run.chunked, onStep: stepTaps(sink) })) {
+        tsTokens.push(t.token);
+      }
+    } finally {
+      run.dispose();
+    }
   } finally {
     loaded.model.dispose();
     for (const t of theirs.slice(index)) if (t.npy) unlinkQuiet(t.npy);
@@ -174,7 +202,7 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
   // (assigned inside the tap sink, so TypeScript cannot narrow them here)
   const found = first as Divergence | null;
   const at = firstAt as { position: number; expected: RawTensor } | null;
-  if (found && at && spec.bisect) {
+  if (found && at && spec.bisect && !spec.media) {
     const oracleDir = existsSync(spec.oracleCheckpoint) ? spec.oracleCheckpoint : join(REPO_ROOT, ".cache", "checkpoints", spec.oracleCheckpoint);
     found.bisect = await bisect({ tsDir: spec.tsDir, oracleDir, prompt: spec.prompt, prefillStepSize: spec.prefillStepSize, steps: spec.steps, ...at });
   }
@@ -182,7 +210,7 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
   return {
     model: spec.model,
     variant: spec.variant,
-    scenario: `prompt ${spec.prompt.length} · prefill ${spec.prefillStepSize} · ${spec.steps} steps`,
+    scenario: `${spec.media ? "media " : ""}prompt ${prompt.length} · prefill ${spec.prefillStepSize} · ${spec.steps} steps`,
     steps: spec.steps,
     tapsCompared: taps.length,
     bitExact,
@@ -192,6 +220,26 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
     taps,
     seconds: (performance.now() - t0) / 1000,
   };
+}
+
+/**
+ * The prompt ids and media of a multimodal capture, read from its embed call's input taps (the
+ * .npy files stay for the comparison): the processor's arrays, so both sides run the same inputs.
+ */
+function recordedMedia(theirs: readonly WireTap[]): MediaPrompt {
+  const read = (name: string): MlxArray | null => {
+    const t = theirs.find((x) => x.name === `embed/${name}`);
+    if (!t?.npy) return null;
+    const r = parseNpy(new Uint8Array(readFileSync(t.npy)), t.dtype);
+    return mx.fromBytes(r.data, r.shape, r.dtype as mx.Dtype);
+  };
+  const ids = read("inputs");
+  if (!ids) throw new Error("the multimodal capture has no embed/inputs tap");
+  using _ids = ids;
+  const mask = read("audio_tower/input_mask");
+  const valid = mask ? mx.logicalNot(mask) : null; // the tower's mask is the processor's, inverted
+  mask?.dispose();
+  return { ids: ids.toNumbers(), media: { pixel_values: read("vision_tower/pixel_values"), input_features: read("audio_tower/input_features"), input_features_mask: valid } };
 }
 
 function intScalar(v: number): RawTensor {

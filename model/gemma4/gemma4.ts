@@ -135,6 +135,15 @@ export interface MediaInputs {
   input_features_mask?: MlxArray | null;
 }
 
+/** Disposes the arrays of a MediaInputs. */
+export function disposeMediaInputs(m: MediaInputs): void {
+  const pv = m.pixel_values;
+  if (Array.isArray(pv)) for (const a of pv) a.dispose();
+  else (pv as MlxArray | null | undefined)?.dispose();
+  m.input_features?.dispose();
+  m.input_features_mask?.dispose();
+}
+
 export interface InputEmbeddings {
   inputs_embeds: MlxArray;
   per_layer_inputs: MlxArray | null;
@@ -167,6 +176,42 @@ export function audioFeatureRows(input_features: MlxArray): number {
   return B * (Math.floor((t1 + 2 - 3) / 2) + 1);
 }
 
+/** The media shapes checkMediaInputs needs (MediaInputs, or just the arrays' shapes). */
+export interface MediaShapes {
+  pixel_values?: MlxArray | readonly MlxArray[] | null;
+  input_features?: MlxArray | null;
+}
+
+/**
+ * Refuses media the model cannot take: media for a tower the checkpoint lacks, and a prompt
+ * whose image / audio placeholder count differs from the feature rows the towers will make
+ * (mlx-vlm's masked_scatter silently wraps the features around, or drops the extra ones).
+ */
+export function checkMediaInputs(config: MultimodalConfig, towers: { vision: boolean; audio: boolean }, ids: readonly number[], media: MediaShapes): void {
+  const count = (tok: number) => ids.filter((t) => t === tok).length;
+  const check = (kind: string, tok: number, rows: number) => {
+    const n = count(tok);
+    if (n !== rows) {
+      throw new MediaError(
+        `the prompt has ${n} ${kind} placeholder token${n === 1 ? "" : "s"} (id ${tok}) but the ${kind} input gives ${rows} feature row${rows === 1 ? "" : "s"}; ` +
+          `each ${kind} needs exactly as many placeholders as its soft tokens (mlx-vlm would silently ${n > rows ? "wrap the features around" : "drop the extra features"})`,
+      );
+    }
+  };
+  if (media.pixel_values) {
+    if (!towers.vision || !config.vision) throw new MediaError("image input given, but this checkpoint has no vision tower (no vision_tower weights)");
+    check("image", config.image_token_id, imageFeatureRows(media.pixel_values, config.vision));
+  } else if (towers.vision) {
+    check("image", config.image_token_id, 0);
+  }
+  if (media.input_features) {
+    if (!towers.audio) throw new MediaError("audio input given, but this checkpoint has no audio tower (no audio_tower weights, or audio_config null)");
+    check("audio", config.audio_token_id, audioFeatureRows(media.input_features));
+  } else if (towers.audio) {
+    check("audio", config.audio_token_id, 0);
+  }
+}
+
 export class MultimodalModel extends Module {
   readonly model_type = "gemma4";
   readonly config: MultimodalConfig;
@@ -197,29 +242,7 @@ export class MultimodalModel extends Module {
 
   /** Refuses media the model cannot take, before any tower runs. */
   checkMedia(input_ids: MlxArray, media: MediaInputs): void {
-    const ids = input_ids.toNumbers() as number[];
-    const count = (tok: number) => ids.filter((t) => t === tok).length;
-    const check = (kind: string, tok: number, rows: number) => {
-      const n = count(tok);
-      if (n !== rows) {
-        throw new MediaError(
-          `the prompt has ${n} ${kind} placeholder token${n === 1 ? "" : "s"} (id ${tok}) but the ${kind} input gives ${rows} feature row${rows === 1 ? "" : "s"}; ` +
-            `each ${kind} needs exactly as many placeholders as its soft tokens (mlx-vlm would silently ${n > rows ? "wrap the features around" : "drop the extra features"})`,
-        );
-      }
-    };
-    if (media.pixel_values) {
-      if (!this.vision_tower || !this.config.vision) throw new MediaError("image input given, but this checkpoint has no vision tower (no vision_tower weights)");
-      check("image", this.config.image_token_id, imageFeatureRows(media.pixel_values, this.config.vision));
-    } else if (count(this.config.image_token_id) > 0 && this.vision_tower) {
-      check("image", this.config.image_token_id, 0);
-    }
-    if (media.input_features) {
-      if (!this.audio_tower) throw new MediaError("audio input given, but this checkpoint has no audio tower (no audio_tower weights, or audio_config null)");
-      check("audio", this.config.audio_token_id, audioFeatureRows(media.input_features));
-    } else if (count(this.config.audio_token_id) > 0 && this.audio_tower) {
-      check("audio", this.config.audio_token_id, 0);
-    }
+    checkMediaInputs(this.config, { vision: this.vision_tower !== null, audio: this.audio_tower !== null }, input_ids.toNumbers() as number[], media);
   }
 
   /** get_input_embeddings: scaled token embeddings, the media features scattered over their placeholders. */

@@ -87,18 +87,23 @@ def pattern_image(seed: int, height: int, width: int) -> np.ndarray:
 
 
 def build_media(spec: dict) -> dict:
-    """One image or audio clip, through mlx-vlm's own processor classes."""
+    """One image or audio clip, through mlx-vlm's own processor classes: a fixture spec (seeded
+    pattern image, seeded tone), or a file (`path`: mlx_vlm.utils.load_image / load_audio)."""
     from mlx_vlm.models.gemma4.audio_feature_extractor import Gemma4AudioFeatureExtractor
     from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4ImageProcessor, Gemma4Processor
+    from mlx_vlm.utils import load_audio, load_image
 
-    rng = np.random.default_rng(spec["seed"])
     if spec["kind"] == "image":
-        img = pattern_image(spec["seed"], spec["height"], spec["width"])
-        data, n = Gemma4ImageProcessor()(img, max_soft_tokens=spec["max_soft_tokens"])
+        img = load_image(spec["path"]) if "path" in spec else pattern_image(spec["seed"], spec["height"], spec["width"])
+        data, n = Gemma4ImageProcessor()(img, max_soft_tokens=spec.get("max_soft_tokens", 280))
         return {"kind": "image", "pixels": data["pixel_values"][0], "n": int(n[0])}
     if spec["kind"] == "audio":
-        t = np.arange(int(round(spec["seconds"] * SAMPLE_RATE)))
-        wave = (0.4 * np.sin(2 * np.pi * 330.0 * t / SAMPLE_RATE) + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
+        if "path" in spec:
+            wave = load_audio(spec["path"], sr=SAMPLE_RATE)
+        else:
+            rng = np.random.default_rng(spec["seed"])
+            t = np.arange(int(round(spec["seconds"] * SAMPLE_RATE)))
+            wave = (0.4 * np.sin(2 * np.pi * 330.0 * t / SAMPLE_RATE) + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
         fe = Gemma4AudioFeatureExtractor()([wave])
         n = Gemma4Processor._compute_audio_num_tokens(SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750),
                                                       wave, SAMPLE_RATE)
@@ -109,7 +114,7 @@ def build_media(spec: dict) -> dict:
 
 def build_inputs(scn: dict, config: dict) -> dict:
     """input_ids, mm_token_type_ids and the processor outputs of a scenario prompt, as mx arrays."""
-    media_specs = load_mm_scenarios()["media"]
+    media_specs = {**load_mm_scenarios()["media"], **scn.get("media", {})}
     ids: list[int] = []
     images, audios = [], []
     for item in scn["prompt"]:

@@ -345,6 +345,28 @@ class Server:
             results.append(r)
         return {"results": results}
 
+    def cmd_mm_prepare(self, req: dict) -> dict:
+        """The inputs mlx-vlm's processor gives a multimodal prompt (a scenario: `prompt` ids and
+        media names, `media` {name: {kind, path | fixture spec, max_soft_tokens}}), as the
+        capture builds them: input_ids (placeholders expanded), pixel_values (one batch, or a list
+        of images), input_features and input_features_mask."""
+        import capture_mm
+
+        model = self.model(req["checkpoint"], vlm=True)
+        cfg = {k: getattr(model.config, k) for k in ("image_token_id", "audio_token_id", "boi_token_id",
+                                                     "eoi_token_id", "boa_token_id", "eoa_token_id")}
+        inp = capture_mm.build_inputs(self.scenario(req), cfg)
+        out: dict[str, Any] = {"input_ids": np.array(inp["input_ids"]).tolist()[0]}
+        pv = inp.get("pixel_values")
+        if isinstance(pv, list):
+            out["pixel_values"] = [self.out_array(x, "pv") for x in pv]
+        elif pv is not None:
+            out["pixel_values"] = self.out_array(pv, "pv")
+        for k in ("input_features", "input_features_mask"):
+            if k in inp:
+                out[k] = self.out_array(inp[k], k)
+        return out
+
     def cmd_mm_masks(self, req: dict) -> dict:
         """mlx-vlm's Gemma4TextModel._make_masks on synthetic layouts. cases: [{layer_types, window,
         bidirectional ("vision" | null), B, N, types [[int]] | null (mm_token_type_ids), offset (the

@@ -9,30 +9,15 @@ import { type CallRecord, REPO_ROOT, sharedOracle } from "../../oracle/client.ts
 import { loadGolden, readManifest } from "../../oracle/golden.ts";
 import { generateStep } from "../../model/generate.ts";
 import type { MediaInputs, MultimodalModel } from "../../model/gemma4/index.ts";
+import { disposeMediaInputs } from "../../model/gemma4/gemma4.ts";
 import { mediaGenerationModel, mmTokenTypes, stepTaps } from "../../model/runtime.ts";
 import { goldenBudget } from "../gemma4/run.ts";
-import { fixtureImages, type ImageSpec } from "./media.ts";
+import { fixtureImages, type MmScenario, scenarioImages } from "../../oracle/mm_fixtures.ts";
 import { fromOracle, TapCollector, type TapData, type UlpBudget } from "../gemma4/tap_compare.ts";
 
 export const CKPT_ROOT = join(REPO_ROOT, ".cache", "checkpoints");
 
-export interface MmScenario {
-  id: string;
-  kind: "forward" | "generate";
-  needs: string[];
-  prompt: (number | string)[];
-  prefill_step_size?: number;
-  max_tokens?: number;
-}
-
-const SPEC = (await Bun.file(join(REPO_ROOT, "fixtures", "mm_scenarios.json")).json()) as { media: Record<string, ImageSpec | { kind: "audio" }>; scenarios: MmScenario[] };
-export const MM_SCENARIOS: MmScenario[] = SPEC.scenarios;
-
-export function mmScenario(id: string): MmScenario {
-  const s = MM_SCENARIOS.find((x) => x.id === id);
-  if (!s) throw new Error(`unknown multimodal scenario ${id}`);
-  return s;
-}
+export { MM_SCENARIOS, type MmScenario, mmScenario } from "../../oracle/mm_fixtures.ts";
 
 export interface MmReference {
   calls: CallRecord[];
@@ -80,10 +65,10 @@ function arrayOf(t: TapData | undefined): MlxArray | null {
 
 /**
  * The prompt ids and media of a recorded scenario: ids and audio features from its embed call's
- * input taps, the images rebuilt from the scenario's media specs (media.ts).
+ * input taps, the images rebuilt from the scenario's media specs (oracle/mm_fixtures.ts).
  */
 export function recordedInputs(ref: MmReference, scn: MmScenario): { ids: number[]; media: MediaInputs } {
-  const images = scn.prompt.filter((p): p is string => typeof p === "string").map((n) => SPEC.media[n]!).filter((m): m is ImageSpec => m.kind === "image");
+  const images = scenarioImages(scn);
   const get = (n: string) => ref.taps.find((t) => t.name === `embed/${n}`);
   const idsTap = get("inputs");
   if (!idsTap?.data) throw new Error("the reference has no embed/inputs tap");
@@ -97,13 +82,6 @@ export function recordedInputs(ref: MmReference, scn: MmScenario): { ids: number
   return { ids, media: { pixel_values: fixtureImages(images), input_features: arrayOf(get("audio_tower/input_features")), input_features_mask: valid } };
 }
 
-export function disposeMedia(m: MediaInputs): void {
-  const pv = m.pixel_values;
-  if (Array.isArray(pv)) for (const a of pv) a.dispose();
-  else (pv as MlxArray | null | undefined)?.dispose();
-  m.input_features?.dispose();
-  m.input_features_mask?.dispose();
-}
 
 /** Every tap of a single forward (Model.__call__) of the recorded prompt. */
 export function mmForwardTaps(model: MultimodalModel, ref: MmReference, scn: MmScenario): TapData[] {
@@ -115,7 +93,7 @@ export function mmForwardTaps(model: MultimodalModel, ref: MmReference, scn: MmS
     using mm = mx.array(Int32Array.from(types), [1, types.length], "int32");
     using logits = model.call(x, { ...media, mm_token_type_ids: mm, taps: col.sink });
   } finally {
-    disposeMedia(media);
+    disposeMediaInputs(media);
   }
   return col.taps;
 }
@@ -132,7 +110,7 @@ export async function mmGenerateTaps(model: MultimodalModel, ref: MmReference, s
     }
   } finally {
     run.dispose();
-    disposeMedia(media);
+    disposeMediaInputs(media);
   }
   return { taps: col.taps, tokens };
 }

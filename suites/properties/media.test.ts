@@ -87,12 +87,16 @@ function allowed(c: MmMaskCase, t: string, b: number, q: number, k: number): boo
   const sliding = t === "sliding_attention";
   // a rotating cache holds at most window-1 earlier keys; the mask's columns start there
   const start = sliding ? offset - Math.min(c.window - 1, offset) : 0;
+
   const qa = offset + q;
   const ka = start + k;
   let ok = ka <= qa && (!sliding || qa - ka < c.window);
   const types = c.types;
   const overlay = c.bidirectional === "vision" && types !== null && types.flat().some((x) => x === 1 || x === 2) && c.N > 1;
-  if (overlay && offset === 0 && types![b]!.length === c.N) {
+  // mlx-vlm overlays only a square mask over the call's own tokens (no cache prefix columns;
+  // a window of 1 leaves none, so the overlay applies there even after a prefix)
+  const cols = (sliding ? Math.min(c.window - 1, offset) : offset) + c.N;
+  if (overlay && cols === c.N) {
     // same contiguous run of image tokens
     const row = types![b]!;
     const block = (i: number) => {

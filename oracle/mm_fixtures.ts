@@ -1,11 +1,44 @@
-// The fixture media of fixtures/mm_scenarios.json, rebuilt on the TS side: images from the
+// The multimodal fixture scenarios (fixtures/mm_scenarios.json) and their media, rebuilt on the
+// TS side (used by the suites and by `npm run parity`): images from the
 // same 32-bit hash as oracle/python/capture_mm.pattern_image, through the image processor's
 // only step that applies to them (no resize: their sizes fit the patch budget exactly, and no
 // normalize: off by default), rescale as numpy does it: float32(u) * float32(1/255). Audio
 // features come from the oracle's record (numpy's FFT is not reproducible here).
 
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
+import { REPO_ROOT } from "./client.ts";
+
+export interface MmScenario {
+  id: string;
+  kind: "forward" | "generate";
+  /** The towers a checkpoint must have. */
+  needs: string[];
+  /** Token ids and media names (keys of MM_MEDIA). */
+  prompt: (number | string)[];
+  prefill_step_size?: number;
+  max_tokens?: number;
+}
+
+const SPEC = JSON.parse(readFileSync(join(REPO_ROOT, "fixtures", "mm_scenarios.json"), "utf8")) as {
+  media: Record<string, ImageSpec | { kind: "audio"; seed: number; seconds: number }>;
+  scenarios: MmScenario[];
+};
+export const MM_MEDIA = SPEC.media;
+export const MM_SCENARIOS: readonly MmScenario[] = SPEC.scenarios;
+
+export function mmScenario(id: string): MmScenario {
+  const s = MM_SCENARIOS.find((x) => x.id === id);
+  if (!s) throw new Error(`unknown multimodal scenario ${id}`);
+  return s;
+}
+
+/** The image specs of a scenario's prompt, in prompt order. */
+export function scenarioImages(scn: MmScenario): ImageSpec[] {
+  return scn.prompt.filter((p): p is string => typeof p === "string").map((n) => MM_MEDIA[n]!).filter((m): m is ImageSpec => m.kind === "image");
+}
 
 export interface ImageSpec {
   kind: "image";

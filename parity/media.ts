@@ -1,0 +1,177 @@
+// Media inputs of the parity and generate commands (--image, --audio): the files, where their
+// placeholders go in the prompt, and the checkpoint's towers. Every problem is one UsageError
+// (exit code 2). The processor's work (decoding, resize, rescale, log-mel features, the
+// placeholder runs) is mlx-vlm's Gemma4Processor, run by the oracle (`mm_prepare` / the
+// capture), so that both sides see the same pixel values and features.
+
+import { accessSync, constants, existsSync, readFileSync, readdirSync, statSync } from "node:fs";
+import { join, resolve } from "node:path";
+import * as mx from "@mlx-bun/mlx";
+import type { MlxArray } from "@mlx-bun/mlx";
+import { ConfigError, type MultimodalConfig, multimodalConfigFromDict } from "../model/gemma4/config.ts";
+import { checkMediaInputs, disposeMediaInputs, type MediaInputs, MediaError } from "../model/gemma4/gemma4.ts";
+import type { NpyRef, OracleClient } from "../oracle/client.ts";
+import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
+import { parseTokenList, tokenizePrompt } from "./inputs.ts";
+
+export const MEDIA_FLAGS: FlagSpec[] = [
+  {
+    name: "image",
+    kind: "string",
+    valueName: "a.png[,b.jpg]",
+    help: "with --model: image file(s), comma-separated; each goes where the prompt says 'image' (--tokens) or <|image|> (--prompt), else before the prompt",
+  },
+  { name: "audio", kind: "string", valueName: "a.wav[,b.wav]", help: "with --model: audio file(s), comma-separated; placeholders as for --image ('audio', <|audio|>)" },
+  { name: "max-soft-tokens", kind: "int", valueName: "N", help: "with --image: image soft tokens (Gemma4ImageProcessor's max_soft_tokens)", default: 280 },
+];
+
+export interface MediaFile {
+  kind: "image" | "audio";
+  path: string;
+  max_soft_tokens?: number;
+}
+
+/** An inline multimodal scenario for the oracle: prompt ids and media names, the media files. */
+export interface MediaRequest {
+  prompt: (number | string)[];
+  media: Record<string, MediaFile>;
+  config: MultimodalConfig;
+}
+
+function files(flag: string, v: unknown): string[] {
+  if (v === undefined) return [];
+  const out = String(v)
+    .split(",")
+    .map((s) => s.trim())
+    .filter((s) => s.length > 0)
+    .map((s) => resolve(s));
+  if (out.length === 0) throw new UsageError(`--${flag} needs a file path`);
+  for (const f of out) {
+    if (!existsSync(f)) throw new UsageError(`--${flag}: file not found: ${f}`);
+    if (!statSync(f).isFile()) throw new UsageError(`--${flag}: not a file: ${f}`);
+    try {
+      accessSync(f, constants.R_OK);
+    } catch {
+      throw new UsageError(`--${flag}: cannot read ${f} (permission denied)`);
+    }
+  }
+  return out;
+}
+
+/** Whether the flags ask for media. */
+export function wantsMedia(a: Parsed): boolean {
+  return a.image !== undefined || a.audio !== undefined;
+}
+
+/**
+ * The towers a gemma4 checkpoint really has: a tower is built when its config is not null and
+ * kept when the weights (or the shard index) hold keys under its name, as mlx-vlm's load_model
+ * drops weightless modules.
+ */
+export function checkpointTowers(dir: string): { config: MultimodalConfig; vision: boolean; audio: boolean } {
+  const cfgPath = join(dir, "config.json");
+  const raw = JSON.parse(readFileSync(cfgPath, "utf8")) as Record<string, unknown>;
+  if (raw.model_type !== "gemma4") throw new UsageError(`${dir} is a ${String(raw.model_type)} checkpoint: media need a gemma4 checkpoint with a vision or audio tower`);
+  let config: MultimodalConfig;
+  try {
+    config = multimodalConfigFromDict(raw, cfgPath);
+  } catch (e) {
+    if (e instanceof ConfigError) throw new UsageError(e.message);
+    throw e;
+  }
+  const keys = new Set<string>();
+  const index = join(dir, "model.safetensors.index.json");
+  if (existsSync(index)) for (const k of Object.keys((JSON.parse(readFileSync(index, "utf8")) as { weight_map?: object }).weight_map ?? {})) keys.add(k);
+  for (const f of readdirSync(dir).filter((x) => /^model.*\.safetensors$/.test(x))) for (const k of safetensorsKeys(join(dir, f))) keys.add(k);
+  const has = (name: string) => [...keys].some((k) => k.startsWith(`${name}.`) || k.startsWith(`model.${name}.`));
+  return { config, vision: config.vision !== null && has("vision_tower"), audio: config.audio !== null && has("audio_tower") };
+}
+
+function safetensorsKeys(file: string): string[] {
+  const buf = readFileSync(file);
+  if (buf.length < 8) return [];
+  const n = Number(buf.readBigUInt64LE(0));
+  if (8 + n > buf.length) return [];
+  try {
+    return Object.keys(JSON.parse(buf.subarray(8, 8 + n).toString("utf8")) as object).filter((k) => k !== "__metadata__");
+  } catch {
+    return [];
+  }
+}
+
+/**
+ * The prompt with media placeholders: --tokens may hold the words 'image' / 'audio' (one per
+ * file, in order); in a --prompt, each <|image|> / <|audio|> token is one. Without any, the
+ * images and then the audio clips go first (after a leading BOS). The oracle expands each into
+ * boi + image_token * n + eoi (boa + audio_token * n + eoa), n from the processor.
+ */
+export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest> {
+  const images = files("image", a.image);
+  const audios = files("audio", a.audio);
+  const towers = checkpointTowers(dir);
+  if (images.length && !towers.vision) throw new UsageError(`--image given, but ${dir} has no vision tower (${towers.config.vision === null ? "vision_config is null" : "no vision_tower weights"})`);
+  if (audios.length && !towers.audio) throw new UsageError(`--audio given, but ${dir} has no audio tower (${towers.config.audio === null ? "audio_config is null" : "no audio_tower weights"})`);
+  const { config } = towers;
+  const soft = Number(a["max-soft-tokens"] ?? 280);
+  if (!Number.isInteger(soft) || soft < 1) throw new UsageError("--max-soft-tokens must be a positive integer");
+  const media: Record<string, MediaFile> = {};
+  images.forEach((path, k) => (media[`image:${k}`] = { kind: "image", path, max_soft_tokens: soft }));
+  audios.forEach((path, k) => (media[`audio:${k}`] = { kind: "audio", path }));
+  let items: (number | string)[];
+  let ni = 0;
+  let na = 0;
+  if (typeof a.tokens === "string") {
+    items = a.tokens
+      .split(",")
+      .map((t) => t.trim())
+      .filter((t) => t.length > 0)
+      .map((t) => (t === "image" ? `image:${ni++}` : t === "audio" ? `audio:${na++}` : parseTokenList(t)[0]!));
+  } else if (typeof a.prompt === "string") {
+    items = (await tokenizePrompt(dir, a.prompt, a.chat === true)).map((t) => (t === config.image_token_id ? `image:${ni++}` : t === config.audio_token_id ? `audio:${na++}` : t));
+  } else {
+    throw new UsageError('give a prompt: --prompt "text" or --tokens 1,2,3 (with the words image / audio where the media go)');
+  }
+  if (ni === 0 && na === 0) {
+    const head = items[0] === 2 ? [2] : [];
+    items = [...head, ...images.map((_, k) => `image:${k}`), ...audios.map((_, k) => `audio:${k}`), ...items.slice(head.length)];
+    ni = images.length;
+    na = audios.length;
+  }
+  if (ni !== images.length) throw new UsageError(`the prompt has ${ni} image placeholder${ni === 1 ? "" : "s"} but --image gives ${images.length} file${images.length === 1 ? "" : "s"}`);
+  if (na !== audios.length) throw new UsageError(`the prompt has ${na} audio placeholder${na === 1 ? "" : "s"} but --audio gives ${audios.length} file${audios.length === 1 ? "" : "s"}`);
+  return { prompt: items, media, config };
+}
+
+export interface PreparedMedia {
+  ids: number[];
+  media: MediaInputs;
+}
+
+/**
+ * mlx-vlm's processor outputs for the request (the oracle's mm_prepare), checked against the
+ * model's rules before anything runs (a placeholder count that does not match is a UsageError).
+ */
+export async function prepareMedia(oracle: OracleClient, checkpoint: string, req: MediaRequest, towers: { vision: boolean; audio: boolean }): Promise<PreparedMedia> {
+  type Arr = NpyRef & { shape: number[] };
+  let r: { input_ids: number[]; pixel_values?: Arr | Arr[]; input_features?: Arr; input_features_mask?: Arr };
+  try {
+    r = await oracle.request("mm_prepare", { checkpoint, scenario: { id: "media-cli", kind: "generate", prompt: req.prompt, media: req.media } });
+  } catch (e) {
+    throw new UsageError(`reading the media failed: ${(e as Error).message.split("\n")[0]}`);
+  }
+  const arr = (x: Arr): MlxArray => {
+    const rec = oracle.readArray(x);
+    return mx.fromBytes(rec.data, rec.shape, rec.dtype as mx.Dtype);
+  };
+  const pv = r.pixel_values === undefined ? null : Array.isArray(r.pixel_values) ? r.pixel_values.map(arr) : arr(r.pixel_values);
+  const media: MediaInputs = { pixel_values: pv, input_features: r.input_features ? arr(r.input_features) : null, input_features_mask: r.input_features_mask ? arr(r.input_features_mask) : null };
+  try {
+    checkMediaInputs(req.config, towers, r.input_ids, media);
+  } catch (e) {
+    disposeMediaInputs(media);
+    if (e instanceof MediaError) throw new UsageError(e.message);
+    throw e;
+  }
+  return { ids: r.input_ids, media };
+}
+
