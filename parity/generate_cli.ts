@@ -4,9 +4,13 @@ import { resolve } from "node:path";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
-import { generate } from "../model/generate.ts";
-import { loadGenerationModel } from "../model/runtime.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { type GenerateModel, generate } from "../model/generate.ts";
+import { loadGenerationModel, mediaGenerationModel } from "../model/runtime.ts";
+import { type FlagSpec, helpText, type Parsed, parseArgs, UsageError } from "./args.ts";
+import { checkpointTowers, MEDIA_FLAGS, mediaRequest, type PreparedMedia, prepareMedia, wantsMedia } from "./media.ts";
+import { OracleClient } from "../oracle/client.ts";
+import { disposeMediaInputs, MediaError } from "../model/gemma4/gemma4.ts";
+import { loadMultimodalModel } from "../model/gemma4/index.ts";
 import { applyDeviceFlag, DEVICE_FLAG } from "./device.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 
@@ -22,6 +26,7 @@ const FLAGS: FlagSpec[] = [
   { name: "min-p", kind: "number", valueName: "P", help: "min-p sampling (0 = off)", default: 0 },
   { name: "seed", kind: "int", valueName: "S", help: "random seed (mx.random.seed)" },
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "prefill chunk size", default: 2048 },
+  ...MEDIA_FLAGS,
   DEVICE_FLAG,
   { name: "verbose", kind: "bool", help: "stack traces on errors" },
   { name: "help", kind: "bool", help: "show this help" },
@@ -51,25 +56,57 @@ function eosIds(dir: string, info: Record<string, unknown>): number[] {
   return [...ids];
 }
 
+/**
+ * --image / --audio: mlx-vlm's processor (through the oracle, until the TS processor lands) gives
+ * the expanded prompt and the media arrays; the multimodal model runs alone from there.
+ */
+async function mediaModel(dir: string, a: Parsed): Promise<{ ids: number[]; generate: GenerateModel; chunked: boolean }> {
+  const req = await mediaRequest(dir, a);
+  const oracle = await OracleClient.start({});
+  let prepared: PreparedMedia;
+  try {
+    prepared = await prepareMedia(oracle, dir, req, checkpointTowers(dir));
+  } finally {
+    await oracle.close();
+  }
+  try {
+    const { model } = loadMultimodalModel(dir);
+    const run = mediaGenerationModel(model, prepared);
+    return { ids: prepared.ids, generate: run.generate, chunked: run.chunked };
+  } catch (e) {
+    if (e instanceof MediaError) throw new UsageError(e.message);
+    throw e;
+  } finally {
+    disposeMediaInputs(prepared.media);
+  }
+}
+
 async function main(argv: string[]): Promise<number> {
   const a = parseArgs(argv, FLAGS);
   if (a.help) {
-    process.stdout.write(helpText("npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [options]", "Generates text with the TypeScript Gemma 4 model (mlx-lm's generate_step, no oracle).", FLAGS));
+    process.stdout.write(
+      helpText(
+        "npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [--image a.png] [--audio b.wav] [options]",
+        "Generates text with the TypeScript Gemma 4 model (mlx-lm's generate_step; with media, mlx-vlm's; the media are preprocessed by mlx-vlm's processor through the oracle).",
+        FLAGS,
+      ),
+    );
     return 0;
   }
   if (a.model === undefined) throw new UsageError("--model <dir> is required (see --help)");
   const dev = applyDeviceFlag(a.device);
   const dir = resolve(String(a.model));
   const info = inspectCheckpoint(dir);
-  const prompt = await resolvePrompt(dir, a);
   const maxTokens = Number(a["max-tokens"]);
   if (maxTokens < 1) throw new UsageError("--max-tokens must be at least 1");
   const temp = Number(a.temp);
   if (temp < 0) throw new UsageError("--temp must be >= 0");
+  const media = wantsMedia(a) ? await mediaModel(dir, a) : null;
+  const prompt = media ? media.ids : await resolvePrompt(dir, a);
   checkPromptLength(prompt, maxTokens, info);
 
   const tokenizer = typeof a.prompt === "string" ? await loadTokenizer(dir) : null;
-  const { model } = loadGenerationModel(dir);
+  const model = media ? media.generate : loadGenerationModel(dir).model;
   const rootCfg = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
   const eos = eosIds(dir, { ...info.text, ...rootCfg });
 
@@ -87,7 +124,7 @@ async function main(argv: string[]): Promise<number> {
     seed: typeof a.seed === "number" ? a.seed : undefined,
   };
   process.stdout.write("==========\n");
-  for await (const t of generate(model, prompt, opts)) {
+  for await (const t of generate(model, prompt, { ...opts, chunkedPrefill: media?.chunked ?? true })) {
     if (t.n === 0) {
       promptTps = prompt.length / ((performance.now() - tic) / 1000);
       tic = performance.now();
