@@ -35,6 +35,24 @@ export function mmScenario(id: string): MmScenario {
   return s;
 }
 
+/**
+ * The gemma4 config.json of a multimodal fixture, as make_mm_checkpoints.mm_config builds it:
+ * the text fixture plus its overrides, the towers' configs and the media token ids.
+ */
+export function mmFixtureConfig(name: string): Record<string, unknown> {
+  const spec = JSON.parse(readFileSync(join(REPO_ROOT, "fixtures", "mm_configs", `${name}.json`), "utf8")) as Record<string, unknown>;
+  const text = JSON.parse(readFileSync(join(REPO_ROOT, "fixtures", "configs", `${spec.text}.json`), "utf8")) as Record<string, unknown>;
+  delete text._comment;
+  Object.assign(text, spec.text_overrides ?? {});
+  return { model_type: "gemma4", text_config: text, vision_config: spec.vision_config, audio_config: spec.audio_config, vocab_size: text.vocab_size, ...(spec.tokens as object) };
+}
+
+/** Which towers a scenario's embed call runs (its prompt's media kinds). */
+export function scenarioMedia(scn: MmScenario): { image: boolean; audio: boolean } {
+  const kinds = scn.prompt.filter((p): p is string => typeof p === "string").map((n) => MM_MEDIA[n]!.kind);
+  return { image: kinds.includes("image"), audio: kinds.includes("audio") };
+}
+
 /** The image specs of a scenario's prompt, in prompt order. */
 export function scenarioImages(scn: MmScenario): ImageSpec[] {
   return scn.prompt.filter((p): p is string => typeof p === "string").map((n) => MM_MEDIA[n]!).filter((m): m is ImageSpec => m.kind === "image");

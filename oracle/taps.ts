@@ -192,3 +192,24 @@ export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; au
   }
   return out;
 }
+
+/**
+ * The CallShape of one mlx-vlm language-model call of a multimodal forward or generate_step
+ * (capture_mm.py): the forward's call gets only inputs_embeds (+ per-layer inputs); prefill
+ * chunks and the first _step get the ids, their embeddings slice and the per-layer inputs; the
+ * decode steps embed their own token. SwitchGLU leaves its batched path for 1 < L <= 8.
+ */
+export function mmCallShape(cfg: TapConfig, call: { kind: "forward" | "prefill" | "step"; index: number; batch: number; length: number }): CallShape {
+  const decode = call.kind === "step" && call.index > 0;
+  return {
+    batch: call.batch,
+    length: call.length,
+    cache: call.kind !== "forward",
+    step: call.kind === "step",
+    ids: call.kind !== "forward",
+    embed: decode,
+    embeds: !decode,
+    pliLookup: decode,
+    moeBatched: !(cfg.enable_moe_block && call.length > 1 && call.length <= 8),
+  };
+}

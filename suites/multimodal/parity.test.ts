@@ -15,7 +15,9 @@ import { loadGolden, readManifest } from "../../oracle/golden.ts";
 import { type LoadedMultimodalModel, loadMultimodalModel } from "../../model/gemma4/index.ts";
 import { goldenBudget } from "../gemma4/run.ts";
 import { compareTapLists, formatVerdict, fromOracle, type TapData } from "../gemma4/tap_compare.ts";
-import { CKPT_ROOT, MM_SCENARIOS, type MmReference, type MmScenario, mmForwardTaps, mmGenerateTaps, mmReference } from "./run.ts";
+import { mmFixtureConfig, scenarioMedia } from "../../oracle/mm_fixtures.ts";
+import { callPrefix, expandMediaTaps, expandTaps, mediaTapConfig, mmCallShape, tapConfig } from "../../oracle/taps.ts";
+import { CKPT_ROOT, MM_SCENARIOS, type MmReference, type MmScenario, mmForwardTaps, mmGenerateTaps, mmReference, mmScenario } from "./run.ts";
 
 const FULL = process.env.MM_PARITY_FULL === "1";
 // both towers in one forward (the rest: the goldens here, and `npm run parity`, which runs every
@@ -56,6 +58,20 @@ const counts = { live: { vision: 0, audio: 0, merge: 0, language: 0 }, golden: {
 const totals = { livePairs: 0, goldenPairs: 0, goldenFull: 0 };
 
 describe("multimodal taps vs mlx-vlm", () => {
+  it("the TS tap expansion (oracle/taps.ts: media taps, mmCallShape) reproduces mlx-vlm's recorded names and order", async () => {
+    for (const [ckpt, sid] of [["m2_e2b/f32", "mm_gen_chunked_av"], ["m3_moe/f32", "mm_gen_chunked"]] as const) {
+      const cap = await oracle.capture(ckpt, sid, { mode: "logits" });
+      const cfgJson = mmFixtureConfig(ckpt.split("/")[0]!);
+      const cfg = tapConfig(cfgJson);
+      const want = cap.calls.flatMap((c) => {
+        const call = c as unknown as { kind: "embed" | "forward" | "prefill" | "step"; index: number; batch: number; length: number };
+        if (call.kind === "embed") return expandMediaTaps(mediaTapConfig(cfgJson), scenarioMedia(mmScenario(sid))).map((n) => `embed/${n}`);
+        return expandTaps(cfg, mmCallShape(cfg, { ...call, kind: call.kind })).map((n) => callPrefix(call.kind as "prefill" | "step", call.index) + n);
+      });
+      expect({ ckpt, names: cap.taps.map((t) => t.name) }).toEqual({ ckpt, names: want });
+    }
+  }, 120_000);
+
   it("every multimodal checkpoint × scenario has a golden entry", () => {
     const missing = pairs.map((p) => `${p.ckpt}/${p.scn.id}`).filter((id) => !manifest?.entries[id]);
     expect(missing).toEqual([]);

@@ -5,7 +5,8 @@ import { join, relative } from "node:path";
 import { describe, expect, it } from "vitest";
 import { REPO_ROOT } from "../../oracle/client.ts";
 import { type BackendMeasurement, GOLDEN_DIR, goldenFilesDigest, goldenRule, loadGolden, type Manifest, readIndex, readManifest, readZipStored, sha256 } from "../../oracle/golden.ts";
-import { callPrefix, expandTaps, tapConfig } from "../../oracle/taps.ts";
+import { callPrefix, expandMediaTaps, expandTaps, mediaTapConfig, mmCallShape, tapConfig } from "../../oracle/taps.ts";
+import { mmFixtureConfig, mmScenario, scenarioMedia } from "../../oracle/mm_fixtures.ts";
 
 const manifest = readManifest();
 
@@ -86,13 +87,15 @@ describe("golden integrity", () => {
       if (!e) throw new Error(`full dump ${id} has no entry`);
       const index = readIndex(e.index);
       const sc = index.scenarios[0];
-      const cfg = tapConfig(fixtureConfig(e.checkpoint));
+      const mm = e.scenario.startsWith("mm_");
+      const cfgJson = mm ? mmFixtureConfig(e.checkpoint.split("/")[0]!) : fixtureConfig(e.checkpoint);
+      const cfg = tapConfig(cfgJson);
       const want = (sc?.calls ?? []).flatMap((c) => {
-        const call = c as { kind: "forward" | "prefill" | "step"; index: number; batch: number; length: number };
+        const call = c as { kind: "embed" | "forward" | "prefill" | "step"; index: number; batch: number; length: number };
+        if (call.kind === "embed") return expandMediaTaps(mediaTapConfig(cfgJson), scenarioMedia(mmScenario(e.scenario))).map((n) => `embed/${n}`);
         const pre = callPrefix(call.kind, call.index);
-        return expandTaps(cfg, { batch: call.batch, length: call.length, cache: call.kind !== "forward", step: call.kind === "step" }).map(
-          (n) => pre + n,
-        );
+        const shape = mm ? mmCallShape(cfg, { ...call, kind: call.kind }) : { batch: call.batch, length: call.length, cache: call.kind !== "forward", step: call.kind === "step" };
+        return expandTaps(cfg, shape).map((n) => pre + n);
       });
       expect({ id, taps: index.taps.map((t) => t.name) }).toEqual({ id, taps: want });
       checked += want.length;
