@@ -127,36 +127,14 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
   for (const c of ckpts) {
     for (const sid of c.moe ? [FIXTURE_SCENARIOS.all, FIXTURE_SCENARIOS.moe] : [FIXTURE_SCENARIOS.all]) {
       const s = scenarios.get(sid)!;
-      const [fixture, variant] = c.id.split("/") as [string, string];
-      specs.push({
-        tsDir: join(REPO_ROOT, ".cache", "checkpoints", c.id),
-        oracleCheckpoint: c.id,
-        model: fixture,
-        variant,
-        prompt: s.prompt!,
-        prefillStepSize: s.prefill_step_size!,
-        steps: s.max_tokens!,
-        budget,
-        bisect: bisectOn,
-      });
+      specs.push(fixtureSpec(c.id, s, budget, { prompt: s.prompt!, bisect: bisectOn }));
     }
   }
   const mmScenarios = JSON.parse(readFileSync(join(REPO_ROOT, "fixtures", "mm_scenarios.json"), "utf8")) as { scenarios: ScenarioEntry[] };
   for (const c of mmCkpts) {
     for (const sid of c.towers.includes("audio") ? [MM_FIXTURE_SCENARIOS.all, MM_FIXTURE_SCENARIOS.audio] : [MM_FIXTURE_SCENARIOS.all]) {
       const s = mmScenarios.scenarios.find((x) => x.id === sid)!;
-      const [fixture, variant] = c.id.split("/") as [string, string];
-      specs.push({
-        tsDir: join(REPO_ROOT, ".cache", "checkpoints", c.id),
-        oracleCheckpoint: c.id,
-        model: fixture,
-        variant,
-        prompt: [],
-        prefillStepSize: s.prefill_step_size!,
-        steps: s.max_tokens!,
-        budget,
-        media: { scenario: sid },
-      });
+      specs.push(fixtureSpec(c.id, s, budget, { prompt: [], media: { scenario: sid } }));
     }
   }
   // The oracle captures run k+1 while TS compares run k (two processes, two cores).
@@ -174,6 +152,13 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
     runs.push(await runOne(oracle, specs[k]!, current));
   }
   return runs;
+}
+
+/** The run of fixture checkpoint `id` on scenario `s` (its prefill step size and decode steps). */
+function fixtureSpec(id: string, s: ScenarioEntry, budget: Budget, rest: Pick<RunSpec, "prompt" | "bisect" | "media">): RunSpec {
+  const [fixture, variant] = id.split("/") as [string, string];
+  const tsDir = join(REPO_ROOT, ".cache", "checkpoints", id);
+  return { tsDir, oracleCheckpoint: id, model: fixture, variant, prefillStepSize: s.prefill_step_size!, steps: s.max_tokens!, budget, ...rest };
 }
 
 async function runOne(oracle: OracleClient, spec: RunSpec, capture?: Promise<Capture>): Promise<RunResult> {

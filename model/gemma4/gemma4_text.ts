@@ -110,6 +110,22 @@ export function logit_softcap(softcap: number, x: MlxArray): MlxArray {
   return f(x);
 }
 
+/**
+ * The model tail after the head: the `lm_head` tap, logit_softcap (none when `softcap` is null),
+ * the `logits` tap. Takes ownership of `logits0`.
+ */
+export function softcapLogits(logits0: MlxArray, softcap: number | null, taps?: TapSink): MlxArray {
+  if (taps) taps("lm_head", logits0);
+  if (softcap === null) {
+    if (taps) taps("logits", logits0);
+    return logits0;
+  }
+  using l0 = logits0;
+  const logits = logit_softcap(softcap, l0);
+  if (taps) taps("logits", logits);
+  return logits;
+}
+
 let completeSquareCompiled: ((x2: MlxArray, y2: MlxArray, xy: MlxArray) => MlxArray) | null = null;
 
 /** @partial(mx.compile, shapeless=True) _complete_square(x2, y2, xy) = x2 + expand_dims(y2, -1) - 2 * xy. */
@@ -1062,15 +1078,7 @@ export class Model extends Module {
     const taps = opts.taps;
     using out = this.model.call(inputs, opts);
     const logits0 = this.tie_word_embeddings ? this.model.embed_tokens.asLinear(out) : this.lm_head!.call(out);
-    if (taps) taps("lm_head", logits0);
-    if (this.final_logit_softcapping === null || mutated("no_softcap")) {
-      if (taps) taps("logits", logits0);
-      return logits0;
-    }
-    using l0 = logits0;
-    const logits = logit_softcap(this.final_logit_softcapping, l0);
-    if (taps) taps("logits", logits);
-    return logits;
+    return softcapLogits(logits0, mutated("no_softcap") ? null : this.final_logit_softcapping, taps);
   }
 
   /** Releases the weights and the compiled decode closures that hold them. */

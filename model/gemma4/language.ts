@@ -19,7 +19,7 @@ import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { createAttentionMask, createCausalMask, disposeMask, type Mask } from "../mask.ts";
 import type { TextConfig } from "./config.ts";
-import { type CacheFactory, defaultCacheFactory, Gemma4TextModel, type LayerCache, logit_softcap } from "./gemma4_text.ts";
+import { type CacheFactory, defaultCacheFactory, Gemma4TextModel, type LayerCache, softcapLogits } from "./gemma4_text.ts";
 import { mediaMutated } from "./mutations.ts";
 import { Module } from "./nn.ts";
 import type { TapSink } from "./taps.ts";
@@ -184,16 +184,7 @@ export class LanguageModel extends Module {
       out = stack.use(mx.slice(out, [0, s[1]! - keep, 0], s));
     }
     // logits_from_hidden: embed_tokens.as_linear + softcap (mlx-vlm has no lm_head path)
-    const logits0 = m.embed_tokens.asLinear(out);
-    if (taps) taps("lm_head", logits0);
-    if (this.final_logit_softcapping === null) {
-      if (taps) taps("logits", logits0);
-      return logits0;
-    }
-    using l0 = logits0;
-    const logits = logit_softcap(this.final_logit_softcapping, l0);
-    if (taps) taps("logits", logits);
-    return logits;
+    return softcapLogits(m.embed_tokens.asLinear(out), this.final_logit_softcapping, taps);
   }
 
   /**

@@ -16,6 +16,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -81,6 +82,7 @@ LEAF_TYPES: tuple[type, ...] = (
     gemma4_text.RMSNormNoScale, switch_layers.SwitchLinear, switch_layers.QuantizedSwitchLinear,
 )
 ROPE_TYPES = ("RoPE", "ProportionalRoPE")
+NOT_HANDLED = object()
 
 
 def _layer_of(name: str) -> str:
@@ -120,7 +122,8 @@ class Recorder:
         self._saved.append((owner, attr, owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)))
         setattr(owner, attr, new)
 
-    def __enter__(self) -> "Recorder":
+    def _patch_module_classes(self) -> None:
+        """Wraps __call__ of every nn.Module class (and base class) in the model."""
         classes: list[type] = []
         for _, m in self.model.named_modules():
             for cls in type(m).__mro__:
@@ -130,6 +133,9 @@ class Recorder:
                     classes.append(cls)
         for cls in classes:
             self._patch(cls, "__call__", self._module_wrapper(cls.__dict__["__call__"]))
+
+    def __enter__(self) -> "Recorder":
+        self._patch_module_classes()
         self._patch(gemma4_text, "create_attention_mask", self._wrap_mask(gemma4_text.create_attention_mask))
         self._patch(gemma4_text, "scaled_dot_product_attention", self._wrap_sdpa(gemma4_text.scaled_dot_product_attention))
         self._patch(gemma4_text, "geglu", self._wrap_geglu(gemma4_text.geglu))
@@ -208,23 +214,29 @@ class Recorder:
 
     def verify(self) -> None:
         """Every call recorded exactly the taps.json expansion, outputs in template order."""
-        inputs = tapspec.observed_as_input()
         for call in self.calls:
-            want = tapspec.expand(self.args, batch=call.batch, length=call.length, cache=call.cache,
-                                  step=call.kind == "step")
-            got = set(call.taps)
-            missing = [n for n in want if n not in got]
-            extra = sorted(got - set(want))
-            if missing or extra:
-                raise RuntimeError(f"call {call.prefix or 'forward'}: taps missing {missing[:8]}, unexpected {extra[:8]}")
-            pos = {n: i for i, n in enumerate(want)}
-            outs = [n for n in call.observed if re.sub(r"layers\.\d+", "layers.{i}", re.sub(r"^mask/.*", "mask/{type}", n)) not in inputs]
-            last = -1
-            for n in outs:
-                if pos[n] < last:
-                    raise RuntimeError(f"call {call.prefix or 'forward'}: tap {n!r} observed out of template order")
-                last = pos[n]
-            call.taps = {n: call.taps[n] for n in want}
+            self.check_call(call, tapspec.expand(self.args, batch=call.batch, length=call.length, cache=call.cache,
+                                                 step=call.kind == "step"))
+
+    @staticmethod
+    def check_call(call: Call, want: list[str], unordered: Callable[[str], bool] = lambda n: False) -> None:
+        """The call recorded exactly `want`; every tap observed where it is made (and not
+        `unordered`) came in `want`'s order. The call's taps are put in that order."""
+        inputs = tapspec.observed_as_input()
+        got = set(call.taps)
+        missing = [n for n in want if n not in got]
+        extra = sorted(got - set(want))
+        if missing or extra:
+            raise RuntimeError(f"call {call.prefix or 'forward'}: taps missing {missing[:8]}, unexpected {extra[:8]}")
+        pos = {n: i for i, n in enumerate(want)}
+        last = -1
+        for n in call.observed:
+            if re.sub(r"layers\.\d+", "layers.{i}", re.sub(r"^mask/.*", "mask/{type}", n)) in inputs or unordered(n):
+                continue
+            if pos[n] < last:
+                raise RuntimeError(f"call {call.prefix or 'forward'}: tap {n!r} observed out of template order")
+            last = pos[n]
+        call.taps = {n: call.taps[n] for n in want}
 
     # ---------------------------------------------------------------- wrappers
     def _module_wrapper(self, orig: Callable) -> Callable:
@@ -258,39 +270,8 @@ class Recorder:
         x = args[0] if args else None
         self._stack.append((id(mod), name))
         try:
-            if isinstance(mod, gemma4_text.DecoderLayer):
-                if name == "layers.0":
-                    self.record("embed_scaled", x)
-                pli = kwargs.get("per_layer_input")
-                if pli is not None:
-                    self.record(f"{name}/per_layer_input", pli)
-                out = orig(mod, *args, **kwargs)
-                self.record(f"{name}/output", out[0])
-                return out
-            if isinstance(mod, gemma4_text.Attention):
-                self._attn.append({"own_kv": kwargs.get("shared_kv") is None, "ropes": 0, "name": name})
-                try:
-                    return orig(mod, *args, **kwargs)
-                finally:
-                    self._attn.pop()
-            if type(mod).__name__ in ROPE_TYPES:
-                return self._on_rope(mod, name, orig, args, kwargs)
-            if isinstance(mod, gemma4_text.Router):
-                out = orig(mod, *args, **kwargs)
-                self.record(f"{name}/indices", out[0])
-                self.record(f"{name}/weights", out[1])
-                return out
-            if isinstance(mod, gemma4_text.GeGLU):
-                self._quiet += 1
-                try:
-                    out = orig(mod, *args, **kwargs)
-                finally:
-                    self._quiet -= 1
-                self.record(name, out)
-                return out
-            if isinstance(mod, (switch_layers.SwitchGLU, gemma4_text.Experts)):
-                out = orig(mod, *args, **kwargs)
-                self.record(name, out)
+            out = self._on_layer_module(mod, name, orig, args, kwargs, x)
+            if out is not NOT_HANDLED:
                 return out
             if isinstance(mod, LEAF_TYPES):
                 self._input_taps(name, x)
@@ -300,6 +281,53 @@ class Recorder:
             return orig(mod, *args, **kwargs)  # MLP, Gemma4TextModel: covered by their children
         finally:
             self._stack.pop()
+
+    # The language model's classes (capture_mm.py swaps in mlx-vlm's, which have the same taps).
+    LM = SimpleNamespace(DecoderLayer=gemma4_text.DecoderLayer, Attention=gemma4_text.Attention, Router=gemma4_text.Router,
+                         GeGLU=gemma4_text.GeGLU, SwitchGLU=switch_layers.SwitchGLU, Experts=gemma4_text.Experts)
+
+    def _switch_glu_quiet(self, x: Any) -> bool:
+        """Whether SwitchGLU runs without its inner taps (mlx-vlm's token-by-token path)."""
+        return False
+
+    def _on_layer_module(self, mod, name: str, orig: Callable, args: tuple, kwargs: dict, x: Any):
+        """The taps of the decoder layers' modules; NOT_HANDLED for any other module."""
+        lm = self.LM
+        if isinstance(mod, lm.DecoderLayer):
+            if name == "layers.0" and "inputs_embeds" not in self.call.taps:
+                self.record("embed_scaled", x)
+            pli = kwargs.get("per_layer_input")
+            if pli is not None:
+                self.record(f"{name}/per_layer_input", pli)
+            out = orig(mod, *args, **kwargs)
+            self.record(f"{name}/output", out[0])
+            return out
+        if isinstance(mod, lm.Attention):
+            self._attn.append({"own_kv": kwargs.get("shared_kv") is None, "ropes": 0, "name": name})
+            try:
+                return orig(mod, *args, **kwargs)
+            finally:
+                self._attn.pop()
+        if type(mod).__name__ in ROPE_TYPES:
+            return self._on_rope(mod, name, orig, args, kwargs)
+        if isinstance(mod, lm.Router):
+            out = orig(mod, *args, **kwargs)
+            self.record(f"{name}/indices", out[0])
+            self.record(f"{name}/weights", out[1])
+            return out
+        if isinstance(mod, lm.GeGLU) or (isinstance(mod, lm.SwitchGLU) and self._switch_glu_quiet(x)):
+            self._quiet += 1
+            try:
+                out = orig(mod, *args, **kwargs)
+            finally:
+                self._quiet -= 1
+            self.record(name, out)
+            return out
+        if isinstance(mod, (lm.SwitchGLU, lm.Experts)):
+            out = orig(mod, *args, **kwargs)
+            self.record(name, out)
+            return out
+        return NOT_HANDLED
 
     def _input_taps(self, name: str, x: Any) -> None:
         leaf = name.rsplit("/", 1)[-1]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import re
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ import numpy as np  # noqa: E402
 
 import capture as cap  # noqa: E402
 import taps as tapspec  # noqa: E402
-from common import FIXTURES, module_path_to_tap  # noqa: E402
+from common import FIXTURES  # noqa: E402
 
 MM_SCENARIOS = FIXTURES / "mm_scenarios.json"
 SAMPLE_RATE = 16000
@@ -152,6 +151,9 @@ class MMRecorder(cap.Recorder):
     def __init__(self, model, keep: Callable[[cap.Call, str], bool] = lambda c, n: True,
                  spill: Callable[[np.ndarray, str], dict] | None = None, kind: str = "forward"):
         self.v = _vlm()
+        v = self.v
+        self.LM = SimpleNamespace(DecoderLayer=v.lang.DecoderLayer, Attention=v.lang.Attention, Router=v.lang.Router,
+                                  GeGLU=v.lang.GeGLU, SwitchGLU=v.switch.SwitchGLU, Experts=v.lang.Experts)
         self.model = model
         self.spill = spill
         self.keep = keep
@@ -177,15 +179,7 @@ class MMRecorder(cap.Recorder):
     # ---------------------------------------------------------------- patching
     def __enter__(self) -> "MMRecorder":
         v = self.v
-        classes: list[type] = []
-        for _, m in self.model.named_modules():
-            for cls in type(m).__mro__:
-                if cls in (nn.Module, object) or not issubclass(cls, nn.Module):
-                    continue
-                if "__call__" in cls.__dict__ and cls not in classes:
-                    classes.append(cls)
-        for cls in classes:
-            self._patch(cls, "__call__", self._module_wrapper(cls.__dict__["__call__"]))
+        self._patch_module_classes()
         self._patch(v.gemma4.Model, "get_input_embeddings", self._wrap_embed(v.gemma4.Model.__dict__["get_input_embeddings"]))
         self._patch(v.gemma4, "masked_scatter", self._wrap_scatter(v.gemma4.masked_scatter))
         self._patch(v.lang, "scaled_dot_product_attention", self._wrap_sdpa(v.lang.scaled_dot_product_attention))
@@ -222,7 +216,6 @@ class MMRecorder(cap.Recorder):
         self._ids.clear()
 
     def verify(self) -> None:
-        inputs = tapspec.observed_as_input()
         cfg = self.model.config
         for k, call in enumerate(self.calls):
             f = self._meta[k]
@@ -233,23 +226,9 @@ class MMRecorder(cap.Recorder):
                 want = tapspec.expand(self.args, batch=call.batch, length=call.length, cache=call.cache,
                                       step=call.kind == "step", ids=f["ids"], embed=f["embed"], embeds=f["embeds"],
                                       pli_lookup=f["pli_lookup"], moe_batched=f["moe_batched"])
-            got = set(call.taps)
-            missing = [n for n in want if n not in got]
-            extra = sorted(got - set(want))
-            if missing or extra:
-                raise RuntimeError(f"call {call.prefix or 'forward'}: taps missing {missing[:8]}, unexpected {extra[:8]}")
-            pos = {n: i for i, n in enumerate(want)}
-            tmpl = lambda n: re.sub(r"layers\.\d+", "layers.{i}", re.sub(r"^mask/.*", "mask/{type}", n))  # noqa: E731
-            last = -1
-            for n in call.observed:
-                # mlx-vlm's Attention updates the cache before it ropes the queries (mlx-lm the
-                # other way round; no op depends on the other): the cache taps keep mlx-lm's place
-                if tmpl(n) in inputs or n.endswith(("/cache_keys", "/cache_values")):
-                    continue
-                if pos[n] < last:
-                    raise RuntimeError(f"call {call.prefix or 'forward'}: tap {n!r} observed out of template order")
-                last = pos[n]
-            call.taps = {n: call.taps[n] for n in want}
+            # mlx-vlm's Attention updates the cache before it ropes the queries (mlx-lm the other
+            # way round; no op depends on the other): the cache taps keep mlx-lm's place
+            self.check_call(call, want, lambda n: n.endswith(("/cache_keys", "/cache_values")))
 
     # ---------------------------------------------------------------- wrappers
     def _wrap_embed(self, orig: Callable) -> Callable:
@@ -312,55 +291,15 @@ class MMRecorder(cap.Recorder):
         x = args[0] if args else None
         self._stack.append((id(mod), name))
         try:
-            if isinstance(mod, v.lang.DecoderLayer):
-                if name == "layers.0" and self.call.kind != "embed" and "inputs_embeds" not in self.call.taps:
-                    self.record("embed_scaled", x)
-                pli = kwargs.get("per_layer_input")
-                if pli is not None:
-                    self.record(f"{name}/per_layer_input", pli)
-                out = orig(mod, *args, **kwargs)
-                self.record(f"{name}/output", out[0])
-                return out
-            if isinstance(mod, v.lang.Attention):
-                self._attn.append({"own_kv": kwargs.get("shared_kv") is None, "ropes": 0, "name": name})
-                try:
-                    return orig(mod, *args, **kwargs)
-                finally:
-                    self._attn.pop()
-            if type(mod).__name__ in cap.ROPE_TYPES:
-                return self._on_rope(mod, name, orig, args, kwargs)
-            if isinstance(mod, v.lang.Router):
-                out = orig(mod, *args, **kwargs)
-                self.record(f"{name}/indices", out[0])
-                self.record(f"{name}/weights", out[1])
-                return out
-            if isinstance(mod, v.lang.GeGLU):
-                self._quiet += 1
-                try:
-                    out = orig(mod, *args, **kwargs)
-                finally:
-                    self._quiet -= 1
-                self.record(name, out)
-                return out
-            if isinstance(mod, v.switch.SwitchGLU):
-                L = x.shape[1] if x.ndim == 3 else 0
-                if 1 < L <= v.switch.DECODE_BLOCK_SIZE:  # token by token: only the output is a tap
-                    self._quiet += 1
-                    try:
-                        out = orig(mod, *args, **kwargs)
-                    finally:
-                        self._quiet -= 1
-                else:
-                    out = orig(mod, *args, **kwargs)
-                self.record(name, out)
-                return out
-            if isinstance(mod, v.lang.Experts):
-                out = orig(mod, *args, **kwargs)
-                self.record(name, out)
+            out = self._on_layer_module(mod, name, orig, args, kwargs, x)
+            if out is not cap.NOT_HANDLED:
                 return out
             return self._on_media_module(mod, name, orig, args, kwargs, x)
         finally:
             self._stack.pop()
+
+    def _switch_glu_quiet(self, x: Any) -> bool:
+        return x.ndim == 3 and 1 < x.shape[1] <= self.v.switch.DECODE_BLOCK_SIZE
 
     def _on_media_module(self, mod, name: str, orig: Callable, args: tuple, kwargs: dict, x: Any):
         v = self.v
