@@ -47,10 +47,11 @@ export function mmFixtureConfig(name: string): Record<string, unknown> {
   return { model_type: "gemma4", text_config: text, vision_config: spec.vision_config, audio_config: spec.audio_config, vocab_size: text.vocab_size, ...(spec.tokens as object) };
 }
 
-/** Which towers a scenario's embed call runs (its prompt's media kinds). */
-export function scenarioMedia(scn: MmScenario): { image: boolean; audio: boolean } {
+/** Which towers a scenario's embed call runs (its prompt's media kinds), and whether its images come as a list (sizes differ). */
+export function scenarioMedia(scn: MmScenario): { image: boolean; audio: boolean; imageList: boolean } {
   const kinds = scn.prompt.filter((p): p is string => typeof p === "string").map((n) => MM_MEDIA[n]!.kind);
-  return { image: kinds.includes("image"), audio: kinds.includes("audio") };
+  const imgs = scenarioImages(scn);
+  return { image: kinds.includes("image"), audio: kinds.includes("audio"), imageList: imgs.some((i) => i.height !== imgs[0]!.height || i.width !== imgs[0]!.width) };
 }
 
 /** The image specs of a scenario's prompt, in prompt order. */

@@ -162,11 +162,12 @@ export function mediaTapConfig(config: Record<string, unknown>): MediaTapConfig 
 }
 
 /** Ordered tap names (without the "embed/" prefix) of one mlx-vlm get_input_embeddings call. */
-export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; audio: boolean }): string[] {
+export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; audio: boolean; imageList?: boolean }): string[] {
   const conds = new Set<string>();
   if (cfg.ple) conds.add("ple");
   if (media.image) {
     conds.add("image");
+    if (!media.imageList) conds.add("image_batch");
     if (cfg.vision_clip) conds.add("vision_clip");
   }
   if (media.audio) {
@@ -174,7 +175,7 @@ export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; au
     if (cfg.audio_clip) conds.add("audio_clip");
     if (cfg.audio_proj) conds.add("audio_proj");
   }
-  const layers: Record<string, number> = { vision_layer: media.image ? cfg.vision_layers : 0, audio_layer: media.audio ? cfg.audio_layers : 0 };
+  const layers: Record<string, number> = { vision_layer: media.image && !media.imageList ? cfg.vision_layers : 0, audio_layer: media.audio ? cfg.audio_layers : 0 };
   const out: string[] = [];
   const entries = TAP_SPEC.media_taps;
   for (let k = 0; k < entries.length; ) {

@@ -265,10 +265,14 @@ async function main(argv: string[]): Promise<number> {
     if (spec?.mediaRequest) {
       // mlx-vlm's processor output, checked before the capture: mlx-vlm would silently wrap a
       // placeholder count that does not match the media
-      const prepared = await prepareMedia(oracle, spec.tsDir, spec.mediaRequest, checkpointTowers(spec.tsDir));
-      disposeMediaInputs(prepared.media);
+      spec.media!.prepared = await prepareMedia(oracle, spec.tsDir, spec.mediaRequest, checkpointTowers(spec.tsDir));
     }
-    const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await runOne(oracle, spec!)];
+    let runs: RunResult[];
+    try {
+      runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await runOne(oracle, spec!)];
+    } finally {
+      if (spec?.media?.prepared) disposeMediaInputs(spec.media.prepared.media);
+    }
     rep = {
       schema: SCHEMA_ID,
       createdAt: new Date().toISOString(),

@@ -41,7 +41,11 @@ export interface RunSpec {
    * id, or an inline one with media files). The TS side reads the expanded prompt ids and the
    * processor's media arrays from the capture itself (both sides run the same inputs).
    */
-  media?: { scenario: string | Record<string, unknown> };
+  media?: {
+    scenario: string | Record<string, unknown>;
+    /** The processor's outputs when known before the capture (mm_prepare; images of different sizes are not in the capture); else read from it. */
+    prepared?: MediaPrompt;
+  };
 }
 
 export type Progress = (p: { call: string; layer: number | null; layers: number; calls: number; callIndex: number }) => void;
@@ -177,12 +181,12 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
     if ("text" in loaded) {
       run = { generate: generationModel(loaded, sink), chunked: true, dispose: () => {} };
     } else {
-      const rec = recordedMedia(theirs);
+      const rec = spec.media!.prepared ?? recordedMedia(theirs);
       prompt = [...rec.ids];
       try {
         run = mediaGenerationModel(loaded.model, rec, sink);
       } finally {
-        disposeMediaInputs(rec.media);
+        if (!spec.media!.prepared) disposeMediaInputs(rec.media);
       }
     }
     try {

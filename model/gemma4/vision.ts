@@ -536,21 +536,24 @@ export class VisionModel extends Module {
 
   /**
    * The image path of VisionModel.__call__: `pixel_values` (B, 3, H, W) float32 channel-first,
-   * or a list of differently sized images (each encoded alone, the rows concatenated). Returns
+   * or a list of differently sized images (each encoded alone, the rows concatenated; then
+   * only the output is a tap, as the capture records it). Returns
    * (1, sum of valid pooled rows, hidden). Caller-supplied patch positions (video) are not ported.
    */
   call(pixel_values: MlxArray | readonly MlxArray[], taps?: TapSink, tp = "vision_tower/"): MlxArray {
     if (Array.isArray(pixel_values)) {
+      // one image at a time (the taps inside are not the batch's: only the output is one)
       const rows: MlxArray[] = [];
       try {
         for (const img of pixel_values as readonly MlxArray[]) {
           using one = img.ndim === 3 ? mx.expandDims(img, 0) : mx.alias(img);
-          using r = this.call(one, taps, tp);
-          using r0 = mx.squeeze(r, 0);
-          rows.push(mx.alias(r0));
+          using r = this.call(one, undefined, tp);
+          rows.push(mx.squeeze(r, 0));
         }
         using cat = mx.concatenate(rows, 0);
-        return mx.expandDims(cat, 0);
+        const out = mx.expandDims(cat, 0);
+        if (taps) taps(tp.slice(0, -1), out);
+        return out;
       } finally {
         for (const r of rows) r.dispose();
       }

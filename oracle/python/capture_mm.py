@@ -221,7 +221,7 @@ class MMRecorder(cap.Recorder):
             f = self._meta[k]
             if call.kind == "embed":
                 want = tapspec.expand_media(cfg.text_config, cfg.vision_config, cfg.audio_config,
-                                            image=f["image"], with_audio=f["audio"])
+                                            image=f["image"], with_audio=f["audio"], image_list=f["image_list"])
             else:
                 want = tapspec.expand(self.args, batch=call.batch, length=call.length, cache=call.cache,
                                       step=call.kind == "step", ids=f["ids"], embed=f["embed"], embeds=f["embeds"],
@@ -238,7 +238,7 @@ class MMRecorder(cap.Recorder):
             has_img = pixel_values is not None and model.vision_tower is not None
             has_aud = (kwargs.get("input_features") is not None or kwargs.get("audio_features") is not None) and model.audio_tower is not None
             rec.begin("embed/", "embed", 0, input_ids, int(input_ids.shape[1]), int(input_ids.shape[0]), None,
-                      {"image": has_img, "audio": has_aud})
+                      {"image": has_img, "audio": has_aud, "image_list": isinstance(pixel_values, list)})
             rec.record("inputs", input_ids)
             out = orig(model, input_ids, pixel_values, *args, **kwargs)
             if "embed_scaled" not in rec.call.taps:
@@ -298,6 +298,10 @@ class MMRecorder(cap.Recorder):
         finally:
             self._stack.pop()
 
+    def record(self, short: str, value: Any, meta: dict | None = None) -> None:
+        if not self._quiet:  # quiet: inside a call whose inner values are no taps
+            super().record(short, value, meta)
+
     def _switch_glu_quiet(self, x: Any) -> bool:
         return x.ndim == 3 and 1 < x.shape[1] <= self.v.switch.DECODE_BLOCK_SIZE
 
@@ -315,8 +319,15 @@ class MMRecorder(cap.Recorder):
             self.record(name, out)
             return out
         if isinstance(mod, v.vision.VisionModel):
-            self.record("vision_tower/pixel_values", x)
-            out = orig(mod, *args, **kwargs)
+            if isinstance(x, list):  # one tower call per image: only the concatenated output is a tap
+                self._quiet += 1
+                try:
+                    out = orig(mod, *args, **kwargs)
+                finally:
+                    self._quiet -= 1
+            else:
+                self.record("vision_tower/pixel_values", x)
+                out = orig(mod, *args, **kwargs)
             self.record("vision_tower", out)
             self._last_media = "image"
             return out

@@ -105,13 +105,16 @@ def observed_as_input() -> set[str]:
     return {e["name"] for e in spec()["taps"] + spec()["media_taps"] if e["observed"] == "input"}
 
 
-def media_conditions(text: Any, vision: Any, audio: Any, *, image: bool, with_audio: bool) -> set[str]:
+def media_conditions(text: Any, vision: Any, audio: Any, *, image: bool, with_audio: bool,
+                     image_list: bool = False) -> set[str]:
     """Conditions of one get_input_embeddings call (mlx-vlm's config objects or dicts)."""
     conds: set[str] = set()
     if _get(text, "hidden_size_per_layer_input", 0):
         conds.add("ple")
     if image:
         conds.add("image")
+        if not image_list:
+            conds.add("image_batch")
         if _get(vision, "use_clipped_linears", False):
             conds.add("vision_clip")
     if with_audio:
@@ -123,10 +126,11 @@ def media_conditions(text: Any, vision: Any, audio: Any, *, image: bool, with_au
     return conds
 
 
-def expand_media(text: Any, vision: Any, audio: Any, *, image: bool, with_audio: bool) -> list[str]:
+def expand_media(text: Any, vision: Any, audio: Any, *, image: bool, with_audio: bool,
+                 image_list: bool = False) -> list[str]:
     """Ordered tap names (without the "embed/" prefix) of one get_input_embeddings call."""
-    conds = media_conditions(text, vision, audio, image=image, with_audio=with_audio)
-    layers = {"vision_layer": _get(vision, "num_hidden_layers", 0) if image else 0,
+    conds = media_conditions(text, vision, audio, image=image, with_audio=with_audio, image_list=image_list)
+    layers = {"vision_layer": _get(vision, "num_hidden_layers", 0) if image and not image_list else 0,
               "audio_layer": _get(audio, "num_hidden_layers", 0) if with_audio else 0}
     entries = spec()["media_taps"]
     out: list[str] = []
