@@ -4,7 +4,7 @@
 // placeholder runs) is mlx-vlm's Gemma4Processor, run by the oracle (`mm_prepare` / the
 // capture), so that both sides see the same pixel values and features.
 
-import { accessSync, constants, existsSync, readFileSync, readdirSync, statSync } from "node:fs";
+import { accessSync, closeSync, constants, existsSync, openSync, readFileSync, readSync, readdirSync, statSync } from "node:fs";
 import { join, resolve } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
@@ -87,15 +87,22 @@ export function checkpointTowers(dir: string): { config: MultimodalConfig; visio
   return { config, vision: config.vision !== null && has("vision_tower"), audio: config.audio !== null && has("audio_tower") };
 }
 
+/** The tensor names in a .safetensors header (only the header is read). */
 function safetensorsKeys(file: string): string[] {
-  const buf = readFileSync(file);
-  if (buf.length < 8) return [];
-  const n = Number(buf.readBigUInt64LE(0));
-  if (8 + n > buf.length) return [];
+  const fd = openSync(file, "r");
   try {
-    return Object.keys(JSON.parse(buf.subarray(8, 8 + n).toString("utf8")) as object).filter((k) => k !== "__metadata__");
+    const size = statSync(file).size;
+    const len = Buffer.alloc(8);
+    if (size < 8 || readSync(fd, len, 0, 8, 0) !== 8) return [];
+    const n = Number(len.readBigUInt64LE(0));
+    if (8 + n > size) return [];
+    const head = Buffer.alloc(n);
+    readSync(fd, head, 0, n, 8);
+    return Object.keys(JSON.parse(head.toString("utf8")) as object).filter((k) => k !== "__metadata__");
   } catch {
     return [];
+  } finally {
+    closeSync(fd);
   }
 }
 
