@@ -56,6 +56,7 @@ function part(name: string): "vision" | "audio" | "merge" | "language" {
 
 const counts = { live: { vision: 0, audio: 0, merge: 0, language: 0 }, golden: { vision: 0, audio: 0, merge: 0, language: 0 } };
 const totals = { livePairs: 0, goldenPairs: 0, goldenFull: 0 };
+const perPair: string[] = [];
 
 describe("multimodal taps vs mlx-vlm", () => {
   it("the TS tap expansion (oracle/taps.ts: media taps, mmCallShape) reproduces mlx-vlm's recorded names and order", async () => {
@@ -101,7 +102,10 @@ describe("multimodal taps vs mlx-vlm", () => {
         if (!v.ok) throw new Error(formatVerdict(`${key} (live)`, v));
         if (scn.kind === "generate") expect(mine.tokens).toEqual(live.generated);
         totals.livePairs++;
-        for (const t of mine.taps) counts.live[part(t.name)]++;
+        const c = { vision: 0, audio: 0, merge: 0, language: 0 };
+        for (const t of mine.taps) c[part(t.name)]++;
+        for (const k of Object.keys(c) as (keyof typeof c)[]) counts.live[k] += c[k];
+        perPair.push(`${key.padEnd(34)} vision ${String(c.vision).padStart(4)}  audio ${String(c.audio).padStart(4)}  merge ${String(c.merge).padStart(3)}  language ${String(c.language).padStart(5)}`);
       }
     }, 120_000);
   }
@@ -115,4 +119,5 @@ afterAll(() => {
       `${FULL ? "" : " [MM_PARITY_FULL=1: every pair live]"}; goldens (${budget ? "other platform: within the manifest's ULP budget" : "same platform: bit-exact"}): ` +
       `${totals.goldenPairs} pairs (${totals.goldenFull} full dumps; ${fmt(counts.golden)} taps)`,
   );
+  if (FULL) console.log(`  live taps per pair:\n  ${perPair.join("\n  ")}`);
 });
