@@ -497,6 +497,31 @@ export class OracleClient {
     }
   }
 
+  /**
+   * `n` training steps on a fresh model (loss = (model(tokens) * weights).sum(), nn.value_and_grad,
+   * optimizer.update), eager or under mx.compile with the trainer's captured state: the losses,
+   * the trainable parameters and the optimizer state at the end (flat, tree order).
+   */
+  async trainSteps(args: {
+    checkpoint: string;
+    tokens: number[][];
+    weights: NpyRecord;
+    optimizer: { name: string; args: Record<string, unknown> };
+    n: number;
+    compiled: boolean;
+    steps?: object[];
+  }): Promise<{ losses: NpyRecord[]; params: [string, NpyRecord][]; state: [string, NpyRecord][] }> {
+    const w = this.writeInput(args.weights);
+    try {
+      type Flat = (NpyRef & { path: string })[];
+      const r = await this.request<{ losses: NpyRef[]; params: Flat; state: Flat }>("train_steps", { ...args, weights: w, steps: args.steps ?? [] });
+      const read = (f: Flat): [string, NpyRecord][] => f.map((x) => [x.path, this.readArray(x)]);
+      return { losses: r.losses.map((l) => this.readArray(l)), params: read(r.params), state: read(r.state) };
+    } finally {
+      rmSync(w.npy, { force: true });
+    }
+  }
+
   /** Ask the server to exit; waits for the process (kills it after `graceMs`). */
   async close(graceMs = 5000): Promise<void> {
     const proc = this.proc;

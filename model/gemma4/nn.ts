@@ -15,7 +15,7 @@
 
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
-import { isDict, type Tree, treeFlatten } from "@mlx-bun/mlx/utils";
+import { isDict, type Tree, treeArrays, treeFill, treeFlatten } from "@mlx-bun/mlx/utils";
 
 export type QuantMode = "affine" | "mxfp4" | "nvfp4" | "mxfp8";
 
@@ -296,6 +296,18 @@ export abstract class Module {
       this.applyToModules(impl(strict && keys === undefined));
     } else impl(strict)("", this);
     return this;
+  }
+
+  /**
+   * The parameters as compile state (Python's `mx.compile(step, inputs=model.state,
+   * outputs=model.state)`): every parameter in tree order; set() stores the arrays through
+   * update() (which disposes the ones they replace).
+   */
+  compileState(): mx.CompileState {
+    return {
+      get: () => treeArrays(this.parameterTree()).map(mx.alias),
+      set: (arrays) => void this.update(treeFill(this.parameterTree(), arrays)),
+    };
   }
 
   get training(): boolean {
