@@ -311,6 +311,17 @@ array reduce_all(int op, const array& a, bool keepdims, int ddof) {
   throw std::invalid_argument("unknown reduction " + std::to_string(op));
 }
 
+// The arrays a JS callback returned (a vector it built with mlxb_vec_new, freed here); NULL
+// means the JS function threw (the TS side holds the exception).
+std::vector<array> take_js_outputs(Vec* out) {
+  if (out == nullptr) throw std::runtime_error("the traced JS function failed");
+  if (out->magic != kVecLive) throw std::runtime_error("the traced JS function returned an invalid vector");
+  std::vector<array> result = std::move(out->items);
+  out->magic = kDead;
+  delete out;
+  return result;
+}
+
 // Compiled closures: a JS trace callback wrapped into the std::function MLX compiles.
 using TraceFn = Vec* (*)(Vec* inputs);
 
@@ -928,12 +939,7 @@ Compiled* mlxb_compile(TraceFn trace, int shapeless) {
       Vec* out = trace(in);
       in->magic = kDead;
       delete in;
-      if (out == nullptr) throw std::runtime_error("the traced JS function failed");
-      if (out->magic != kVecLive) throw std::runtime_error("the traced JS function returned an invalid vector");
-      std::vector<array> result = std::move(out->items);
-      out->magic = kDead;
-      delete out;
-      return result;
+      return take_js_outputs(out);
     };
     c->fn = mx::detail::compile(body, c->id, shapeless != 0);
     return c;
@@ -1003,12 +1009,7 @@ ArrayFn js_function(double id) {
     in->items = inputs;
     Vec* out = g_trampoline(fn->id, in.get());
     in->magic = kDead;
-    if (out == nullptr) throw std::runtime_error("the JS function failed");
-    if (out->magic != kVecLive) throw std::runtime_error("the JS function returned an invalid vector");
-    std::vector<array> result = std::move(out->items);
-    out->magic = kDead;
-    delete out;
-    return result;
+    return take_js_outputs(out);
   };
 }
 
