@@ -21,10 +21,10 @@ export const NOT_DIFFERENTIABLE: Record<string, string> = {
   ...Object.fromEntries(["bitwiseAnd", "bitwiseOr", "bitwiseXor", "bitwiseInvert", "leftShift", "rightShift"].map((o) => [o, "bitwise: integer inputs and output"])),
   ...Object.fromEntries(["argmax", "argmin", "argsort", "argpartition"].map((o) => [o, "index output (uint32)"])),
   ...Object.fromEntries(["zeros", "ones", "eye", "tri", "arange", "linspace"].map((o) => [o, "creation: no array input"])),
-  ...Object.fromEntries(["random.key", "random.seed", "random.split", "random.uniform", "random.normal"].map((o) => [o, "random: the only array input is a uint32 key"])),
+  ...Object.fromEntries(["random.key", "random.seed", "random.split", "random.uniform", "random.normal"].map((o) => [o, "random: no floating input (a seed or a uint32 key)"])),
   ...Object.fromEntries(["all", "any"].map((o) => [o, "reduction to bool"])),
   "random.categorical": "random: integer samples",
-  view: "reinterprets the bits: no floating input and output of one value",
+  view: "reinterprets the bits; MLX has no vjp for View ('[Primitive::vjp] Not implemented for View')",
 };
 
 /** Inputs that are floating but not differentiable (MLX raises for a gradient w.r.t. them). */
