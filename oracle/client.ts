@@ -37,6 +37,8 @@ export class OracleError extends Error {
     readonly command?: string,
     readonly pythonType?: string,
     readonly pythonTraceback?: string,
+    /** The Python exception's own message (for a failed command). */
+    readonly pythonMessage?: string,
   ) {
     super(message);
   }
@@ -272,6 +274,7 @@ export class OracleClient {
           p.cmd,
           err.type,
           err.traceback,
+          err.message,
         ),
       );
     } else {

@@ -25,6 +25,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "mlx/backend/cuda/cuda.h"
+#include "mlx/backend/gpu/device_info.h"
+#include "mlx/backend/metal/metal.h"
 #include "mlx/compile_impl.h"
 #include "mlx/primitives.h"
 #include "mlx/mlx.h"
@@ -1135,6 +1138,32 @@ double mlxb_set_limit(int which, double bytes) {
     set_error("set_limit", e.what());
   }
   return -1;
+}
+
+// The GPU backend this libmlx was built with and can use here: 0 none (CPU only), 1 Metal, 2 CUDA.
+// A CUDA wheel on a machine without a usable NVIDIA GPU answers 0.
+int mlxb_gpu_backend() {
+  GUARD_INT("gpu_backend", {
+    if (mx::metal::is_available()) return 1;
+    if (mx::cu::is_available()) return 2;
+    return 0;
+  })
+}
+// The GPU's name (gpu::device_info "device_name"), or "" when there is none.
+const char* mlxb_gpu_name() {
+  static std::string name;
+  try {
+    name.clear();
+    if (mx::gpu::is_available()) {
+      const auto& info = mx::gpu::device_info(0);
+      auto it = info.find("device_name");
+      if (it != info.end() && std::holds_alternative<std::string>(it->second)) name = std::get<std::string>(it->second);
+    }
+  } catch (const std::exception& e) {
+    set_error("gpu_name", e.what());
+    return nullptr;
+  }
+  return name.c_str();
 }
 
 // device type: 0 cpu, 1 gpu.

@@ -45,6 +45,7 @@ from mlx_lm.models import cache as mcache  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 import capture as cap  # noqa: E402
+import device_env  # noqa: E402
 import golden_io  # noqa: E402
 import make_checkpoints as mkc  # noqa: E402
 from common import (  # noqa: E402
@@ -536,6 +537,8 @@ def fingerprint() -> dict:
             compiler = cxx
     return {"os": platform.system(), "os_release": platform.release(), "libc": "-".join(platform.libc_ver()),
             "machine": platform.machine(), "cpu_model": cpu, "backend": str(mx.default_device()),
+            "mlx_backend": device_env.backend(), "device": device_env.DEVICE,
+            "gpu": mx.device_info(mx.gpu).get("device_name") if mx.is_available(mx.gpu) else None,
             "metal": bool(mx.metal.is_available()) if hasattr(mx, "metal") else False,
             "compiler": compiler, "compile_enabled": not bool(os.environ.get("MLX_DISABLE_COMPILE"))}
 
