@@ -43,7 +43,7 @@ const rows: [string, string][] = [
   ["vjp failed", String(gradCov.failures.length)],
 ];
 const w = Math.max(...rows.map(([k]) => k.length));
-console.log(`\nOp-level parity: @mlx-bun/mlx vs Python MLX (${mx.backend()} backend, device ${mx.defaultDevice()}; ${run.workers} worker process${run.workers === 1 ? "" : "es"})`);
+console.log(`\nOp-level parity: @mlx-bun/mlx vs Python MLX (${mx.backend()} backend, device ${mx.defaultDevice()}; ${run.workers + gradRun.workers} worker processes)`);
 console.log("-".repeat(w + 24));
 for (const [k, v] of rows) console.log(`${k.padEnd(w)}  ${v}`);
 console.log("-".repeat(w + 24));
