@@ -8,8 +8,9 @@ import { basename, join, resolve } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
-import { runCasesIsolated } from "../oracle/ops/isolated.ts";
-import { coverage, groupUnsupported } from "../oracle/ops/runner.ts";
+import { type IsolatedRun, runCasesIsolated } from "../oracle/ops/isolated.ts";
+import { type CaseResult, type Coverage, coverage, groupUnsupported } from "../oracle/ops/runner.ts";
+import { runVjpCasesIsolated, vjpCases, vjpCoverage } from "../oracle/ops/vjp_runner.ts";
 import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
 import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "./device.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
@@ -64,29 +65,55 @@ function globRe(glob: string): RegExp {
 
 // The op table runs in worker processes of its own (oracle/ops/isolated.ts): a case that leaves a
 // sticky GPU error behind poisons only its worker, never the oracle of the model runs.
-async function opLevel(dev: DeviceInfo): Promise<OpLevelSummary> {
-  const bar = new ProgressBar("[ops]");
-  bar.update(0, `${CASES.length} cases`);
-  const run = await runCasesIsolated(CASES, (_r, done) => bar.update(done / CASES.length, `${done}/${CASES.length} cases`));
-  const cov = coverage(exposedOps().filter((o) => !(o in NOT_OPS)), CASES, run.results);
+/** Runs one case table in its worker processes, with a progress bar and every non-exact case printed. */
+async function runTable<C extends { id: string; op: string }>(
+  label: string,
+  prefix: string,
+  cases: readonly C[],
+  run: (cs: readonly C[], onResult: (r: CaseResult, done: number) => void) => Promise<IsolatedRun>,
+  cover: (rs: CaseResult[]) => Coverage,
+  dev: DeviceInfo,
+): Promise<{ cov: Coverage; run: IsolatedRun }> {
+  const bar = new ProgressBar(`[${label}]`);
+  bar.update(0, `${cases.length} cases`);
+  const r = await run(cases, (_r, done) => bar.update(done / cases.length, `${done}/${cases.length} cases`));
+  const cov = cover(r.results);
   const unsup = cov.unsupported.length ? `, ${cov.unsupported.length} unsupported on ${dev.backend}` : "";
   bar.done(`${cov.bitExact}/${cov.cases} cases bit-exact${unsup}, ${cov.failures.length} failed, ${cov.tested.length}/${cov.exposed.length} ops tested`);
   for (const [msg, ids] of groupUnsupported(cov.unsupported)) process.stderr.write(`  unsupported on ${dev.backend} (${ids.length}): ${msg}\n    ${ids.join(", ")}\n`);
-  for (const f of cov.failures) process.stderr.write(`  FAIL ${f.id}: ${f.detail}\n`);
-  for (const p of run.poisoners) process.stderr.write(`  ${p.id} left a sticky error behind (binding: ${p.ts ?? "ok"}; oracle: ${p.py ?? "ok"}); the rest ran in fresh processes\n`);
-  const nonExact = run.results
-    .filter((r) => r.status !== "exact")
-    .map((r) => ({ id: r.id, op: r.op, status: r.status as "unsupported" | "fail", detail: r.detail ?? "", sticky: r.sticky === true }));
+  for (const f of cov.failures) process.stderr.write(`  FAIL ${prefix}${f.id}: ${f.detail}\n`);
+  for (const p of r.poisoners) process.stderr.write(`  ${prefix}${p.id} left a sticky error behind (binding: ${p.ts ?? "ok"}; oracle: ${p.py ?? "ok"}); the rest ran in fresh processes\n`);
+  return { cov, run: r };
+}
+
+async function opLevel(dev: DeviceInfo): Promise<OpLevelSummary> {
+  const exposed = exposedOps().filter((o) => !(o in NOT_OPS));
+  const grads = vjpCases();
+  const fwd = await runTable("ops", "", CASES, (cs, on) => runCasesIsolated(cs, on), (rs) => coverage(exposed, CASES, rs), dev);
+  const grad = await runTable("vjp", "vjp:", grads, (cs, on) => runVjpCasesIsolated(cs, on), (rs) => vjpCoverage(exposed, grads, rs), dev);
+  const nonExact = ([[fwd, ""], [grad, "vjp:"]] as const).flatMap(([{ run }, prefix]) =>
+    run.results
+      .filter((r) => r.status !== "exact")
+      .map((r) => ({ id: `${prefix}${r.id}`, op: r.op, status: r.status as "unsupported" | "fail", detail: r.detail ?? "", sticky: r.sticky === true })),
+  );
   return {
-    opsExposed: cov.exposed.length,
-    opsTested: cov.tested.length,
-    cases: cov.cases,
-    bitExact: cov.bitExact,
-    unsupported: cov.unsupported.length,
-    failed: cov.failures.length,
+    opsExposed: fwd.cov.exposed.length,
+    opsTested: fwd.cov.tested.length,
+    cases: fwd.cov.cases,
+    bitExact: fwd.cov.bitExact,
+    unsupported: fwd.cov.unsupported.length,
+    failed: fwd.cov.failures.length,
     backend: dev.backend,
     device: dev.device,
-    workers: run.workers,
+    workers: fwd.run.workers + grad.run.workers,
+    vjp: {
+      opsDifferentiable: grad.cov.exposed.length,
+      opsTested: grad.cov.tested.length,
+      cases: grad.cov.cases,
+      bitExact: grad.cov.bitExact,
+      unsupported: grad.cov.unsupported.length,
+      failed: grad.cov.failures.length,
+    },
     nonExact,
   };
 }
@@ -190,8 +217,11 @@ function printSummary(rep: ParityReport): void {
     lines.push(`Op-level parity (@mlx-bun/mlx vs Python MLX, ${o.backend} backend, device ${o.device})`);
     lines.push(
       textTable(
-        ["ops exposed", "ops parity-tested", "cases", "bit-exact cases", `unsupported on ${o.backend}`, "failed"],
-        [[String(o.opsExposed), `${o.opsTested} (${pct(o.opsTested, o.opsExposed)})`, String(o.cases), `${o.bitExact} (${pct(o.bitExact, o.cases)})`, String(o.unsupported), String(o.failed)]],
+        ["table", "ops exposed", "ops parity-tested", "cases", "bit-exact cases", `unsupported on ${o.backend}`, "failed"],
+        [
+          ["forward", String(o.opsExposed), `${o.opsTested} (${pct(o.opsTested, o.opsExposed)})`, String(o.cases), `${o.bitExact} (${pct(o.bitExact, o.cases)})`, String(o.unsupported), String(o.failed)],
+          ["vjp", `${o.vjp.opsDifferentiable} differentiable`, `${o.vjp.opsTested} (${pct(o.vjp.opsTested, o.vjp.opsDifferentiable)})`, String(o.vjp.cases), `${o.vjp.bitExact} (${pct(o.vjp.bitExact, o.vjp.cases)})`, String(o.vjp.unsupported), String(o.vjp.failed)],
+        ],
       ),
       "",
     );
