@@ -346,6 +346,14 @@ class Server:
                                        int(req.get("max_tokens", 8)), int(req.get("prefill_step_size", 2048)))
         return self.out_tree(r)
 
+    def cmd_mtp(self, req: dict) -> dict:
+        """mlx-vlm's MTP speculative decoding (gemma4_assistant drafter), recorded round by round."""
+        import speculative as spec
+        r = spec.run_mtp(self.checkpoint_dir(req["checkpoint"]), Path(req["drafter"]), req["prompt"],
+                         int(req.get("max_tokens", 20)), req.get("draft_block_size"),
+                         int(req.get("prefill_step_size", 2048)))
+        return self.out_tree(r)
+
     def cmd_shutdown(self, req: dict) -> dict:
         return {"bye": True}
 

@@ -85,3 +85,124 @@ def prompt_cache_continue(model, file: str, suffix: list[int], max_tokens: int, 
         tokens.append(int(t))
         logprobs.append(lp)
     return {"metadata": metadata, "loaded": loaded, "tokens": tokens, "logprobs": logprobs, "cache": cache_states(cache)}
+
+
+# ------------------------------------------------------------------ mlx-vlm: Gemma 4 MTP
+
+TINY_VISION = dict(model_type="gemma4_vision", hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                   num_attention_heads=1, num_key_value_heads=1, head_dim=8, global_head_dim=8)
+
+
+def vlm_target(ckpt: Path):
+    """mlx-vlm's gemma4 Model holding a text fixture's weights (language_model.*); the (unused)
+    vision tower is a tiny stand-in: MTP decoding of a text prompt never calls it."""
+    from mlx_vlm.models.gemma4 import Model, ModelConfig, TextConfig, VisionConfig
+
+    tcfg = json.loads((ckpt / "config.json").read_text())
+    if tcfg.get("model_type") != "gemma4_text" or tcfg.get("tie_word_embeddings") is False:
+        raise ValueError(f"{ckpt}: the MTP oracle takes a flat gemma4_text checkpoint with tied embeddings")
+    cfg = ModelConfig.from_dict({"model_type": "gemma4", "text_config": tcfg, "vision_config": TINY_VISION,
+                                 "vocab_size": tcfg["vocab_size"]})
+    cfg.text_config = TextConfig.from_dict(tcfg)
+    cfg.vision_config = VisionConfig.from_dict(TINY_VISION)
+    cfg.audio_config = None
+    model = Model(cfg)
+    weights = mx.load(str(ckpt / "model.safetensors"))
+    model.language_model.load_weights(list(weights.items()), strict=True)
+    mx.eval(model.parameters())
+    return model
+
+
+def vlm_cache_states(cache: list) -> list[dict]:
+    out = []
+    for c in cache:
+        d: dict[str, Any] = {"type": type(c).__name__, "offset": int(c.offset),
+                             "keys": None if c.keys is None else mx.array(c.keys),
+                             "values": None if c.values is None else mx.array(c.values)}
+        for a in ("_idx", "start_position", "buffer_size", "max_size"):
+            if hasattr(c, a):
+                d[a.lstrip("_")] = int(getattr(c, a))
+        out.append(d)
+    return out
+
+
+@contextmanager
+def patched(owner: Any, attr: str, make: Callable[[Callable], Callable]) -> Iterator[None]:
+    orig = getattr(owner, attr)
+    setattr(owner, attr, make(orig))
+    try:
+        yield
+    finally:
+        setattr(owner, attr, orig)
+
+
+def run_mtp(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft_block_size: int | None,
+            prefill_step_size: int) -> dict:
+    """mlx-vlm generate_step(draft_kind="mtp", temperature=0) on one prompt, recorded per round:
+    block size, drafted tokens, the drafter's logits per step, the target's logits at every walked
+    position, the accepted count and every target cache after the round's rollback."""
+    from mlx_vlm.generate.ar import generate_step as vlm_generate_step
+    from mlx_vlm.models import cache as vcache
+    from mlx_vlm.speculative import mtp as vmtp
+    from mlx_vlm.speculative.drafters import load_drafter
+    from mlx_vlm.speculative.drafters.gemma4_assistant import Gemma4AssistantDraftModel
+
+    model = vlm_target(ckpt)
+    draft, kind = load_drafter(str(drafter))
+    if kind != "mtp":
+        raise ValueError(f"{drafter}: drafter kind {kind!r}, expected 'mtp'")
+    prompt_cache = vcache.make_prompt_cache(model.language_model)
+    rounds: list[dict] = []
+    cur: dict[str, Any] = {}
+
+    def on_call(orig):
+        def f(self, *a, **k):
+            out = orig(self, *a, **k)
+            cur.setdefault("draft_logits", []).append(mx.array(out[1]))
+            return out
+        return f
+
+    def on_block(orig):
+        def f(last_bonus, hidden, cache, block_size, *a, **k):
+            toks = orig(last_bonus, hidden, cache, block_size, *a, **k)
+            cur.update(block_size=int(block_size), drafted=[int(x) for x in toks.reshape(-1).tolist()])
+            return toks
+        return f
+
+    def on_logits(orig):
+        def f(lm, hidden):
+            out = orig(lm, hidden)
+            cur.setdefault("target_logits", []).append(mx.array(out[:, 0, :] if out.ndim == 3 else out))
+            return out
+        return f
+
+    def on_record(orig):
+        def f(dm, accepted, draft_count):
+            cur["accepted"] = int(accepted)
+            return orig(dm, accepted, draft_count)
+        return f
+
+    def on_commit(orig):
+        def f(lm, caches, state, accepted, block_size):
+            out = orig(lm, caches, state, accepted, block_size)
+            cur["cache"] = vlm_cache_states(caches)
+            rounds.append(dict(cur))
+            cur.clear()
+            return out
+        return f
+
+    tokens: list[int] = []
+    first: dict[str, Any] = {}
+    with patched(Gemma4AssistantDraftModel, "__call__", on_call), patched(draft, "draft_block", on_block), \
+            patched(vmtp, "_mtp_logits_from_hidden", on_logits), \
+            patched(vmtp, "_record_speculative_round", on_record), \
+            patched(vmtp, "commit_speculative_round", on_commit):
+        gen = vlm_generate_step(mx.array([prompt], dtype=mx.int32), model, None, None, max_tokens=max_tokens,
+                                temperature=0.0, draft_model=draft, draft_kind="mtp",
+                                draft_block_size=draft_block_size, prefill_step_size=prefill_step_size,
+                                prompt_cache=prompt_cache)
+        for i, (t, lp) in enumerate(gen):
+            tokens.append(int(t))
+            if i == 0:
+                first = {"token": int(t), "logprobs": mx.array(lp), "cache": vlm_cache_states(prompt_cache)}
+    return {"tokens": tokens, "first": first, "rounds": rounds, "accept_lens": list(draft.accept_lens)}
