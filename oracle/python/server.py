@@ -354,6 +354,11 @@ class Server:
                          int(req.get("prefill_step_size", 2048)))
         return self.out_tree(r)
 
+    def cmd_exact_verify(self, req: dict) -> dict:
+        """mlx-vlm's Gemma4ExactSpeculativeVerifier on a block after a prefilled prompt."""
+        import speculative as spec
+        return self.out_tree(spec.run_exact_verify(self.checkpoint_dir(req["checkpoint"]), req["prompt"], req["block"]))
+
     def cmd_shutdown(self, req: dict) -> dict:
         return {"bye": True}
 

@@ -206,3 +206,24 @@ def run_mtp(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft
             if i == 0:
                 first = {"token": int(t), "logprobs": mx.array(lp), "cache": vlm_cache_states(prompt_cache)}
     return {"tokens": tokens, "first": first, "rounds": rounds, "accept_lens": list(draft.accept_lens)}
+
+
+def run_exact_verify(ckpt: Path, prompt: list[int], block: list[int]) -> dict:
+    """Gemma4ExactSpeculativeVerifier through mlx-vlm's LanguageModel (exact_speculative_verify=True,
+    speculative_verify=True): the prompt through an ordinary forward into a fresh cache, then the
+    block through the verifier. Returns the block's logits and the caches after it, and the
+    block's logits from the ordinary forward on a copy of the prefilled cache."""
+    from mlx_vlm.models import cache as vcache
+
+    model = vlm_target(ckpt)
+    lm = model.language_model
+    lm.config.exact_speculative_verify = True
+    out = {}
+    for name, verify in (("verifier", True), ("forward", False)):
+        cache = vcache.make_prompt_cache(lm)
+        if len(prompt):
+            lm(mx.array([prompt], dtype=mx.int32), cache=cache)
+            mx.eval([c.state for c in cache])
+        logits = lm(mx.array([block], dtype=mx.int32), cache=cache, speculative_verify=verify).logits
+        out[name] = {"logits": logits, "cache": vlm_cache_states(cache)}
+    return out
