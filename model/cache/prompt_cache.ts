@@ -21,6 +21,8 @@ import { existsSync, renameSync, rmSync, statSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
+import type { GenerateModel } from "../generate.ts";
+import { prefillChunks } from "../generate_speculative.ts";
 import { CacheError, KVCache, type KVCacheLike, RotatingKVCache } from "./index.ts";
 
 export class PromptCacheError extends Error {
@@ -235,4 +237,28 @@ export function checkPromptCacheFits(file: string, loaded: readonly KVCacheLike[
       }
     }
   });
+}
+
+function int32Ids(tokens: readonly number[]): MlxArray {
+  return mx.array(Int32Array.from(tokens), [1, tokens.length], "int32");
+}
+
+/**
+ * mlx_lm.cache_prompt's prefill: the whole prompt into `cache` as generate_step(max_tokens=0)
+ * runs it (prompt[:-1] in chunks of prefillStepSize, then the last token as one step), caches
+ * evaluated.
+ */
+export function cachePrompt(model: GenerateModel, prompt: readonly number[], cache: KVCacheLike[], prefillStepSize = 2048): void {
+  if (prompt.length === 0) throw new CacheError("cachePrompt", "the prompt must contain at least one token");
+  const rest = prefillChunks(model, cache, prompt, prefillStepSize, int32Ids);
+  {
+    using inp = int32Ids(rest);
+    model.forward(inp, cache, { kind: "step", index: 0 }).dispose();
+  }
+  const states = cache.flatMap((c) => c.state);
+  try {
+    mx.evaluate(states);
+  } finally {
+    for (const s of states) s.dispose();
+  }
 }

@@ -13,6 +13,7 @@ Nothing in mlx-lm or mlx-vlm is edited; the wrappers only observe.
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -47,7 +48,7 @@ def run_speculative(model, draft, prompt: list[int], num_draft_tokens: int, max_
         calls["n"] += 1
         return model_cache if m is model else draft_cache
 
-    import mlx_lm.generate as mlg
+    mlg = sys.modules["mlx_lm.generate"]  # (the package attribute `generate` is the function)
     mlg.make_prompt_cache = make
     try:
         for t, lp, fd in speculative_generate_step(mx.array(prompt, dtype=mx.int32), model, draft,
