@@ -9,6 +9,8 @@ this file or a source checkpoint changes):
                        target accepts some drafts and rejects others
   <fx>_w64_draft       the same draft with sliding_window 64
   c1_dense_vocab128    a draft whose vocabulary differs (bad-input test)
+  tiny, tiny_draft     a 2-layer model (one sliding, one full layer; hidden 32, vocab 64) and its
+                       perturbed draft, for the seeded properties (fast enough for hundreds of runs)
   <fx>_assistant       a gemma4_assistant MTP drafter for <fx> (mlx-vlm's Gemma4AssistantDraftModel,
                        saved with mlx-vlm's save_weights / save_config); see build_assistant
   c3_e2b_assistant_ordered   the same with the centroid-routed head (use_ordered_embeddings)
@@ -91,6 +93,38 @@ def text_variant(fx: str, *, window: int | None = None, perturb: float = 0.0, vo
     return build
 
 
+TINY = dict(model_type="gemma4_text", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
+            layer_types=["sliding_attention", "full_attention"], sliding_window=8, vocab_size=64,
+            vocab_size_per_layer_input=64, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+            final_logit_softcapping=30.0, tie_word_embeddings=True, use_double_wide_mlp=False,
+            rms_norm_eps=1e-6, max_position_embeddings=4096,
+            rope_parameters={"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
+                             "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 1e4, "rope_type": "default"}})
+
+
+def tiny_model(perturb: float):
+    """The 2-layer property model, built with mlx-lm's classes and seeded weights."""
+
+    def build(tmp: Path) -> None:
+        from mlx_lm.models import gemma4_text
+        from mlx_lm.utils import save_config, save_model
+
+        model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(TINY))
+        new = []
+        for name, p in tree_flatten(model.parameters()):
+            v = mx.array(_init_value(SEED, f"tiny:{name}", tuple(p.shape)))
+            if perturb:
+                v = v + mx.array(_param_rng(SEED, f"tiny-perturb:{name}").standard_normal(p.shape).astype(np.float32)) * perturb
+            new.append((name, v))
+        model.update(tree_unflatten(new))
+        mx.eval(model.parameters())
+        save_model(tmp, model)
+        save_config(dict(TINY), tmp / "config.json")
+
+    return build
+
+
 def assistant_config(fx: str, ordered: bool) -> dict:
     t = json.loads((source(fx) / "config.json").read_text())
     text = dict(
@@ -157,6 +191,8 @@ def plan() -> list[tuple[str, str, object]]:
         out.append((f"{fx}_assistant", fx, build_assistant(fx, ordered=False)))
     out.append(("c3_e2b_assistant_ordered", "c3_e2b", build_assistant("c3_e2b", ordered=True)))
     out.append(("c1_dense_vocab128", "c1_dense", text_variant("c1_dense", perturb=PERTURB, vocab=128)))
+    out.append(("tiny", "c1_dense", tiny_model(0.0)))
+    out.append(("tiny_draft", "c1_dense", tiny_model(0.01)))
     return out
 
 
