@@ -294,6 +294,8 @@ export interface MtpResult {
   vsOracle: TallySummary;
   /** TS MTP output vs TS plain greedy generate_step (tokens). */
   vsGreedy: TallySummary;
+  /** The largest start_position of a BufferedRotatingKVCache seen (> 0: old keys were compacted away). */
+  maxStartPosition: number;
   ms: number;
 }
 
@@ -312,7 +314,9 @@ export async function mtpParity(oracle: OracleClient, pool: ModelPool, spec: Mtp
   let rejectRounds = 0;
   let accepted = 0;
   let drafted = 0;
+  let maxStartPosition = 0;
   const onRound = (r: MtpRound): void => {
+    for (const c of r.cache) if (c instanceof BufferedRotatingKVCache) maxStartPosition = Math.max(maxStartPosition, c.startPosition);
     const o = orc.rounds[k];
     const w = `round ${k}`;
     k++;
@@ -352,7 +356,7 @@ export async function mtpParity(oracle: OracleClient, pool: ModelPool, spec: Mtp
   const vsGreedy = new Tally();
   let i = 0;
   for await (const g of generateStep(pool.generation(spec.target), spec.prompt, { maxTokens: spec.maxTokens })) vsGreedy.value(`token ${i}`, tokens[i++], g.token);
-  return { spec, tokens, rounds: k, acceptRounds, rejectRounds, accepted, drafted, vsOracle: t.summary(), vsGreedy: vsGreedy.summary(), ms: performance.now() - t0 };
+  return { spec, tokens, rounds: k, acceptRounds, rejectRounds, accepted, drafted, vsOracle: t.summary(), vsGreedy: vsGreedy.summary(), maxStartPosition, ms: performance.now() - t0 };
 }
 
 // ------------------------------------------------------------------ exact verifier
