@@ -10,6 +10,9 @@ Requests (one JSON object per line on stdin), replies on stdout:
   {"cmd": "graph_build", "prompt": [ids], "reps": R}
       prefill the prompt, then R times: build one decode step's graph (timed, no eval), then
       evaluate it (untimed) -> {"ok": true, "seconds": [per-rep build times]}
+  {"cmd": "mtp_generate", "target": DIR, "drafter": DIR, "prompt": [ids], "max_tokens": N}
+      mlx-vlm 0.7.10's MTP decoding (gemma4_assistant drafter, greedy) with the timing of
+      "generate", plus the rounds -> {... , "rounds", "accepted", "drafted"}
   {"cmd": "quit"}
 """
 
@@ -77,7 +80,41 @@ def cmd_graph_build(req):
     return {"seconds": times}
 
 
-COMMANDS = {"load": cmd_load, "generate": cmd_generate, "graph_build": cmd_graph_build}
+mtp_pair = {}
+
+
+def cmd_mtp_generate(req):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "oracle" / "python"))
+    import speculative  # oracle/python/speculative.py: mlx-vlm's target built from a text fixture
+    from mlx_vlm.generate.ar import generate_step as vlm_generate_step
+    from mlx_vlm.speculative.drafters import load_drafter
+
+    key = (req["target"], req["drafter"])
+    if mtp_pair.get("key") != key:
+        mtp_pair.update(key=key, target=speculative.vlm_target(Path(req["target"])), drafter=load_drafter(req["drafter"])[0])
+    target, drafter = mtp_pair["target"], mtp_pair["drafter"]
+    max_tokens = int(req["max_tokens"])
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    tokens = []
+    tic = time.perf_counter()
+    prompt_time = None
+    n = 0
+    for n, (token, _) in enumerate(vlm_generate_step(mx.array([req["prompt"]], dtype=mx.int32), target, None, None,
+                                                    max_tokens=max_tokens, temperature=0.0, draft_model=drafter,
+                                                    draft_kind="mtp")):
+        if n == 0:
+            prompt_time = time.perf_counter() - tic
+            tic = time.perf_counter()
+        tokens.append(int(token))
+    gen_time = time.perf_counter() - tic
+    return {"prompt_seconds": prompt_time, "prompt_tps": len(req["prompt"]) / prompt_time,
+            "generation_tps": (n + 1) / gen_time if gen_time > 0 else None, "peak_memory": mx.get_peak_memory(),
+            "tokens": tokens, "rounds": len(drafter.accept_lens), "accepted": int(sum(drafter.accept_lens)),
+            "drafted": int(sum(drafter.draft_lens))}
+
+
+COMMANDS = {"load": cmd_load, "generate": cmd_generate, "graph_build": cmd_graph_build, "mtp_generate": cmd_mtp_generate}
 
 
 def main():
