@@ -100,17 +100,24 @@ export function prefillChunks(model: GenerateModel, cache: KVCacheLike[], tokens
   return rest;
 }
 
-function validate(prompt: readonly number[], o: SpeculativeStepOptions): { k: number; maxTokens: number; prefill: number } {
-  const k = o.numDraftTokens ?? 2;
-  if (!Number.isInteger(k) || k < 1) throw new GenerateError(`numDraftTokens must be a positive integer, got ${k}`);
-  const maxTokens = o.maxTokens ?? 256;
-  if (!Number.isInteger(maxTokens) || maxTokens <= 0) throw new GenerateError(`maxTokens must be a positive integer, got ${maxTokens}`);
-  const prefill = o.prefillStepSize ?? 512;
-  if (!Number.isInteger(prefill) || prefill <= 0) throw new GenerateError(`prefillStepSize must be a positive integer, got ${prefill}`);
+/** An option that must be a positive integer (its default when absent); GenerateError otherwise. */
+export function positiveIntOption(name: string, v: number | undefined, def: number): number {
+  const x = v ?? def;
+  if (!Number.isInteger(x) || x < 1) throw new GenerateError(`${name} must be a positive integer, got ${x}`);
+  return x;
+}
+
+/** The prompt must hold token ids in [0, vocab). */
+export function checkPromptIds(prompt: readonly number[], vocab = Infinity): void {
   if (prompt.length === 0) throw new GenerateError("the prompt must contain at least one token");
-  for (const t of prompt) if (!Number.isInteger(t) || t < 0) throw new GenerateError(`prompt token ids must be non-negative integers, got ${t}`);
+  const bad = prompt.find((t) => !Number.isInteger(t) || t < 0 || t >= vocab);
+  if (bad !== undefined) throw new GenerateError(`prompt token ids must be integers in [0, ${vocab}), got ${bad}`);
+}
+
+function validate(prompt: readonly number[], o: SpeculativeStepOptions): { k: number; maxTokens: number; prefill: number } {
+  checkPromptIds(prompt);
   if (o.sampler && o.samplerOptions) throw new GenerateError("give either sampler or samplerOptions, not both");
-  return { k, maxTokens, prefill };
+  return { k: positiveIntOption("numDraftTokens", o.numDraftTokens, 2), maxTokens: positiveIntOption("maxTokens", o.maxTokens, 256), prefill: positiveIntOption("prefillStepSize", o.prefillStepSize, 512) };
 }
 
 /**

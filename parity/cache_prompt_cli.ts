@@ -6,7 +6,7 @@ import { resolve } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { cachePrompt, savePromptCache } from "../model/cache/prompt_cache.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
 import { inspectCheckpoint, parseTokenList, tokenizePrompt } from "./inputs.ts";
 
 const FLAGS: FlagSpec[] = [
@@ -50,13 +50,4 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`error: ${err.message}\n`);
-    process.exit(err instanceof UsageError ? 2 : 1);
-  },
-);
+runMain(main);

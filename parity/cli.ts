@@ -9,7 +9,7 @@ import * as mx from "@mlx-bun/mlx";
 import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
 import { coverage, runCases } from "../oracle/ops/runner.ts";
-import { type FlagSpec, helpText, type Parsed, parseArgs, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
 import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
 import { renderHtml } from "./html.ts";
@@ -241,13 +241,4 @@ async function main(argv: string[]): Promise<number> {
   return rep.ok ? 0 : 1;
 }
 
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${err instanceof UsageError ? "" : "(run with --verbose for details)\n"}`);
-    process.exit(err instanceof UsageError ? 2 : 1);
-  },
-);
+runMain(main, (err) => `\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${err instanceof UsageError ? "" : "(run with --verbose for details)\n"}`);

@@ -36,18 +36,17 @@ def cmd_load(req):
     return {"seconds": time.perf_counter() - tic}
 
 
-def cmd_generate(req):
-    prompt = mx.array(req["prompt"], dtype=mx.int32)
-    max_tokens = int(req["max_tokens"])
+def timed_generate(tokens_of, prompt_len, max_tokens):
+    """mlx-lm's stream_generate timing of a token generator: the prompt clock stops at the first
+    token, generation_tps = (n + 1) / (time since the first token), peak memory after a reset;
+    the loop leaves at the max_tokens-th token."""
     mx.clear_cache()
     mx.reset_peak_memory()
     tokens = []
     tic = time.perf_counter()
     prompt_time = None
     n = 0
-    for n, (token, _) in enumerate(
-        generate_step(prompt, model, max_tokens=max_tokens, prefill_step_size=int(req["prefill_step_size"]))
-    ):
+    for n, (token, _) in enumerate(tokens_of()):
         if n == 0:
             prompt_time = time.perf_counter() - tic
             tic = time.perf_counter()
@@ -57,11 +56,18 @@ def cmd_generate(req):
     gen_time = time.perf_counter() - tic
     return {
         "prompt_seconds": prompt_time,
-        "prompt_tps": prompt.size / prompt_time,
+        "prompt_tps": prompt_len / prompt_time,
         "generation_tps": (n + 1) / gen_time if gen_time > 0 else None,
         "peak_memory": mx.get_peak_memory(),
         "tokens": tokens,
     }
+
+
+def cmd_generate(req):
+    prompt = mx.array(req["prompt"], dtype=mx.int32)
+    max_tokens = int(req["max_tokens"])
+    return timed_generate(lambda: generate_step(prompt, model, max_tokens=max_tokens,
+                                                prefill_step_size=int(req["prefill_step_size"])), prompt.size, max_tokens)
 
 
 def cmd_graph_build(req):
@@ -93,25 +99,12 @@ def cmd_mtp_generate(req):
     if mtp_pair.get("key") != key:
         mtp_pair.update(key=key, target=speculative.vlm_target(Path(req["target"])), drafter=load_drafter(req["drafter"])[0])
     target, drafter = mtp_pair["target"], mtp_pair["drafter"]
-    max_tokens = int(req["max_tokens"])
-    mx.clear_cache()
-    mx.reset_peak_memory()
-    tokens = []
-    tic = time.perf_counter()
-    prompt_time = None
-    n = 0
-    for n, (token, _) in enumerate(vlm_generate_step(mx.array([req["prompt"]], dtype=mx.int32), target, None, None,
-                                                    max_tokens=max_tokens, temperature=0.0, draft_model=drafter,
-                                                    draft_kind="mtp")):
-        if n == 0:
-            prompt_time = time.perf_counter() - tic
-            tic = time.perf_counter()
-        tokens.append(int(token))
-    gen_time = time.perf_counter() - tic
-    return {"prompt_seconds": prompt_time, "prompt_tps": len(req["prompt"]) / prompt_time,
-            "generation_tps": (n + 1) / gen_time if gen_time > 0 else None, "peak_memory": mx.get_peak_memory(),
-            "tokens": tokens, "rounds": len(drafter.accept_lens), "accepted": int(sum(drafter.accept_lens)),
-            "drafted": int(sum(drafter.draft_lens))}
+    out = timed_generate(lambda: vlm_generate_step(mx.array([req["prompt"]], dtype=mx.int32), target, None, None,
+                                                   max_tokens=int(req["max_tokens"]), temperature=0.0,
+                                                   draft_model=drafter, draft_kind="mtp"), len(req["prompt"]),
+                         int(req["max_tokens"]))
+    out.update(rounds=len(drafter.accept_lens), accepted=int(sum(drafter.accept_lens)), drafted=int(sum(drafter.draft_lens)))
+    return out
 
 
 COMMANDS = {"load": cmd_load, "generate": cmd_generate, "graph_build": cmd_graph_build, "mtp_generate": cmd_mtp_generate}

@@ -28,20 +28,13 @@ function zerosWith(like: MlxArray, capacity: number, src: MlxArray | null, n: nu
   }
 }
 
-export class BufferedRotatingKVCache implements KVCacheLike {
-  static readonly step = RotatingKVCache.step;
-  keys: MlxArray | null = null;
-  values: MlxArray | null = null;
-  offset = 0;
-  idx = 0;
-  readonly keep = 0;
-  maxSize: number;
+/** A subclass of RotatingKVCache, as in Python: offset, max_size, _idx, size() and the buffers are its. */
+export class BufferedRotatingKVCache extends RotatingKVCache implements KVCacheLike {
   bufferSize: number;
   startPosition = 0;
 
   constructor(maxSize: number, bufferSize = 64) {
-    if (!Number.isInteger(maxSize) || maxSize < 1) throw new CacheError("BufferedRotatingKVCache", `maxSize must be a positive integer, got ${maxSize}`);
-    this.maxSize = maxSize;
+    super(maxSize, 0);
     this.bufferSize = Math.max(0, Math.trunc(bufferSize));
   }
 
@@ -82,7 +75,7 @@ export class BufferedRotatingKVCache implements KVCacheLike {
 
   capacityFor(needed: number): number {
     const target = Math.max(needed, this.targetSize());
-    const step = BufferedRotatingKVCache.step;
+    const step = RotatingKVCache.step;
     return Math.floor((target + step - 1) / step) * step;
   }
 
@@ -123,7 +116,7 @@ export class BufferedRotatingKVCache implements KVCacheLike {
     this.values = nv;
   }
 
-  updateAndFetch(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray] {
+  override updateAndFetch(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray] {
     const incoming = keys.shape[2]!;
     this.compact(this.plannedDrop(incoming));
     const needed = this.idx + incoming;
@@ -141,18 +134,18 @@ export class BufferedRotatingKVCache implements KVCacheLike {
     return [seq(this.keys, 0, this.idx), seq(this.values, 0, this.idx)];
   }
 
-  trim(n: number): number {
+  override trim(n: number): number {
     const m = Math.min(Math.trunc(n), this.idx, this.offset);
     this.offset -= m;
     this.idx -= m;
     return m;
   }
 
-  isTrimmable(): boolean {
+  override isTrimmable(): boolean {
     return true;
   }
 
-  makeMask(N: number, { windowSize = null, returnArray = false }: MakeMaskOptions = {}): Mask {
+  override makeMask(N: number, { windowSize = null, returnArray = false }: MakeMaskOptions = {}): Mask {
     const window = windowSize || this.maxSize; // Python `window_size or self.max_size`
     const start = this.startPosition + this.plannedDrop(N);
     const end = this.offset + N;
@@ -169,44 +162,22 @@ export class BufferedRotatingKVCache implements KVCacheLike {
     return mx.bitwiseAnd(ge, lt);
   }
 
-  size(): number {
-    return Math.min(this.offset, this.maxSize);
-  }
-
-  empty(): boolean {
-    return this.keys === null;
-  }
-
-  get nbytes(): number {
-    return this.keys === null || this.values === null ? 0 : this.keys.nbytes + this.values.nbytes;
-  }
-
   /** keys[..., :_idx, :], values[..., :_idx, :] (caller-owned), or [] when empty. */
-  get state(): MlxArray[] {
+  override get state(): MlxArray[] {
     if (this.keys === null || this.values === null) return [];
     return [seq(this.keys, 0, this.idx), seq(this.values, 0, this.idx)];
   }
 
-  set state(_v: MlxArray[]) {
+  override set state(_v: MlxArray[]) {
     throw new CacheError("BufferedRotatingKVCache", "state cannot be assigned (build it with fromCache)");
   }
 
   /** [keep, max_size, offset, _idx, start_position, buffer_size] as strings. */
-  get metaState(): string[] {
+  override get metaState(): string[] {
     return [this.keep, this.maxSize, this.offset, this.idx, this.startPosition, this.bufferSize].map(String);
   }
 
-  set metaState(_v: string[]) {
+  override set metaState(_v: string[]) {
     throw new CacheError("BufferedRotatingKVCache", "metaState cannot be assigned (build it with fromCache)");
-  }
-
-  dispose(): void {
-    this.keys?.dispose();
-    this.values?.dispose();
-    this.keys = this.values = null;
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
   }
 }

@@ -42,8 +42,9 @@ export type PromptCacheClass = "KVCache" | "RotatingKVCache";
 type StateEntry = MlxArray | number | null;
 
 function className(c: KVCacheLike): PromptCacheClass {
-  if (c instanceof RotatingKVCache) return "RotatingKVCache";
-  if (c instanceof KVCache) return "KVCache";
+  // exact classes: a subclass (mlx-vlm's BufferedRotatingKVCache) has another layout and state
+  if (c.constructor === RotatingKVCache) return "RotatingKVCache";
+  if (c.constructor === KVCache) return "KVCache";
   throw new CacheError("savePromptCache", `cannot save a ${c.constructor.name} (mlx-lm files hold KVCache and RotatingKVCache)`);
 }
 

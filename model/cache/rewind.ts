@@ -75,57 +75,34 @@ function feedSingles(c: KVCacheLike, keys: MlxArray, values: MlxArray, count: nu
   }
 }
 
-// ------------------------------------------------------------------ RecordingCache
+/** A view of one cache: the queries a model makes on a cache go to `base`. */
+abstract class CacheView implements KVCacheLike {
+  constructor(readonly base: KVCacheLike) {}
 
-/**
- * A cache for one speculative round of the draft model: forwards everything to `base`, records
- * each update, and rewinds exactly (see the file comment). Call rewind() or finish() once.
- */
-export class RecordingCache implements KVCacheLike {
-  private readonly updates: Update[] = [];
-  private readonly snap: RotatingSnapshot | null;
-
-  constructor(readonly base: KVCacheLike) {
-    this.snap = base instanceof RotatingKVCache ? snapshot(base) : null;
-  }
+  abstract updateAndFetch(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray];
+  abstract makeMask(N: number, opts?: MakeMaskOptions): Mask;
+  abstract isTrimmable(): boolean;
+  abstract trim(n: number): number;
+  abstract dispose(): void;
 
   get offset(): number {
     return this.base.offset;
-  }
-
-  updateAndFetch(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray] {
-    const out = this.base.updateAndFetch(keys, values);
-    if (this.snap) this.updates.push({ keys: mx.alias(keys), values: mx.alias(values) });
-    return out;
-  }
-
-  makeMask(N: number, opts?: MakeMaskOptions): Mask {
-    return this.base.makeMask(N, opts);
   }
 
   get state(): MlxArray[] {
     return this.base.state;
   }
 
-  set state(v: MlxArray[]) {
-    this.base.state = v;
+  set state(_v: MlxArray[]) {
+    throw new CacheError(this.constructor.name, "a speculative view has no settable state");
   }
 
   get metaState(): string[] {
     return this.base.metaState;
   }
 
-  set metaState(v: string[]) {
-    this.base.metaState = v;
-  }
-
-  isTrimmable(): boolean {
-    return true;
-  }
-
-  trim(n: number): number {
-    this.rewind(n);
-    return n;
+  set metaState(_v: string[]) {
+    throw new CacheError(this.constructor.name, "a speculative view has no settable state");
   }
 
   size(): number {
@@ -138,6 +115,45 @@ export class RecordingCache implements KVCacheLike {
 
   get nbytes(): number {
     return this.base.nbytes;
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+// ------------------------------------------------------------------ RecordingCache
+
+/**
+ * A cache for one speculative round of the draft model: forwards everything to `base`, records
+ * each update, and rewinds exactly (see the file comment). Call rewind() or finish() once.
+ */
+export class RecordingCache extends CacheView {
+  private readonly updates: Update[] = [];
+  private readonly snap: RotatingSnapshot | null;
+
+  constructor(base: KVCacheLike) {
+    super(base);
+    this.snap = base instanceof RotatingKVCache ? snapshot(base) : null;
+  }
+
+  updateAndFetch(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray] {
+    const out = this.base.updateAndFetch(keys, values);
+    if (this.snap) this.updates.push({ keys: mx.alias(keys), values: mx.alias(values) });
+    return out;
+  }
+
+  makeMask(N: number, opts?: MakeMaskOptions): Mask {
+    return this.base.makeMask(N, opts);
+  }
+
+  isTrimmable(): boolean {
+    return true;
+  }
+
+  trim(n: number): number {
+    this.rewind(n);
+    return n;
   }
 
   /** Removes the last n tokens fed this round; the base cache ends as if they were never fed. */
@@ -185,10 +201,6 @@ export class RecordingCache implements KVCacheLike {
 
   dispose(): void {
     this.finish();
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
   }
 }
 
@@ -273,19 +285,16 @@ export function planWindowSteps(c: RotatingKVCache, L: number): WindowPlan {
  * the model a list where each RotatingKVCache past (or reaching) its window is replaced by one of
  * these; after the forward, commit(m) keeps the first m tokens and dispose() frees the records.
  */
-export class WindowVerifyCache implements KVCacheLike {
+export class WindowVerifyCache extends CacheView {
   private readonly plan: WindowPlan;
   private pending: Update | null = null;
 
   constructor(
-    readonly base: RotatingKVCache,
+    override readonly base: RotatingKVCache,
     readonly L: number,
   ) {
+    super(base);
     this.plan = planWindowSteps(base, L);
-  }
-
-  get offset(): number {
-    return this.base.offset;
   }
 
   /** The bool mask (L, merged length): row j keeps what in-place step j attends over. */
@@ -327,22 +336,6 @@ export class WindowVerifyCache implements KVCacheLike {
     this.dispose();
   }
 
-  get state(): MlxArray[] {
-    return this.base.state;
-  }
-
-  set state(_v: MlxArray[]) {
-    throw new CacheError("WindowVerifyCache", "the verify view has no settable state");
-  }
-
-  get metaState(): string[] {
-    return this.base.metaState;
-  }
-
-  set metaState(_v: string[]) {
-    throw new CacheError("WindowVerifyCache", "the verify view has no settable state");
-  }
-
   isTrimmable(): boolean {
     return false;
   }
@@ -351,28 +344,12 @@ export class WindowVerifyCache implements KVCacheLike {
     throw new CacheError("WindowVerifyCache", "commit(m) instead of trim");
   }
 
-  size(): number {
-    return this.base.size();
-  }
-
-  empty(): boolean {
-    return this.base.empty();
-  }
-
-  get nbytes(): number {
-    return this.base.nbytes;
-  }
-
   dispose(): void {
     if (this.pending) {
       this.pending.keys.dispose();
       this.pending.values.dispose();
       this.pending = null;
     }
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
   }
 }
 

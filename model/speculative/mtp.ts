@@ -25,7 +25,7 @@ import { type KVCacheLike, RotatingKVCache } from "../cache/index.ts";
 import type { LayerType } from "../gemma4/config.ts";
 import { type KV, logit_softcap, type Model as TargetModel } from "../gemma4/gemma4_text.ts";
 import { GenerateError } from "../generate.ts";
-import { prefillChunks } from "../generate_speculative.ts";
+import { checkPromptIds, positiveIntOption, prefillChunks } from "../generate_speculative.ts";
 import { greedySampler } from "../sample.ts";
 import { disposeKVMap, type Gemma4AssistantDraftModel } from "./drafters/gemma4_assistant/gemma4_assistant.ts";
 
@@ -107,16 +107,13 @@ function targetForward(target: TargetModel, inputs: MlxArray, cache: KVCacheLike
 }
 
 function validate(target: TargetModel, draft: Gemma4AssistantDraftModel, prompt: readonly number[], o: MtpOptions): { maxTokens: number; prefill: number } {
-  const maxTokens = o.maxTokens ?? 256;
-  if (!Number.isInteger(maxTokens) || maxTokens <= 0) throw new GenerateError(`maxTokens must be a positive integer, got ${maxTokens}`);
-  const prefill = o.prefillStepSize ?? 2048;
-  if (!Number.isInteger(prefill) || prefill <= 0) throw new GenerateError(`prefillStepSize must be a positive integer, got ${prefill}`);
+  const maxTokens = positiveIntOption("maxTokens", o.maxTokens, 256);
+  const prefill = positiveIntOption("prefillStepSize", o.prefillStepSize, 2048);
   if (o.draftBlockSize !== undefined && (!Number.isInteger(o.draftBlockSize) || o.draftBlockSize < 2)) {
     throw new GenerateError(`draftBlockSize must be an integer >= 2 (one draft token at least), got ${o.draftBlockSize}`);
   }
-  if (prompt.length === 0) throw new GenerateError("the prompt must contain at least one token");
   const V = target.args.vocab_size;
-  for (const t of prompt) if (!Number.isInteger(t) || t < 0 || t >= V) throw new GenerateError(`prompt token ids must be integers in [0, ${V}), got ${t}`);
+  checkPromptIds(prompt, V);
   // validate_drafter_compatibility (mtp): the drafter reads the target's hidden state.
   if (draft.config.backbone_hidden_size !== target.args.hidden_size) {
     throw new GenerateError(`the drafter is for a target of hidden size ${draft.config.backbone_hidden_size}, this target has ${target.args.hidden_size}: use the drafter checkpoint for the same target family and size`);
@@ -166,7 +163,8 @@ async function* run(target: TargetModel, draft: Gemma4AssistantDraftModel, promp
       const bufferSize = mtpBufferSize(configured, opts.draftBlockSize);
       for (let i = 0; i < cache.length; i++) {
         const c = cache[i]!;
-        if (c instanceof RotatingKVCache && c.keep === 0) {
+        if (c instanceof BufferedRotatingKVCache) c.bufferSize = Math.max(c.bufferSize, bufferSize);
+        else if (c instanceof RotatingKVCache && c.keep === 0) {
           cache[i] = BufferedRotatingKVCache.fromCache(c, bufferSize);
           c.dispose();
         }

@@ -160,23 +160,16 @@ export class Gemma4ExactSpeculativeVerifier {
     const caches: (KVCacheLike | null)[] = cache ?? model.layers.map(() => null);
     const n = Math.min(model.layers.length, caches.length);
     const masks = model._make_masks(hidden, caches.slice(0, n)).slice(0, n);
-    stack.defer(() => {
-      for (const m of new Set(masks)) disposeMask(m);
-    });
+    for (const m of new Set(masks)) stack.defer(() => disposeMask(m));
+    // every layer's (kvs, offset), for the KV-shared layers; owned by the stack
     const intermediates: [KV | null, Offset | null][] = model.layers.map(() => [null, null]);
-    stack.defer(() => {
-      for (const [kv, off] of intermediates) {
-        if (kv) {
-          kv[0].dispose();
-          kv[1].dispose();
-        }
-        if (off instanceof mx.MlxArray) off.dispose();
-      }
-    });
     for (let i = 0; i < n; i++) {
       const [kvs, offset] = intermediates[model.previous_kvs[i]!]!;
       const [h, kv, off] = this.layer(model.layers[i]!, hidden, masks[i]!, caches[i]!, kvs, offset);
       hidden = stack.use(h);
+      stack.use(kv[0]);
+      stack.use(kv[1]);
+      if (off instanceof mx.MlxArray) stack.use(off);
       intermediates[i] = [kv, off];
     }
     const normed = stack.use(model.norm.call(hidden));
