@@ -11,7 +11,7 @@ import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
 import { type IsolatedRun, runCasesIsolated } from "../oracle/ops/isolated.ts";
 import { type CaseResult, type Coverage, coverage, groupUnsupported } from "../oracle/ops/runner.ts";
 import { runVjpCasesIsolated, vjpCases, vjpCoverage } from "../oracle/ops/vjp_runner.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
 import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "./device.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
 import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
@@ -20,6 +20,10 @@ import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts
 import { renderMarkdown } from "./markdown.ts";
 import { ProgressBar } from "./progress.ts";
 import { type OpLevelSummary, type ParityReport, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
+import { SPECULATIVE_MODES } from "./speculative_modes.ts";
+
+// --mode NAME: one decoding mode against its oracle (each feature adds its runners here).
+const MODES: Record<string, (oracle: OracleClient, a: Parsed) => Promise<boolean>> = { ...SPECULATIVE_MODES };
 
 const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (gemma4, gemma4_text or gemma4_unified; flat, wrapper or raw HF layout; quantized or not)" },
@@ -36,6 +40,7 @@ const FLAGS: FlagSpec[] = [
   { name: "atol", kind: "number", valueName: "X", help: "budget: a tap passes if its max abs difference is at most X", default: 0 },
   DEVICE_FLAG,
   { name: "out", kind: "string", valueName: "dir", help: "where the reports go", default: "report" },
+  { name: "mode", kind: "string", valueName: "name", help: `run one decoding mode against its oracle on the fixtures instead (${Object.keys(MODES).join(", ")}); --only filters fixtures` },
   { name: "verbose", kind: "bool", help: "stack traces on errors, oracle stderr" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -254,10 +259,22 @@ async function main(argv: string[]): Promise<number> {
   }
   for (const k of ["prompt", "chat", "tokens", "oracle-model"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
   if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
+  // The device first: it applies to every mode, and a missing GPU fails before any oracle starts.
+  const dev = applyDeviceFlag(a.device);
+  if (a.mode !== undefined) {
+    const run = MODES[String(a.mode)];
+    if (!run) throw new UsageError(`unknown --mode ${a.mode} (modes: ${Object.keys(MODES).join(", ")})`);
+    if (a.model !== undefined) throw new UsageError("--mode runs on the fixtures; it does not take --model");
+    const oracle = await OracleClient.start({ python: process.env.ORACLE_PYTHON || undefined, onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
+    try {
+      return (await run(oracle, a)) ? 0 : 1;
+    } finally {
+      await oracle.close();
+    }
+  }
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
   if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
-  // Validate the device, the checkpoint and the prompt before starting the oracle, so bad input fails fast.
-  const dev = applyDeviceFlag(a.device);
+  // Validate the checkpoint and the prompt before starting the oracle, so bad input fails fast.
   const spec = a.model === undefined ? null : await modelSpec(a, budget);
 
   // ORACLE_PYTHON: another interpreter for the oracle (default: the repo's .venv).
@@ -284,13 +301,4 @@ async function main(argv: string[]): Promise<number> {
   return rep.ok ? 0 : 1;
 }
 
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${err instanceof UsageError ? "" : "(run with --verbose for details)\n"}`);
-    process.exit(err instanceof UsageError ? 2 : 1);
-  },
-);
+runMain(main, (err) => `\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${err instanceof UsageError ? "" : "(run with --verbose for details)\n"}`);

@@ -770,6 +770,14 @@ export interface TextModelCallOptions {
   input_embeddings?: MlxArray | null;
   per_layer_inputs?: MlxArray | null;
   taps?: TapSink;
+  /**
+   * mlx-vlm's `shared_kv_sink` (speculative decoding hook): filled after the layers with the
+   * (keys, values) each layer attended over, the last layer of each type winning, as
+   * caller-owned handles.
+   */
+  shared_kv_sink?: Map<LayerType, KV>;
+  /** mlx-vlm's `skip_final_norm`: return the last layer's output before the final norm. */
+  skip_final_norm?: boolean;
 }
 
 export class Gemma4TextModel extends Module {
@@ -971,7 +979,8 @@ export class Gemma4TextModel extends Module {
     for (const l of this.layers) l.disposeCompiled();
   }
 
-  call(inputs: MlxArray | null, { cache = null, input_embeddings = null, per_layer_inputs = null, taps }: TextModelCallOptions = {}): MlxArray {
+  call(inputs: MlxArray | null, opts: TextModelCallOptions = {}): MlxArray {
+    const { cache = null, input_embeddings = null, per_layer_inputs = null, taps } = opts;
     using stack = new DisposableStack();
     if (taps && inputs !== null) taps("inputs", inputs);
     const oneToken = inputs !== null && input_embeddings === null && per_layer_inputs === null && inputs.shape[1] === 1;
@@ -1006,6 +1015,17 @@ export class Gemma4TextModel extends Module {
       h = stack.use(hn);
       intermediates[idx] = [kv, off];
     }
+    const sink = opts.shared_kv_sink;
+    if (sink) {
+      this.layers.forEach((l, idx) => {
+        const kv = intermediates[idx]![0];
+        if (!kv) return;
+        const old = sink.get(l.layer_type);
+        if (old) disposeKV(old);
+        sink.set(l.layer_type, [mx.alias(kv[0]), mx.alias(kv[1])]);
+      });
+    }
+    if (opts.skip_final_norm) return mx.alias(h);
     const out = this.norm.call(h);
     if (taps) taps("norm", out);
     return out;
