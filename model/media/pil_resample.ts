@@ -1,0 +1,147 @@
+// Pillow's `Image.resize(size, Image.BICUBIC)` for 8-bit images (libImaging/Resample.c,
+// Pillow 13.0.0): a separable convolution, horizontal pass first into a uint8 intermediate,
+// then the vertical pass. The filter coefficients are computed in double precision exactly as
+// the C code does (same operations, same order; JS doubles are IEEE binary64 without FMA,
+// like the x86-64 wheel's build), then turned into 22-bit fixed point; the convolution itself
+// is integer arithmetic. So the result is Pillow's bit for bit, on any machine.
+
+/** Fractional bits of the fixed-point coefficients: 32 - 8 (result) - 2 (overflow headroom). */
+const PRECISION_BITS = 32 - 8 - 2;
+
+/** Pillow's bicubic kernel with a = -0.5 (`bicubic_filter`, support 2). */
+function bicubic(x: number): number {
+  const a = -0.5;
+  if (x < 0.0) x = -x;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+const BICUBIC_SUPPORT = 2.0;
+
+/** `precompute_coeffs` + `normalize_coeffs_8bpc` for the box [0, inSize): per output pixel the
+ * first input index, the tap count and `ksize` fixed-point taps. */
+function coefficients(inSize: number, outSize: number): { ksize: number; bounds: Int32Array; kk: Int32Array } {
+  // in0 = 0 and in1 = inSize are C floats; their difference is exact for any image size.
+  const scale = inSize / outSize;
+  const filterscale = scale < 1.0 ? 1.0 : scale;
+  const support = BICUBIC_SUPPORT * filterscale;
+  const ksize = Math.ceil(support) * 2 + 1;
+  const bounds = new Int32Array(outSize * 2);
+  const kk = new Int32Array(outSize * ksize);
+  const k = new Float64Array(ksize);
+  const invFilterscale = 1.0 / filterscale;
+  for (let xx = 0; xx < outSize; xx++) {
+    const center = 0 + (xx + 0.5) * scale;
+    let ww = 0.0;
+    // (int) casts truncate toward zero.
+    let xmin = Math.trunc(center - support + 0.5);
+    if (xmin < 0) xmin = 0;
+    let xmax = Math.trunc(center + support + 0.5);
+    if (xmax > inSize) xmax = inSize;
+    xmax -= xmin;
+    k.fill(0);
+    for (let x = 0; x < xmax; x++) {
+      const w = bicubic((x + xmin - center + 0.5) * invFilterscale);
+      k[x] = w;
+      ww += w;
+    }
+    if (ww !== 0.0) for (let x = 0; x < xmax; x++) k[x] = k[x]! / ww;
+    for (let x = 0; x < ksize; x++) {
+      const v = k[x]!;
+      kk[xx * ksize + x] = v < 0 ? Math.trunc(-0.5 + v * (1 << PRECISION_BITS)) : Math.trunc(0.5 + v * (1 << PRECISION_BITS));
+    }
+    bounds[xx * 2] = xmin;
+    bounds[xx * 2 + 1] = xmax;
+  }
+  return { ksize, bounds, kk };
+}
+
+/** `clip8`: the accumulator's integer part, clamped to 0..255 (Pillow's lookup table). */
+function clip8(v: number): number {
+  const i = v >> PRECISION_BITS;
+  return i < 0 ? 0 : i > 255 ? 255 : i;
+}
+
+/** One horizontal pass over rows [rowFirst, rowFirst + rows) of `src`. */
+function horizontalPass(
+  src: Uint8Array,
+  width: number,
+  channels: number,
+  rowFirst: number,
+  rows: number,
+  outW: number,
+): Uint8Array {
+  const { ksize, bounds, kk } = coefficients(width, outW);
+  const out = new Uint8Array(rows * outW * channels);
+  for (let yy = 0; yy < rows; yy++) {
+    const inRow = (yy + rowFirst) * width * channels;
+    const outRow = yy * outW * channels;
+    for (let xx = 0; xx < outW; xx++) {
+      const xmin = bounds[xx * 2]!;
+      const xmax = bounds[xx * 2 + 1]!;
+      const k0 = xx * ksize;
+      for (let c = 0; c < channels; c++) {
+        let ss = 1 << (PRECISION_BITS - 1);
+        for (let x = 0; x < xmax; x++) ss += src[inRow + (x + xmin) * channels + c]! * kk[k0 + x]!;
+        out[outRow + xx * channels + c] = clip8(ss);
+      }
+    }
+  }
+  return out;
+}
+
+/** One vertical pass; `rowOffset` is the first source row that `src` holds. */
+function verticalPass(
+  src: Uint8Array,
+  width: number,
+  channels: number,
+  vert: ReturnType<typeof coefficients>,
+  rowOffset: number,
+  outH: number,
+): Uint8Array {
+  const stride = width * channels;
+  const out = new Uint8Array(outH * stride);
+  for (let yy = 0; yy < outH; yy++) {
+    const ymin = vert.bounds[yy * 2]! - rowOffset;
+    const ymax = vert.bounds[yy * 2 + 1]!;
+    const k0 = yy * vert.ksize;
+    const outRow = yy * stride;
+    for (let i = 0; i < stride; i++) {
+      let ss = 1 << (PRECISION_BITS - 1);
+      for (let y = 0; y < ymax; y++) ss += src[(y + ymin) * stride + i]! * vert.kk[k0 + y]!;
+      out[outRow + i] = clip8(ss);
+    }
+  }
+  return out;
+}
+
+/**
+ * Resize an interleaved 8-bit image (`channels` bytes per pixel, row-major) to outW × outH
+ * with Pillow's BICUBIC filter (`ImagingResampleInner`). A pass whose size does not change is
+ * skipped; the same size returns a copy. The pass order is Pillow 13's: horizontal first,
+ * except when the height shrinks and the width does not, where the vertical pass runs first
+ * (on the full width) to make the horizontal one cheaper. The two orders give different bytes.
+ */
+export function resizeBicubic(
+  src: Uint8Array,
+  width: number,
+  height: number,
+  channels: number,
+  outW: number,
+  outH: number,
+): Uint8Array {
+  const needH = outW !== width;
+  const needV = outH !== height;
+  if (!needH && !needV) return src.slice();
+  const vert = coefficients(height, outH);
+  if (outW >= width && outH < height) {
+    const v = verticalPass(src, width, channels, vert, 0, outH);
+    return needH ? horizontalPass(v, width, channels, 0, outH, outW) : v;
+  }
+  if (!needH) return verticalPass(src, width, channels, vert, 0, outH);
+  // The horizontal pass only produces the rows that the vertical pass reads.
+  const rowFirst = vert.bounds[0]!;
+  const rowLast = vert.bounds[outH * 2 - 2]! + vert.bounds[outH * 2 - 1]!;
+  const h = horizontalPass(src, width, channels, rowFirst, rowLast - rowFirst, outW);
+  return needV ? verticalPass(h, outW, channels, vert, rowFirst, outH) : h;
+}
