@@ -85,6 +85,13 @@ def prepare(model_dir: str, prompt: str, images: list[str] | None = None, audio:
     return res
 
 
+def rfft(frames: np.ndarray, n: int = 512) -> dict:
+    """The extractor's numpy steps on float32 frames [T, L]: `np.fft.rfft(frames, n=n)` (complex64,
+    returned as float32 (re, im) pairs) and its `np.abs`."""
+    stft = np.fft.rfft(frames, n=n, axis=-1)
+    return {"stft": np.ascontiguousarray(stft).view(np.float32), "magnitude": np.ascontiguousarray(np.abs(stft))}
+
+
 def tables() -> dict:
     """The default extractor's constant tables: the float32 window and the float64 mel bank."""
     from mlx_vlm.models.gemma4.audio_feature_extractor import Gemma4AudioFeatureExtractor
@@ -93,4 +100,4 @@ def tables() -> dict:
     return {"window": np.ascontiguousarray(fe.window), "mel_filters": np.ascontiguousarray(fe.mel_filters)}
 
 
-FUNCTIONS = {f.__name__: f for f in (decode_image, image, load_audio, audio, prepare, tables)}
+FUNCTIONS = {f.__name__: f for f in (decode_image, image, load_audio, audio, prepare, rfft, tables)}

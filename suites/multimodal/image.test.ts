@@ -17,7 +17,7 @@ import { compareRaw, formatDiff } from "../../oracle/tensor_diff.ts";
 import { hostBytes, type HostArray } from "../../model/media/host.ts";
 import { loadImage, type RgbImage } from "../../model/media/image.ts";
 import { Gemma4ImageProcessor, loadProcessorConfig } from "../../model/gemma4/processing_gemma4.ts";
-import { FULL, makeMedia, makeProcessorDir, type MediaItem, tempDir } from "./media_fixtures.ts";
+import { FULL, makeMedia, makeProcessorDirs, type MediaItem, tempDir } from "./media_fixtures.ts";
 
 const tmp = tempDir("img");
 afterAll(tmp.remove);
@@ -26,16 +26,15 @@ const oracle = await sharedOracle();
 const items = makeMedia(join(tmp.dir, "img"), "images", ["--count", FULL ? "60" : "12"]);
 
 /** Processor configurations, cycled over the images (small token budgets keep outputs small). */
-const CONFIGS: [string, Record<string, unknown> | null, boolean][] = [
-  ["mst70", { image_processor: { image_processor_type: "Gemma4ImageProcessor", max_soft_tokens: 70 } }, false],
-  ["default", null, false],
-  ["mst140-flat", { max_soft_tokens: 140, patch_size: 16 }, true],
-  ["normalize", { image_processor: { max_soft_tokens: 70, do_normalize: true, image_mean: [0.48, 0.46, 0.41], image_std: [0.27, 0.26, 0.28] } }, false],
-  ["uint8", { image_processor: { max_soft_tokens: 70, do_rescale: false } }, false],
-  ["p14k2", { image_processor: { max_soft_tokens: 64, patch_size: 14, pooling_kernel_size: 2, rescale_factor: 0.0039 } }, false],
-  ["mst560", { image_processor: { max_soft_tokens: 560 } }, false],
-];
-const dirs = CONFIGS.map(([name, cfg, flat]) => ({ name, ...makeProcessorDir(join(tmp.dir, `proc-${name}`), cfg, flat) }));
+const dirs = makeProcessorDirs(join(tmp.dir, "proc"), [
+  { name: "mst70", config: { image_processor: { image_processor_type: "Gemma4ImageProcessor", max_soft_tokens: 70 } } },
+  { name: "default", config: null },
+  { name: "mst140-flat", config: { max_soft_tokens: 140, patch_size: 16 }, flat: true },
+  { name: "normalize", config: { image_processor: { max_soft_tokens: 70, do_normalize: true, image_mean: [0.48, 0.46, 0.41], image_std: [0.27, 0.26, 0.28] } } },
+  { name: "uint8", config: { image_processor: { max_soft_tokens: 70, do_rescale: false } } },
+  { name: "p14k2", config: { image_processor: { max_soft_tokens: 64, patch_size: 14, pooling_kernel_size: 2, rescale_factor: 0.0039 } } },
+  { name: "mst560", config: { image_processor: { max_soft_tokens: 560 } } },
+]);
 
 function rec(a: HostArray | RgbImage): { dtype: string; shape: number[]; data: Uint8Array } {
   if ("dtype" in a) return { dtype: a.dtype, shape: a.shape, data: hostBytes(a) };

@@ -1,8 +1,9 @@
 """Test media for suites/multimodal: images, audio clips and processor directories, all made
 from fixed seeds (the same bytes on every run).
 
-usage: make_media.py OUT_DIR {images|audio|bad|processor} [--count N] [--config JSON]
-Prints a JSON manifest on stdout: a list of {"name", "file", ...} for media, or the directory.
+usage: make_media.py OUT_DIR {images|audio|bad|processors} [--count N] [--configs JSON]
+Prints a JSON manifest on stdout: a list of {"name", "file", ...} for media, or of
+{"name", "dir", "vocab"} for processor directories.
 
 Images cover every PNG mode Pillow decodes (written by the small PNG writer below, which also
 does Adam7 interlacing and all five scanline filters, which PIL's own writer cannot), JPEGs from
@@ -393,10 +394,10 @@ def make_processor(out: Path, processor_config: dict | None, flat: bool = False)
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
-    ap.add_argument("what", choices=["images", "audio", "bad", "processor"])
+    ap.add_argument("what", choices=["images", "audio", "bad", "processors"])
     ap.add_argument("--count", type=int, default=40)
-    ap.add_argument("--config", default="null", help="processor: the processor config (JSON)")
-    ap.add_argument("--flat", action="store_true", help="processor: write it as preprocessor_config.json")
+    ap.add_argument("--configs", default="[]",
+                    help='processors: JSON list of {"name", "config" (or null), "flat" (preprocessor_config.json)}')
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.what == "images":
@@ -406,7 +407,8 @@ def main(argv: list[str]) -> int:
     elif a.what == "bad":
         res = make_bad(a.out)
     else:
-        res = make_processor(a.out, json.loads(a.config), a.flat)
+        res = [{"name": c["name"], **make_processor(a.out / c["name"], c.get("config"), bool(c.get("flat")))}
+               for c in json.loads(a.configs)]
     json.dump(res, sys.stdout)
     return 0
 

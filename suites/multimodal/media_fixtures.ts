@@ -27,7 +27,15 @@ export function makeMedia<T = MediaItem[]>(out: string, what: string, extra: str
   return JSON.parse(p.stdout.toString()) as T;
 }
 
-/** A processor directory (tokenizer + config.json + the given processor config). */
-export function makeProcessorDir(out: string, config: Record<string, unknown> | null, flat = false): { dir: string; vocab: Record<string, number> } {
-  return makeMedia(out, "processor", ["--config", JSON.stringify(config), ...(flat ? ["--flat"] : [])]);
+export interface ProcessorSpec {
+  name: string;
+  /** processor_config.json contents (null: no processor config file at all). */
+  config: Record<string, unknown> | null;
+  /** Write it flat, as preprocessor_config.json. */
+  flat?: boolean;
+}
+
+/** Processor directories under `out` (tokenizer + config.json + each processor config). */
+export function makeProcessorDirs(out: string, specs: ProcessorSpec[]): { name: string; dir: string; vocab: Record<string, number> }[] {
+  return makeMedia(out, "processors", ["--configs", JSON.stringify(specs)]);
 }
