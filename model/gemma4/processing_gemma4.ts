@@ -12,9 +12,11 @@
 
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { resizeBicubic } from "../media/pil_resample.ts";
 import type { HostArray } from "../media/host.ts";
-import type { RgbImage } from "../media/image.ts";
+import { type LoadImageOptions, loadImage, type RgbImage } from "../media/image.ts";
+import { resizeBicubic } from "../media/pil_resample.ts";
+import { loadAudio } from "../media/wav.ts";
+import { featureExtractorConfig, Gemma4AudioFeatureExtractor } from "./audio_feature_extractor.ts";
 import { ConfigError } from "./config.ts";
 
 // ---------------------------------------------------------------- configuration
@@ -285,7 +287,7 @@ export class Gemma4ImageProcessor {
   }
 }
 
-/** np.stack of same-shape arrays along a new axis 0. */
+/** np.stack of same-dtype, same-shape arrays along a new axis 0. */
 export function stack(arrays: HostArray[]): HostArray {
   const first = arrays[0]!;
   const per = first.data.length;
@@ -294,6 +296,11 @@ export function stack(arrays: HostArray[]): HostArray {
     const out = new Float32Array(per * arrays.length);
     arrays.forEach((a, i) => out.set(a.data as Float32Array, i * per));
     return { dtype: "float32", shape, data: out };
+  }
+  if (first.dtype === "int64") {
+    const out = new BigInt64Array(per * arrays.length);
+    arrays.forEach((a, i) => out.set(a.data as BigInt64Array, i * per));
+    return { dtype: "int64", shape, data: out };
   }
   const out = new Uint8Array(per * arrays.length);
   arrays.forEach((a, i) => out.set(a.data as Uint8Array, i * per));
@@ -432,7 +439,7 @@ export interface MediaTokenIds {
  * input_ids, attention_mask (all ones) and mm_token_type_ids (1 image, 2 video, 3 audio,
  * 0 text), int64 [1, L] as the processor's `to_mlx` makes them.
  */
-export function textInputs(ids: number[], t: MediaTokenIds): { input_ids: Int64Host; attention_mask: Int64Host; mm_token_type_ids: Int64Host } {
+export function textInputs(ids: number[], t: MediaTokenIds): { input_ids: HostArray; attention_mask: HostArray; mm_token_type_ids: HostArray } {
   const L = ids.length;
   const types = new BigInt64Array(L);
   ids.forEach((id, i) => {
@@ -447,8 +454,97 @@ export function textInputs(ids: number[], t: MediaTokenIds): { input_ids: Int64H
   };
 }
 
-export interface Int64Host {
-  dtype: "int64";
-  shape: number[];
-  data: BigInt64Array;
+// ---------------------------------------------------------------- Gemma4Processor
+
+/** The model inputs `mlx_vlm.utils.prepare_inputs` builds for one prompt (batch 1). */
+export interface ProcessorInputs {
+  input_ids: HostArray;
+  attention_mask: HostArray;
+  mm_token_type_ids: HostArray;
+  /** float32 [N, 3, H, W] (a list when the images' shapes differ). */
+  pixel_values?: HostArray | HostArray[];
+  /** float32 [B, T, 128] and bool [B, T]. */
+  input_features?: HostArray;
+  input_features_mask?: HostArray;
+  /** Soft tokens per image and per audio clip, as placed in the prompt. */
+  num_soft_tokens_per_image: number[];
+  num_audio_tokens: number[];
+}
+
+export interface ProcessorCall {
+  /** The prompt with one placeholder (tokens.image_token / audio_token) per image / clip. */
+  text: string;
+  images?: string[];
+  audio?: string[];
+  /** The checkpoint tokenizer, without special tokens added (prepare_inputs' add_special_tokens=False). */
+  tokenize: (text: string) => number[];
+  /** Token id of a token string (for the mm_token_type_ids), undefined when unknown. */
+  tokenId: (token: string) => number | undefined;
+  image?: LoadImageOptions & ImageKwargs;
+}
+
+/**
+ * `Gemma4Processor` as `mlx_vlm.load` builds it from a checkpoint directory, minus the
+ * tokenizer (the caller's): the image processor, the audio feature extractor, the media token
+ * strings and the counts that tie them to the prompt.
+ */
+export class Gemma4Processor {
+  constructor(
+    readonly config: ProcessorConfig,
+    readonly tokens: MediaTokens,
+    readonly image_processor: Gemma4ImageProcessor,
+    readonly feature_extractor: Gemma4AudioFeatureExtractor,
+  ) {}
+
+  /** `Gemma4Processor.from_pretrained(dir)` (configs read as mlx-vlm reads them). */
+  static fromPretrained(dir: string): Gemma4Processor {
+    const config = loadProcessorConfig(dir);
+    const file = config.file ?? join(dir, "processor_config.json");
+    return new Gemma4Processor(
+      config,
+      mediaTokensFromTokenizerConfig(dir),
+      new Gemma4ImageProcessor(config.image_processor),
+      new Gemma4AudioFeatureExtractor(featureExtractorConfig(config.feature_extractor, file)),
+    );
+  }
+
+  /** `load_image` + the image processor for image files. */
+  async processImages(paths: string[], opts: LoadImageOptions & ImageKwargs = {}): Promise<ImageProcessorOutput> {
+    const images: RgbImage[] = [];
+    for (const p of paths) images.push(await loadImage(p, opts));
+    return this.image_processor.preprocess(images, opts);
+  }
+
+  /** `load_audio` + the feature extractor for WAV files: stacked [B, T, 128] features. */
+  processAudio(paths: string[]): { input_features: HostArray; input_features_mask: HostArray; num_audio_tokens: number[] } {
+    const sr = this.feature_extractor.samplingRate;
+    const waves = paths.map((p) => loadAudio(p, sr).samples);
+    const f = this.feature_extractor.call(waves);
+    return {
+      input_features: stack(f.input_features),
+      input_features_mask: stack(f.input_features_mask),
+      num_audio_tokens: waves.map((w) => computeAudioNumTokens(w.length, sr, this.config.audio_ms_per_token, this.config.audio_seq_length)),
+    };
+  }
+
+  /** `prepare_inputs(processor, images, audio, prompts=text)`: every model input. */
+  async call(c: ProcessorCall): Promise<ProcessorInputs> {
+    const img = c.images?.length ? await this.processImages(c.images, c.image) : undefined;
+    const aud = c.audio?.length ? this.processAudio(c.audio) : undefined;
+    const counts = { images: img?.num_soft_tokens_per_image ?? [], audio: aud?.num_audio_tokens ?? [] };
+    const ids = c.tokenize(expandPrompt(c.text, this.tokens, counts));
+    const t = this.tokens;
+    const text = textInputs(ids, {
+      image_token_id: t.image_token ? c.tokenId(t.image_token) : undefined,
+      video_token_id: c.tokenId(t.video_token),
+      audio_token_id: t.audio_token ? c.tokenId(t.audio_token) : undefined,
+    });
+    return {
+      ...text,
+      ...(img ? { pixel_values: img.pixel_values } : {}),
+      ...(aud ? { input_features: aud.input_features, input_features_mask: aud.input_features_mask } : {}),
+      num_soft_tokens_per_image: counts.images,
+      num_audio_tokens: counts.audio,
+    };
+  }
 }

@@ -4,7 +4,8 @@
 export type HostArray =
   | { dtype: "float32"; shape: number[]; data: Float32Array }
   | { dtype: "uint8"; shape: number[]; data: Uint8Array }
-  | { dtype: "bool"; shape: number[]; data: Uint8Array };
+  | { dtype: "bool"; shape: number[]; data: Uint8Array }
+  | { dtype: "int64"; shape: number[]; data: BigInt64Array };
 
 /** The raw bytes of a host array (for byte-for-byte comparison and .npy files). */
 export function hostBytes(a: HostArray): Uint8Array {

@@ -66,6 +66,6 @@ export async function decodeImage(b: Uint8Array, name: string, opts: LoadImageOp
 }
 
 /** `mlx_vlm.utils.load_image(path)` for a PNG or JPEG file: RGB pixels, EXIF-oriented. */
-export function loadImage(path: string, opts: LoadImageOptions = {}): Promise<RgbImage> {
+export async function loadImage(path: string, opts: LoadImageOptions = {}): Promise<RgbImage> {
   return decodeImage(readBytes(path), path, opts);
 }

@@ -3,8 +3,9 @@
 // compiled to WebAssembly) with the same defaults, so the pixels agree bit for bit on the JPEGs
 // the test suite measures (baseline and progressive, 4:4:4 / 4:2:2 / 4:2:0, grayscale).
 //
-// Around the decoder, this file does what Pillow's JpegImagePlugin does with the markers: the
-// frame header gives the size (checked against the pixel limit before anything is decoded) and
+// Around the decoder, this file does what Pillow's JpegImagePlugin does with the markers before
+// the first scan: the frame header gives the size (checked against the pixel limit before
+// anything is decoded) and
 // the mode (1 component -> "L", 3 -> "RGB"; CMYK/YCCK and other counts are not supported
 // here), APP1 segments give EXIF (several are concatenated) and XMP (the last one wins).
 // libjpeg's warnings are ignored as Pillow ignores them; its fatal errors become a MediaError.
@@ -39,22 +40,21 @@ function startsWith(b: Uint8Array, s: string): boolean {
   return true;
 }
 
-/** Walk the markers (through every scan) to the EOI: the frame header and the metadata. */
+/** The markers before the first scan (all Pillow reads: the frame header and the metadata),
+ * and the EOI marker after it. */
 export function readJpegHeader(b: Uint8Array, file: string): JpegHeader {
   if (!isJpeg(b)) throw new MediaError(file, "unsupported_format", "not a JPEG file");
   let frame: Omit<JpegHeader, "meta"> | undefined;
   const meta: ImageMeta = {};
   let pos = 2;
   for (;;) {
-    // A marker: one or more 0xFF fill bytes, then the code.
-    if (pos >= b.length) throw new MediaError(file, "truncated", "JPEG file ends before its EOI marker");
-    // libjpeg skips (with a warning, which Pillow ignores) any bytes before the next 0xFF.
+    // libjpeg skips (with a warning, which Pillow ignores) any bytes before the next 0xFF, then
+    // one or more 0xFF fill bytes precede the marker code.
     while (pos < b.length && b[pos] !== 0xff) pos++;
-    if (pos >= b.length) throw new MediaError(file, "truncated", "JPEG file ends before its EOI marker");
     while (pos < b.length && b[pos] === 0xff) pos++;
-    if (pos >= b.length) throw new MediaError(file, "truncated", "JPEG file ends inside a marker");
+    if (pos >= b.length) throw new MediaError(file, "truncated", "JPEG file ends before its image data");
     const code = b[pos++]!;
-    if (code === 0xd9) break; // EOI
+    if (code === 0xd9) throw new MediaError(file, "corrupt", "JPEG file ends (EOI) before its image data");
     if ((code >= 0xd0 && code <= 0xd7) || code === 0x01) continue; // no length
     if (pos + 2 > b.length) throw new MediaError(file, "truncated", "JPEG file ends inside a segment header");
     const len = (b[pos]! << 8) | b[pos + 1]!;
@@ -70,13 +70,13 @@ export function readJpegHeader(b: Uint8Array, file: string): JpegHeader {
       meta.exif = meta.exif === undefined ? seg.slice() : concat(meta.exif, seg.subarray(6));
     } else if (code === 0xe1 && startsWith(seg, XMP_PREFIX)) {
       meta.xmp = seg.subarray(XMP_PREFIX.length);
-    } else if (code === 0xda) {
-      // Entropy-coded data runs to the next marker that is not a stuffed 0xFF00 or an RSTn.
-      while (pos + 1 < b.length && !(b[pos] === 0xff && b[pos + 1] !== 0 && !(b[pos + 1]! >= 0xd0 && b[pos + 1]! <= 0xd7))) pos++;
-      if (pos + 1 >= b.length) throw new MediaError(file, "truncated", "JPEG file ends inside its image data");
-    }
+    } else if (code === 0xda) break;
   }
-  if (frame === undefined) throw new MediaError(file, "corrupt", "JPEG file has no frame header (SOF)");
+  if (frame === undefined) throw new MediaError(file, "corrupt", "JPEG file has no frame header (SOF) before its image data");
+  // Entropy-coded data never holds 0xFF 0xD9 (0xFF is stuffed as 0xFF00): the first one is the EOI.
+  let eoi = false;
+  for (let i = pos; i + 1 < b.length && !eoi; i++) eoi = b[i] === 0xff && b[i + 1] === 0xd9;
+  if (!eoi) throw new MediaError(file, "truncated", "JPEG file ends before its EOI marker");
   return { ...frame, meta };
 }
 

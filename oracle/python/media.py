@@ -82,7 +82,32 @@ def prepare(model_dir: str, prompt: str, images: list[str] | None = None, audio:
     for k, v in out.items():
         if isinstance(v, mx.array):
             res[k] = np.array(v)
+        elif isinstance(v, list) and v and all(isinstance(x, np.ndarray) for x in v):
+            res[f"{k}_count"] = len(v)  # per-image arrays when the shapes differ
+            res.update({f"{k}_{i}": np.ascontiguousarray(x) for i, x in enumerate(v)})
     return res
+
+
+def processor_info(model_dir: str) -> dict:
+    """What the loaded processor ended up with: the image processor's and the feature
+    extractor's settings, the sequence lengths and the media token strings and ids."""
+    p = processor(model_dir)
+    ip, fe = p.image_processor, p.feature_extractor
+    return {
+        "image_processor": {k: getattr(ip, k) for k in ("do_resize", "do_rescale", "rescale_factor", "do_normalize", "image_mean",
+                                                       "image_std", "patch_size", "max_soft_tokens", "pooling_kernel_size")},
+        "feature_extractor": {
+            **{k: getattr(fe, k) for k in ("feature_size", "sampling_rate", "padding_value", "min_frequency", "max_frequency",
+                                           "preemphasis", "preemphasis_htk_flavor", "fft_overdrive", "dither", "input_scale_factor",
+                                           "frame_length", "hop_length", "fft_length")},
+            "mel_floor": float(fe.mel_floor),
+            "per_bin_mean": None if fe.per_bin_mean is None else fe.per_bin_mean.reshape(-1).tolist(),
+            "per_bin_stddev": None if fe.per_bin_stddev is None else fe.per_bin_stddev.reshape(-1).tolist(),
+        },
+        "image_seq_length": p.image_seq_length, "audio_seq_length": p.audio_seq_length, "audio_ms_per_token": p.audio_ms_per_token,
+        "tokens": {k: getattr(p, k) for k in ("image_token", "boi_token", "eoi_token", "audio_token", "boa_token", "eoa_token", "video_token")},
+        "ids": {k: getattr(p, k) for k in ("image_token_id", "audio_token_id", "video_token_id")},
+    }
 
 
 def rfft(frames: np.ndarray, n: int = 512) -> dict:
@@ -100,4 +125,4 @@ def tables() -> dict:
     return {"window": np.ascontiguousarray(fe.window), "mel_filters": np.ascontiguousarray(fe.mel_filters)}
 
 
-FUNCTIONS = {f.__name__: f for f in (decode_image, image, load_audio, audio, prepare, rfft, tables)}
+FUNCTIONS = {f.__name__: f for f in (decode_image, image, load_audio, audio, prepare, processor_info, rfft, tables)}

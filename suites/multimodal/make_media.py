@@ -250,10 +250,10 @@ def make_bad(out: Path) -> list[dict]:
     add("png_bad_mode.png", b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", 5, 5, 3, 2, 0, 0, 0))
         + _chunk(b"IEND", b""), "unsupported_format")
     add("jpeg_truncated.jpg", jpg[: len(jpg) * 2 // 3], "truncated")
-    garbage = bytearray(jpg)
-    for i in range(200, len(garbage) - 2, 5):
-        garbage[i] = (garbage[i] * 29 + 11) & 0xFF
-    add("jpeg_garbage.jpg", bytes(garbage), "corrupt")
+    bad_sos = bytearray(jpg)
+    sos = bad_sos.index(b"\xff\xda")
+    bad_sos[sos + 5] = 0x26  # the first scan component names a component the frame does not have
+    add("jpeg_bad_scan.jpg", bytes(bad_sos), "corrupt")
     buf = io.BytesIO()
     Image.fromarray(img).convert("CMYK").save(buf, "JPEG")
     add("jpeg_cmyk.jpg", buf.getvalue(), "unsupported_format")
