@@ -118,9 +118,12 @@ function verticalPass(
 /**
  * Resize an interleaved 8-bit image (`channels` bytes per pixel, row-major) to outW × outH
  * with Pillow's BICUBIC filter (`ImagingResampleInner`). A pass whose size does not change is
- * skipped; the same size returns a copy. The pass order is Pillow 13's: horizontal first,
- * except when the height shrinks and the width does not, where the vertical pass runs first
- * (on the full width) to make the horizontal one cheaper. The two orders give different bytes.
+ * skipped; the same size returns a copy. The pass order is Pillow 13.0.0's, which runs the
+ * vertical pass first (on the full width) when the height shrinks by more than twice as many
+ * rows as the width shrinks by columns (always, then, when the width does not shrink), and the
+ * horizontal pass first otherwise. The two orders give different bytes. The rule is the one the
+ * installed Pillow follows, measured: it decided all 1257 of 1500 random size pairs where the
+ * two orders differ (Pillow's main branch and its resize PR state simpler rules).
  */
 export function resizeBicubic(
   src: Uint8Array,
@@ -134,7 +137,7 @@ export function resizeBicubic(
   const needV = outH !== height;
   if (!needH && !needV) return src.slice();
   const vert = coefficients(height, outH);
-  if (outW >= width && outH < height) {
+  if (outH < height && 2 * (width - outW) < height - outH) {
     const v = verticalPass(src, width, channels, vert, 0, outH);
     return needH ? horizontalPass(v, width, channels, 0, outH, outW) : v;
   }

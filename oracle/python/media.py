@@ -49,6 +49,14 @@ def image(model_dir: str, path: str | None = None, pixels: np.ndarray | None = N
     return {"pixel_values": np.ascontiguousarray(pv), "num_soft_tokens": [int(n) for n in n_soft]}
 
 
+def pil_resize(pixels: np.ndarray, width: int, height: int) -> dict:
+    """`Image.fromarray(pixels).resize((width, height), Image.BICUBIC)`: the resample the image
+    processor runs, at any size."""
+    from PIL import Image
+
+    return {"resized": np.ascontiguousarray(np.asarray(Image.fromarray(pixels).resize((width, height), resample=Image.BICUBIC)))}
+
+
 def load_audio(path: str, sr: int = 16000) -> dict:
     """`mlx_vlm.utils.load_audio(path, sr)`: the float32 mono waveform."""
     from mlx_vlm.utils import load_audio as _load
@@ -125,4 +133,4 @@ def tables() -> dict:
     return {"window": np.ascontiguousarray(fe.window), "mel_filters": np.ascontiguousarray(fe.mel_filters)}
 
 
-FUNCTIONS = {f.__name__: f for f in (decode_image, image, load_audio, audio, prepare, processor_info, rfft, tables)}
+FUNCTIONS = {f.__name__: f for f in (decode_image, image, pil_resize, load_audio, audio, prepare, processor_info, rfft, tables)}
