@@ -247,7 +247,7 @@ export class Gemma4ImageProcessor {
     const c = this.config;
     const [h, w] = this.targetSize(image.height, image.width, kw);
     const pixels =
-      h === image.height && w === image.width ? image.data : resizeBicubic(image.data, image.width, image.height, 3, w, h);
+      h === image.height && w === image.width ? image.data : resizeBicubic(image.data, image.width, image.height, w, h);
     const n = h * w;
     const shape = [3, h, w];
     let pixel_values: HostArray;

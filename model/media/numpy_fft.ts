@@ -16,6 +16,9 @@ interface Plan {
   n: number;
   factors: number[];
   twiddles: Float64Array[];
+  /** Work buffers of `rfft` (pocketfft's c and ch). */
+  a: Float64Array;
+  b: Float64Array;
 }
 
 const plans = new Map<number, Plan>();
@@ -94,7 +97,7 @@ function plan(n: number): Plan {
     twiddles.push(tw);
     l1 *= ip;
   });
-  p = { n, factors, twiddles };
+  p = { n, factors, twiddles, a: new Float64Array(n), b: new Float64Array(n) };
   plans.set(n, p);
   return p;
 }
@@ -102,85 +105,101 @@ function plan(n: number): Plan {
 /** pocketfft's `hsqt2` for T0 = double: 0.707106781186547524400844362104849L as a double. */
 const HSQT2 = 0.7071067811865476;
 
+// radf2 / radf4 with pocketfft's index macros written out: CC(a, b, c) = cc[a + ido*(b + l1*c)],
+// CH(a, b, c) = ch[a + ido*(b + ip*c)], WA(x, i) = wa[i + x*(ido - 1)]; every expression keeps
+// pocketfft's operand order (PM(a, b, c, d): a = c + d, b = c - d; MULPM: conj(wa) * cc).
+
 function radf2(ido: number, l1: number, cc: Float64Array, ch: Float64Array, wa: Float64Array): void {
-  const CC = (a: number, b: number, c: number) => cc[a + ido * (b + l1 * c)]!;
-  const CH = (a: number, b: number, c: number) => a + ido * (b + 2 * c);
+  const cs = ido * l1; // CC stride of c
   for (let k = 0; k < l1; k++) {
-    ch[CH(0, 0, k)] = CC(0, k, 0) + CC(0, k, 1);
-    ch[CH(ido - 1, 1, k)] = CC(0, k, 0) - CC(0, k, 1);
+    const c0 = ido * k;
+    ch[2 * ido * k] = cc[c0]! + cc[c0 + cs]!;
+    ch[ido - 1 + ido * (1 + 2 * k)] = cc[c0]! - cc[c0 + cs]!;
   }
   if ((ido & 1) === 0)
     for (let k = 0; k < l1; k++) {
-      ch[CH(0, 1, k)] = -CC(ido - 1, k, 1);
-      ch[CH(ido - 1, 0, k)] = CC(ido - 1, k, 0);
+      ch[ido * (1 + 2 * k)] = -cc[ido - 1 + ido * k + cs]!;
+      ch[ido - 1 + 2 * ido * k] = cc[ido - 1 + ido * k]!;
     }
   if (ido <= 2) return;
-  for (let k = 0; k < l1; k++)
+  for (let k = 0; k < l1; k++) {
+    const c0 = ido * k;
+    const h0 = 2 * ido * k;
+    const h1 = h0 + ido;
     for (let i = 2; i < ido; i += 2) {
       const ic = ido - i;
       const c = wa[i - 2]!;
       const d = wa[i - 1]!;
-      const e = CC(i - 1, k, 1);
-      const g = CC(i, k, 1);
-      const tr2 = c * e + d * g; // MULPM: conj(c + id) * (e + ig)
+      const e = cc[i - 1 + c0 + cs]!;
+      const g = cc[i + c0 + cs]!;
+      const tr2 = c * e + d * g;
       const ti2 = c * g - d * e;
-      ch[CH(i - 1, 0, k)] = CC(i - 1, k, 0) + tr2;
-      ch[CH(ic - 1, 1, k)] = CC(i - 1, k, 0) - tr2;
-      ch[CH(i, 0, k)] = ti2 + CC(i, k, 0);
-      ch[CH(ic, 1, k)] = ti2 - CC(i, k, 0);
+      ch[i - 1 + h0] = cc[i - 1 + c0]! + tr2;
+      ch[ic - 1 + h1] = cc[i - 1 + c0]! - tr2;
+      ch[i + h0] = ti2 + cc[i + c0]!;
+      ch[ic + h1] = ti2 - cc[i + c0]!;
     }
+  }
 }
 
 function radf4(ido: number, l1: number, cc: Float64Array, ch: Float64Array, wa: Float64Array): void {
-  const CC = (a: number, b: number, c: number) => cc[a + ido * (b + l1 * c)]!;
-  const CH = (a: number, b: number, c: number) => a + ido * (b + 4 * c);
-  const WA = (x: number, i: number) => wa[i + x * (ido - 1)]!;
+  const cs = ido * l1;
   for (let k = 0; k < l1; k++) {
-    const tr1 = CC(0, k, 3) + CC(0, k, 1);
-    ch[CH(0, 2, k)] = CC(0, k, 3) - CC(0, k, 1);
-    const tr2 = CC(0, k, 0) + CC(0, k, 2);
-    ch[CH(ido - 1, 1, k)] = CC(0, k, 0) - CC(0, k, 2);
-    ch[CH(0, 0, k)] = tr2 + tr1;
-    ch[CH(ido - 1, 3, k)] = tr2 - tr1;
+    const c = ido * k;
+    const h = 4 * ido * k;
+    const tr1 = cc[c + 3 * cs]! + cc[c + cs]!;
+    ch[h + 2 * ido] = cc[c + 3 * cs]! - cc[c + cs]!;
+    const tr2 = cc[c]! + cc[c + 2 * cs]!;
+    ch[ido - 1 + h + ido] = cc[c]! - cc[c + 2 * cs]!;
+    ch[h] = tr2 + tr1;
+    ch[ido - 1 + h + 3 * ido] = tr2 - tr1;
   }
   if ((ido & 1) === 0)
     for (let k = 0; k < l1; k++) {
-      const ti1 = -HSQT2 * (CC(ido - 1, k, 1) + CC(ido - 1, k, 3));
-      const tr1 = HSQT2 * (CC(ido - 1, k, 1) - CC(ido - 1, k, 3));
-      ch[CH(ido - 1, 0, k)] = CC(ido - 1, k, 0) + tr1;
-      ch[CH(ido - 1, 2, k)] = CC(ido - 1, k, 0) - tr1;
-      ch[CH(0, 3, k)] = ti1 + CC(ido - 1, k, 2);
-      ch[CH(0, 1, k)] = ti1 - CC(ido - 1, k, 2);
+      const c = ido - 1 + ido * k;
+      const h = 4 * ido * k;
+      const ti1 = -HSQT2 * (cc[c + cs]! + cc[c + 3 * cs]!);
+      const tr1 = HSQT2 * (cc[c + cs]! - cc[c + 3 * cs]!);
+      ch[ido - 1 + h] = cc[c]! + tr1;
+      ch[ido - 1 + h + 2 * ido] = cc[c]! - tr1;
+      ch[h + 3 * ido] = ti1 + cc[c + 2 * cs]!;
+      ch[h + ido] = ti1 - cc[c + 2 * cs]!;
     }
   if (ido <= 2) return;
-  for (let k = 0; k < l1; k++)
+  const ws = ido - 1;
+  for (let k = 0; k < l1; k++) {
+    const c = ido * k;
+    const h = 4 * ido * k;
     for (let i = 2; i < ido; i += 2) {
       const ic = ido - i;
-      const mulpm = (x: number, e: number, g: number): [number, number] => {
-        const c = WA(x, i - 2);
-        const d = WA(x, i - 1);
-        return [c * e + d * g, c * g - d * e];
-      };
-      const [cr2, ci2] = mulpm(0, CC(i - 1, k, 1), CC(i, k, 1));
-      const [cr3, ci3] = mulpm(1, CC(i - 1, k, 2), CC(i, k, 2));
-      const [cr4, ci4] = mulpm(2, CC(i - 1, k, 3), CC(i, k, 3));
+      const w = i - 2;
+      const e1 = cc[i - 1 + c + cs]!, g1 = cc[i + c + cs]!;
+      const e2 = cc[i - 1 + c + 2 * cs]!, g2 = cc[i + c + 2 * cs]!;
+      const e3 = cc[i - 1 + c + 3 * cs]!, g3 = cc[i + c + 3 * cs]!;
+      const cr2 = wa[w]! * e1 + wa[w + 1]! * g1;
+      const ci2 = wa[w]! * g1 - wa[w + 1]! * e1;
+      const cr3 = wa[w + ws]! * e2 + wa[w + ws + 1]! * g2;
+      const ci3 = wa[w + ws]! * g2 - wa[w + ws + 1]! * e2;
+      const cr4 = wa[w + 2 * ws]! * e3 + wa[w + 2 * ws + 1]! * g3;
+      const ci4 = wa[w + 2 * ws]! * g3 - wa[w + 2 * ws + 1]! * e3;
       const tr1 = cr4 + cr2;
       const tr4 = cr4 - cr2;
       const ti1 = ci2 + ci4;
       const ti4 = ci2 - ci4;
-      const tr2 = CC(i - 1, k, 0) + cr3;
-      const tr3 = CC(i - 1, k, 0) - cr3;
-      const ti2 = CC(i, k, 0) + ci3;
-      const ti3 = CC(i, k, 0) - ci3;
-      ch[CH(i - 1, 0, k)] = tr2 + tr1;
-      ch[CH(ic - 1, 3, k)] = tr2 - tr1;
-      ch[CH(i, 0, k)] = ti1 + ti2;
-      ch[CH(ic, 3, k)] = ti1 - ti2;
-      ch[CH(i - 1, 2, k)] = tr3 + ti4;
-      ch[CH(ic - 1, 1, k)] = tr3 - ti4;
-      ch[CH(i, 2, k)] = tr4 + ti3;
-      ch[CH(ic, 1, k)] = tr4 - ti3;
+      const tr2 = cc[i - 1 + c]! + cr3;
+      const tr3 = cc[i - 1 + c]! - cr3;
+      const ti2 = cc[i + c]! + ci3;
+      const ti3 = cc[i + c]! - ci3;
+      ch[i - 1 + h] = tr2 + tr1;
+      ch[ic - 1 + h + 3 * ido] = tr2 - tr1;
+      ch[i + h] = ti1 + ti2;
+      ch[ic + h + 3 * ido] = ti1 - ti2;
+      ch[i - 1 + h + 2 * ido] = tr3 + ti4;
+      ch[ic - 1 + h + ido] = tr3 - ti4;
+      ch[i + h + 2 * ido] = tr4 + ti3;
+      ch[ic + h + ido] = tr4 - ti3;
     }
+  }
 }
 
 /**
@@ -189,9 +208,10 @@ function radf4(ido: number, l1: number, cc: Float64Array, ch: Float64Array, wa: 
  */
 export function rfft(x: Float32Array, n: number): Float32Array {
   const p = plan(n);
-  let p1 = new Float64Array(n);
+  let p1 = p.a;
+  let p2 = p.b;
+  p1.fill(0);
   p1.set(x.length > n ? x.subarray(0, n) : x);
-  let p2 = new Float64Array(n);
   // rfftp::exec, forward (r2hc): the factors from last to first.
   let l1 = n;
   for (let k1 = 0; k1 < p.factors.length; k1++) {
@@ -214,16 +234,21 @@ export function rfft(x: Float32Array, n: number): Float32Array {
 }
 
 const scratch = new Float64Array(1);
-const scratchBits = new BigUint64Array(scratch.buffer);
+const scratchLow = new Uint32Array(scratch.buffer); // [0] is the low word on little-endian hosts
 
-/** float32 fma(a, a, 1) for 0 <= a <= 1, correctly rounded (round-to-odd in double, then to float). */
+/** float32 fma(a, a, 1) for 0 <= a <= 1, correctly rounded: p + 1 in round-to-odd double
+ * (exact for the rounding that follows), then rounded to float32. */
 function fmaSquarePlusOne(a: number): number {
   const p = a * a; // exact: 24 x 24 bits
-  const s = p + 1;
+  const s = p + 1; // in [1, 2]
   const err = p - (s - 1); // Fast2Sum (1 >= p): the exact p + 1 is s + err
   if (err === 0) return Math.fround(s);
   scratch[0] = s;
-  if ((scratchBits[0]! & 1n) === 0n) scratchBits[0] = err > 0 ? scratchBits[0]! + 1n : scratchBits[0]! - 1n;
+  if ((scratchLow[0]! & 1) === 0) {
+    // Step one double ulp toward the exact value (the ulp is 2^-52 in [1, 2), 2^-53 below 2).
+    const up = err > 0;
+    scratch[0] = s === 2 && !up ? s - 2 ** -53 : up ? s + (s === 2 ? 2 ** -51 : 2 ** -52) : s - 2 ** -52;
+  }
   return Math.fround(scratch[0]);
 }
 

@@ -46,7 +46,7 @@ describe("Pillow BICUBIC resize, byte for byte", () => {
       const smooth = (h + w) % 2 === 0;
       for (let i = 0; i < px.length; i++) px[i] = smooth ? (i * 7 + ((i / (w * 3)) | 0) * 3) & 0xff : Math.floor(r() * 256);
       const want = await oracleMedia(oracle, "pil_resize", { pixels: { dtype: "uint8", shape: [h, w, 3], data: px }, width: ow, height: oh });
-      const got = resizeBicubic(px, w, h, 3, ow, oh);
+      const got = resizeBicubic(px, w, h, ow, oh);
       const d = compareRaw(`${h}x${w} -> ${oh}x${ow}`, { dtype: "uint8", shape: [oh, ow, 3], data: got }, want.resized as NpyRecord);
       if (!d.equal) failures.push(formatDiff(d));
     }
