@@ -65,6 +65,18 @@ function isDict(v: unknown): v is Dict {
   return typeof v === "object" && v !== null && !Array.isArray(v);
 }
 
+/** A JSON file holding an object; anything else is a ConfigError naming the file. */
+function readJsonObject(p: string): Dict {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(readFileSync(p, "utf8"));
+  } catch (e) {
+    throw new ConfigError(p, "(file)", `not valid JSON: ${(e as Error).message}`);
+  }
+  if (!isDict(parsed)) throw new ConfigError(p, "(file)", "must hold a JSON object");
+  return parsed;
+}
+
 /** Python truthiness of a JSON flag (bool or number). */
 function flag(d: Dict, key: string, dflt: boolean, file: string, where: string): boolean {
   const v = d[key];
@@ -139,15 +151,8 @@ export function loadProcessorConfig(dir: string): ProcessorConfig {
   for (const name of ["processor_config.json", "preprocessor_config.json"]) {
     const p = join(dir, name);
     if (!existsSync(p)) continue;
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(readFileSync(p, "utf8"));
-    } catch (e) {
-      throw new ConfigError(p, "(file)", `not valid JSON: ${(e as Error).message}`);
-    }
-    if (!isDict(parsed)) throw new ConfigError(p, "(file)", "must hold a JSON object");
     file = p;
-    cfg = parsed;
+    cfg = readJsonObject(p);
     break;
   }
   const f = file ?? join(dir, "processor_config.json");
@@ -357,13 +362,7 @@ function tokenString(v: unknown): string | undefined {
 export function mediaTokensFromTokenizerConfig(dir: string): MediaTokens {
   const p = join(dir, "tokenizer_config.json");
   if (!existsSync(p)) return { ...MISSING_TOKENS };
-  let cfg: unknown;
-  try {
-    cfg = JSON.parse(readFileSync(p, "utf8"));
-  } catch (e) {
-    throw new ConfigError(p, "(file)", `not valid JSON: ${(e as Error).message}`);
-  }
-  if (!isDict(cfg)) throw new ConfigError(p, "(file)", "must hold a JSON object");
+  const cfg = readJsonObject(p);
   const out: MediaTokens = { ...MISSING_TOKENS };
   const layers = [isDict(cfg.extra_special_tokens) ? cfg.extra_special_tokens : {}, cfg, isDict(cfg.model_specific_special_tokens) ? cfg.model_specific_special_tokens : {}];
   for (const layer of layers)
