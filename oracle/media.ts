@@ -7,7 +7,7 @@ import { join } from "node:path";
 import type { OracleClient } from "./client.ts";
 import { type NpyRecord, toNpy } from "./npy.ts";
 
-export type MediaFn = "decode_image" | "image" | "pil_resize" | "load_audio" | "audio" | "prepare" | "processor_info" | "rfft" | "tables";
+export type MediaFn = "decode_image" | "image" | "pil_resize" | "target_sizes" | "load_audio" | "audio" | "prepare" | "processor_info" | "rfft" | "tables";
 
 function isRef(v: unknown): v is { npy: string; dtype: string; shape: number[] } {
   return typeof v === "object" && v !== null && typeof (v as { npy?: unknown }).npy === "string";

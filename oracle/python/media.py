@@ -57,6 +57,20 @@ def pil_resize(pixels: np.ndarray, width: int, height: int) -> dict:
     return {"resized": np.ascontiguousarray(np.asarray(Image.fromarray(pixels).resize((width, height), resample=Image.BICUBIC)))}
 
 
+def target_sizes(cases: list) -> dict:
+    """`get_aspect_ratio_preserving_size(h, w, patch, max_soft_tokens * pool**2, pool)` for
+    each [h, w, patch, max_soft_tokens, pool], or the error it raises."""
+    from mlx_vlm.models.gemma4.processing_gemma4 import get_aspect_ratio_preserving_size
+
+    out = []
+    for h, w, patch, mst, pool in cases:
+        try:
+            out.append(list(get_aspect_ratio_preserving_size(h, w, patch, mst * pool**2, pool)))
+        except ValueError as e:
+            out.append(str(e))
+    return {"sizes": out}
+
+
 def load_audio(path: str, sr: int = 16000) -> dict:
     """`mlx_vlm.utils.load_audio(path, sr)`: the float32 mono waveform."""
     from mlx_vlm.utils import load_audio as _load
@@ -133,4 +147,4 @@ def tables() -> dict:
     return {"window": np.ascontiguousarray(fe.window), "mel_filters": np.ascontiguousarray(fe.mel_filters)}
 
 
-FUNCTIONS = {f.__name__: f for f in (decode_image, image, pil_resize, load_audio, audio, prepare, processor_info, rfft, tables)}
+FUNCTIONS = {f.__name__: f for f in (decode_image, image, pil_resize, target_sizes, load_audio, audio, prepare, processor_info, rfft, tables)}

@@ -21,6 +21,7 @@ import { featureExtractorConfig, Gemma4AudioFeatureExtractor } from "../../model
 import {
   expandPrompt,
   GEMMA4_MEDIA_TOKENS,
+  Gemma4ImageProcessor,
   Gemma4Processor,
   loadProcessorConfig,
   mediaTokensFromTokenizerConfig,
@@ -79,6 +80,33 @@ describe("configuration read as mlx-vlm reads it", () => {
       });
       expect(mediaTokensFromTokenizerConfig(d.dir)).toEqual(info.tokens);
     });
+});
+
+describe("target size = get_aspect_ratio_preserving_size", () => {
+  it("2000 sizes, budgets, patch and pooling sizes (extreme aspect ratios included)", async () => {
+    let seed = 11;
+    const rnd = () => (seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0) / 2 ** 32;
+    const cases: number[][] = [];
+    for (let i = 0; i < 2000; i++) {
+      const side = () => Math.max(1, Math.round(Math.exp(rnd() * Math.log(i % 10 === 0 ? 200000 : 8000))));
+      const mst = [70, 140, 280, 560, 1120, 1, 7, 64][i % 8]!;
+      cases.push([side(), side(), [16, 14, 8][i % 3]!, mst, [3, 2, 1][(i >> 2) % 3]!]);
+    }
+    const want = (await oracleMedia(oracle, "target_sizes", { cases })).sizes as (number[] | string)[];
+    const bad: string[] = [];
+    cases.forEach(([h, w, patch, mst, pool], i) => {
+      const proc = new Gemma4ImageProcessor({ patch_size: patch, max_soft_tokens: mst, pooling_kernel_size: pool });
+      let got: number[] | string;
+      try {
+        got = proc.targetSize(h!, w!);
+      } catch (e) {
+        got = (e as Error).message;
+      }
+      const ok = typeof want[i] === "string" ? typeof got === "string" : JSON.stringify(got) === JSON.stringify(want[i]);
+      if (!ok) bad.push(`${h}x${w} patch ${patch} mst ${mst} pool ${pool}: ${JSON.stringify(got)} vs ${JSON.stringify(want[i])}`);
+    });
+    expect(bad).toEqual([]);
+  });
 });
 
 /** The TS side of prepare_inputs with the checkpoint's tokenizer (as the faces tokenize). */
