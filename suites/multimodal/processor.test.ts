@@ -9,7 +9,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { Tokenizer } from "@huggingface/tokenizers";
 import { sharedOracle } from "../../oracle/client.ts";
-import { oracleMedia } from "../../oracle/media.ts";
+import { type MediaFn, oracleMedia } from "../../oracle/media.ts";
 import type { NpyRecord } from "../../oracle/npy.ts";
 import { compareRaw, formatDiff } from "../../oracle/tensor_diff.ts";
 import { MediaError } from "../../model/media/errors.ts";
@@ -180,6 +180,10 @@ describe("bad input: one typed error each", () => {
     expect(imageSize(big.file)).toEqual(expect.objectContaining({ width: 320, height: 240 }));
     await expect(loadImage(big.file, { maxPixels: 320 * 240 - 1 })).rejects.toMatchObject({ problem: "too_large" });
     await expect(loadImage(big.file, { maxPixels: 320 * 240 })).resolves.toMatchObject({ width: 320, height: 240 });
+  });
+
+  it("an unknown media function is the oracle's LookupError, not a hang", async () => {
+    await expect(oracleMedia(oracle, "no_such_fn" as MediaFn)).rejects.toThrow(/LookupError: unknown media function/);
   });
 
   it("a missing file", async () => {
