@@ -14,6 +14,9 @@ export interface RgbImage {
   width: number;
   height: number;
   data: Uint8Array;
+  /** Set when the decoded pixels are known to differ from Pillow's (only 4:4:0 JPEGs; see
+   * jpeg.ts): a report that compares against mlx-vlm should show it. */
+  note?: string;
 }
 
 /** Pillow's `Image.MAX_IMAGE_PIXELS`: above twice this, `Image.open` raises
@@ -62,7 +65,7 @@ export async function decodeImage(b: Uint8Array, name: string, opts: LoadImageOp
   else if (isJpeg(b)) d = await decodeJpeg(b, name, maxPixels);
   else throw new MediaError(name, "unsupported_format", `unsupported image format (${sniff(b)}); PNG and JPEG are supported`);
   const t = exifTranspose(d.rgb, d.width, d.height, orientationOf(d.meta, name));
-  return { width: t.width, height: t.height, data: t.rgb };
+  return { width: t.width, height: t.height, data: t.rgb, ...(d.note ? { note: d.note } : {}) };
 }
 
 /** `mlx_vlm.utils.load_image(path)` for a PNG or JPEG file: RGB pixels, EXIF-oriented. */

@@ -34,6 +34,8 @@ export interface JpegHeader {
   height: number;
   components: number;
   precision: number;
+  /** Per component: horizontal and vertical sampling factors. */
+  sampling: [number, number][];
   meta: ImageMeta;
 }
 
@@ -70,8 +72,10 @@ export function readJpegHeader(b: Uint8Array, file: string): JpegHeader {
     const seg = b.subarray(pos + 2, pos + len);
     pos += len;
     if (SOF_MARKERS.has(code) && frame === undefined) {
-      if (seg.length < 6) throw new MediaError(file, "corrupt", "JPEG frame header is too short");
-      frame = { sof: code, precision: seg[0]!, height: (seg[1]! << 8) | seg[2]!, width: (seg[3]! << 8) | seg[4]!, components: seg[5]! };
+      if (seg.length < 6 || seg.length < 6 + 3 * seg[5]!) throw new MediaError(file, "corrupt", "JPEG frame header is too short");
+      const sampling: [number, number][] = [];
+      for (let c = 0; c < seg[5]!; c++) sampling.push([seg[7 + 3 * c]! >> 4, seg[7 + 3 * c]! & 15]);
+      frame = { sof: code, precision: seg[0]!, height: (seg[1]! << 8) | seg[2]!, width: (seg[3]! << 8) | seg[4]!, components: seg[5]!, sampling };
     } else if (code === 0xe1 && startsWith(seg, EXIF_PREFIX)) {
       // Pillow: the first Exif segment whole, later ones without their "Exif\0\0".
       meta.exif = meta.exif === undefined ? seg.slice() : concat(meta.exif, seg.subarray(6));
@@ -130,5 +134,13 @@ export async function decodeJpeg(b: Uint8Array, file: string, maxPixels: number)
     rgb[3 * i + 1] = img.data[4 * i + 1]!;
     rgb[3 * i + 2] = img.data[4 * i + 2]!;
   }
-  return { width: img.width, height: img.height, rgb, meta: h.meta };
+  return { width: img.width, height: img.height, rgb, meta: h.meta, note: inexactNote(h) };
+}
+
+/** The one measured case where these pixels are not Pillow's: a component upsampled 1x2. */
+function inexactNote(h: JpegHeader): string | undefined {
+  const maxH = Math.max(...h.sampling.map(([x]) => x));
+  const maxV = Math.max(...h.sampling.map(([, y]) => y));
+  if (!h.sampling.some(([x, y]) => x > 0 && y > 0 && maxH / x === 1 && maxV / y === 2)) return undefined;
+  return "4:4:0 (1x2) chroma subsampling: decoded pixels may differ from Pillow's by up to 2 levels (measured)";
 }

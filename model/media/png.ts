@@ -138,6 +138,8 @@ export interface DecodedRgb {
   /** Row-major RGB, 3 bytes per pixel. */
   rgb: Uint8Array;
   meta: ImageMeta;
+  /** Set when the pixels are known to differ from Pillow's (what, and by how much). */
+  note?: string;
 }
 
 /** Decode a PNG into Pillow's `convert("RGB")` pixels. */
