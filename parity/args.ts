@@ -53,3 +53,17 @@ export function helpText(usage: string, summary: string, specs: readonly FlagSpe
   const w = Math.max(...rows.map(([l]) => l.length)) + 2;
   return [`Usage: ${usage}`, "", summary, "", "Options:", ...rows.map(([l, r]) => l.padEnd(w) + r), footer].join("\n").trimEnd() + "\n";
 }
+
+/**
+ * Runs a command's main(argv) and exits with its code; an error prints one line (a stack trace
+ * with --verbose) and exits 2 for a UsageError, 1 otherwise.
+ */
+export function runMain(main: (argv: string[]) => Promise<number>, message: (err: Error) => string = (err) => `error: ${err.message}\n`): void {
+  const verbose = process.argv.includes("--verbose");
+  const fail = (e: unknown): never => {
+    if (verbose) console.error(e);
+    else process.stderr.write(message(e as Error));
+    process.exit(e instanceof UsageError ? 2 : 1);
+  };
+  main(process.argv.slice(2)).then((code) => process.exit(code), fail);
+}

@@ -1,18 +1,17 @@
 // `npm run generate -- --model <dir> --prompt "..."`: streams text from the TS model alone and
 // ends with mlx_lm.generate's statistics (prompt and generation tok/s, peak memory).
-import { resolve } from "node:path";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { type GenerateModel, generate } from "../model/generate.ts";
 import { loadGenerationModel, mediaGenerationModel } from "../model/runtime.ts";
-import { type FlagSpec, helpText, type Parsed, parseArgs, UsageError } from "./args.ts";
-import { checkpointTowers, MEDIA_FLAGS, mediaRequest, type PreparedMedia, prepareMedia, wantsMedia } from "./media.ts";
-import { OracleClient } from "../oracle/client.ts";
+import { type FlagSpec, helpText, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
+import { checkpointTowers, MEDIA_FLAGS, mediaRequest, prepareMedia, wantsMedia } from "./media.ts";
 import { disposeMediaInputs, MediaError } from "../model/gemma4/gemma4.ts";
 import { loadMultimodalModel } from "../model/gemma4/index.ts";
 import { applyDeviceFlag, DEVICE_FLAG } from "./device.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
+import { checkSpeculativeFlags, faceLoadPromptCache, modelDirOf, SPECULATIVE_FLAGS, speculativeFaceStream } from "./speculative_face.ts";
 
 const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (required)" },
@@ -28,6 +27,7 @@ const FLAGS: FlagSpec[] = [
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "prefill chunk size", default: 2048 },
   ...MEDIA_FLAGS,
   DEVICE_FLAG,
+  ...SPECULATIVE_FLAGS,
   { name: "verbose", kind: "bool", help: "stack traces on errors" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -57,18 +57,13 @@ function eosIds(dir: string, info: Record<string, unknown>): number[] {
 }
 
 /**
- * --image / --audio: mlx-vlm's processor (through the oracle, until the TS processor lands) gives
- * the expanded prompt and the media arrays; the multimodal model runs alone from there.
+ * --image / --audio: the TS Gemma4Processor (mlx-vlm's, ported) gives the expanded prompt and the
+ * media arrays; the multimodal model runs from there.
  */
 async function mediaModel(dir: string, a: Parsed): Promise<{ ids: number[]; generate: GenerateModel; chunked: boolean }> {
+  for (const f of ["draft-model", "prompt-cache-file"]) if (a[f] !== undefined) throw new UsageError(`--${f} does not apply to --image / --audio runs`);
   const req = await mediaRequest(dir, a);
-  const oracle = await OracleClient.start({});
-  let prepared: PreparedMedia;
-  try {
-    prepared = await prepareMedia(oracle, dir, req, checkpointTowers(dir));
-  } finally {
-    await oracle.close();
-  }
+  const prepared = await prepareMedia(dir, req, checkpointTowers(dir));
   try {
     const { model } = loadMultimodalModel(dir);
     const run = mediaGenerationModel(model, prepared);
@@ -87,15 +82,15 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(
       helpText(
         "npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [--image a.png] [--audio b.wav] [options]",
-        "Generates text with the TypeScript Gemma 4 model (mlx-lm's generate_step; with media, mlx-vlm's; the media are preprocessed by mlx-vlm's processor through the oracle).",
+        "Generates text with the TypeScript Gemma 4 model (mlx-lm's generate_step; with media, mlx-vlm's, after the TS port of its Gemma4Processor).",
         FLAGS,
       ),
     );
     return 0;
   }
-  if (a.model === undefined) throw new UsageError("--model <dir> is required (see --help)");
+  checkSpeculativeFlags(a);
   const dev = applyDeviceFlag(a.device);
-  const dir = resolve(String(a.model));
+  const dir = modelDirOf(a);
   const info = inspectCheckpoint(dir);
   const maxTokens = Number(a["max-tokens"]);
   if (maxTokens < 1) throw new UsageError("--max-tokens must be at least 1");
@@ -106,7 +101,9 @@ async function main(argv: string[]): Promise<number> {
   checkPromptLength(prompt, maxTokens, info);
 
   const tokenizer = typeof a.prompt === "string" ? await loadTokenizer(dir) : null;
-  const model = media ? media.generate : loadGenerationModel(dir).model;
+  const loaded = media ? null : loadGenerationModel(dir);
+  const model = media ? media.generate : loaded!.model;
+  const promptCache = typeof a["prompt-cache-file"] === "string" ? faceLoadPromptCache(a["prompt-cache-file"], dir, loaded!.loaded) : undefined;
   const rootCfg = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
   const eos = eosIds(dir, { ...info.text, ...rootCfg });
 
@@ -122,9 +119,11 @@ async function main(argv: string[]): Promise<number> {
     eosTokenIds: eos,
     samplerOptions: { temp, topP: Number(a["top-p"]), topK: Number(a["top-k"]), minP: Number(a["min-p"]) },
     seed: typeof a.seed === "number" ? a.seed : undefined,
+    promptCache,
   };
+  const face = loaded ? speculativeFaceStream(a, dir, loaded.loaded, model, prompt, opts) : null;
   process.stdout.write("==========\n");
-  for await (const t of generate(model, prompt, { ...opts, chunkedPrefill: media?.chunked ?? true })) {
+  for await (const t of face ? face.tokens : generate(model, prompt, { ...opts, chunkedPrefill: media?.chunked ?? true })) {
     if (t.n === 0) {
       promptTps = prompt.length / ((performance.now() - tic) / 1000);
       tic = performance.now();
@@ -143,18 +142,13 @@ async function main(argv: string[]): Promise<number> {
   process.stdout.write("\n==========\n");
   process.stdout.write(`Prompt: ${prompt.length} tokens, ${promptTps.toFixed(3)} tokens-per-sec\n`);
   process.stdout.write(`Generation: ${n + 1} tokens, ${genTps.toFixed(3)} tokens-per-sec\n`);
+  const stats = face?.stats();
+  if (stats) process.stdout.write(`${stats}\n`);
   process.stdout.write(`Peak memory: ${(mx.getPeakMemory() / 1e9).toFixed(3)} GB\n`);
   process.stdout.write(`Device: ${dev.device} (${dev.backend} backend${dev.gpu ? `, ${dev.gpu}` : ""})\n`);
+  face?.dispose();
+  for (const c of promptCache ?? []) c.dispose();
   return 0;
 }
 
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`error: ${err.message}\n`);
-    process.exit(err instanceof UsageError ? 2 : 1);
-  },
-);
+runMain(main);

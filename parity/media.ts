@@ -1,8 +1,8 @@
 // Media inputs of the parity and generate commands (--image, --audio): the files, where their
 // placeholders go in the prompt, and the checkpoint's towers. Every problem is one UsageError
 // (exit code 2). The processor's work (decoding, resize, rescale, log-mel features, the
-// placeholder runs) is mlx-vlm's Gemma4Processor, run by the oracle (`mm_prepare` / the
-// capture), so that both sides see the same pixel values and features.
+// soft-token counts) is the TS port of mlx-vlm's Gemma4Processor (model/gemma4/processing_gemma4.ts,
+// byte-identical to mlx-vlm's; the parity face's oracle side runs mlx-vlm's own from the same files).
 
 import { accessSync, closeSync, constants, existsSync, openSync, readFileSync, readSync, readdirSync, statSync } from "node:fs";
 import { join, resolve } from "node:path";
@@ -10,7 +10,9 @@ import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { ConfigError, type MultimodalConfig, multimodalConfigFromDict } from "../model/gemma4/config.ts";
 import { checkMediaInputs, disposeMediaInputs, type MediaInputs, MediaError } from "../model/gemma4/gemma4.ts";
-import type { NpyRef, OracleClient } from "../oracle/client.ts";
+import { type ImageKwargs, Gemma4Processor } from "../model/gemma4/processing_gemma4.ts";
+import { MediaError as MediaFileError } from "../model/media/errors.ts";
+import { type HostArray, hostBytes } from "../model/media/host.ts";
 import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
 import { parseTokenList, tokenizePrompt } from "./inputs.ts";
 
@@ -22,7 +24,7 @@ export const MEDIA_FLAGS: FlagSpec[] = [
     help: "with --model: image file(s), comma-separated; each goes where the prompt says 'image' (--tokens) or <|image|> (--prompt), else before the prompt",
   },
   { name: "audio", kind: "string", valueName: "a.wav[,b.wav]", help: "with --model: audio file(s), comma-separated; placeholders as for --image ('audio', <|audio|>)" },
-  { name: "max-soft-tokens", kind: "int", valueName: "N", help: "with --image: image soft tokens (Gemma4ImageProcessor's max_soft_tokens)", default: 280 },
+  { name: "max-soft-tokens", kind: "int", valueName: "N", help: "with --image: image soft tokens (Gemma4ImageProcessor's max_soft_tokens; default: the checkpoint's processor config, else 280)" },
 ];
 
 export interface MediaFile {
@@ -109,7 +111,7 @@ function safetensorsKeys(file: string): string[] {
 /**
  * The prompt with media placeholders: --tokens may hold the words 'image' / 'audio' (one per
  * file, in order); in a --prompt, each <|image|> / <|audio|> token is one. Without any, the
- * images and then the audio clips go first (after a leading BOS). The oracle expands each into
+ * images and then the audio clips go first (after a leading BOS). prepareMedia expands each into
  * boi + image_token * n + eoi (boa + audio_token * n + eoa), n from the processor.
  */
 export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest> {
@@ -119,10 +121,10 @@ export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest
   if (images.length && !towers.vision) throw new UsageError(`--image given, but ${dir} has no vision tower (${towers.config.vision === null ? "vision_config is null" : "no vision_tower weights"})`);
   if (audios.length && !towers.audio) throw new UsageError(`--audio given, but ${dir} has no audio tower (${towers.config.audio === null ? "audio_config is null" : "no audio_tower weights"})`);
   const { config } = towers;
-  const soft = Number(a["max-soft-tokens"] ?? 280);
-  if (!Number.isInteger(soft) || soft < 1) throw new UsageError("--max-soft-tokens must be a positive integer");
+  const soft = a["max-soft-tokens"] === undefined ? undefined : Number(a["max-soft-tokens"]);
+  if (soft !== undefined && (!Number.isInteger(soft) || soft < 1)) throw new UsageError("--max-soft-tokens must be a positive integer");
   const media: Record<string, MediaFile> = {};
-  images.forEach((path, k) => (media[`image:${k}`] = { kind: "image", path, max_soft_tokens: soft }));
+  images.forEach((path, k) => (media[`image:${k}`] = soft === undefined ? { kind: "image", path } : { kind: "image", path, max_soft_tokens: soft }));
   audios.forEach((path, k) => (media[`audio:${k}`] = { kind: "audio", path }));
   let items: (number | string)[];
   let ni = 0;
@@ -155,30 +157,57 @@ export interface PreparedMedia {
 }
 
 /**
- * mlx-vlm's processor outputs for the request (the oracle's mm_prepare), checked against the
- * model's rules before anything runs (a placeholder count that does not match is a UsageError).
+ * The processor's outputs for the request: the checkpoint's Gemma4Processor (processor_config.json
+ * / preprocessor_config.json, else mlx-vlm's defaults) on the files, the prompt's placeholders
+ * expanded with the config's boundary and soft-token ids, all checked against the model's rules
+ * before anything runs. Every problem (a bad file, a placeholder count that does not match) is
+ * a UsageError.
  */
-export async function prepareMedia(oracle: OracleClient, checkpoint: string, req: MediaRequest, towers: { vision: boolean; audio: boolean }): Promise<PreparedMedia> {
-  type Arr = NpyRef & { shape: number[] };
-  let r: { input_ids: number[]; pixel_values?: Arr | Arr[]; input_features?: Arr; input_features_mask?: Arr };
+export async function prepareMedia(dir: string, req: MediaRequest, towers: { vision: boolean; audio: boolean }): Promise<PreparedMedia> {
+  let proc: Gemma4Processor;
   try {
-    r = await oracle.request("mm_prepare", { checkpoint, scenario: { id: "media-cli", kind: "generate", prompt: req.prompt, media: req.media } });
+    proc = Gemma4Processor.fromPretrained(dir);
   } catch (e) {
-    throw new UsageError(`reading the media failed: ${(e as Error).message.split("\n")[0]}`);
+    if (e instanceof ConfigError) throw new UsageError(e.message);
+    throw e;
   }
-  const arr = (x: Arr): MlxArray => {
-    const rec = oracle.readArray(x);
-    return mx.fromBytes(rec.data, rec.shape, rec.dtype as mx.Dtype);
-  };
-  const pv = r.pixel_values === undefined ? null : Array.isArray(r.pixel_values) ? r.pixel_values.map(arr) : arr(r.pixel_values);
-  const media: MediaInputs = { pixel_values: pv, input_features: r.input_features ? arr(r.input_features) : null, input_features_mask: r.input_features_mask ? arr(r.input_features_mask) : null };
+  const names = req.prompt.filter((x): x is string => typeof x === "string");
+  const of = (kind: "image" | "audio") => names.filter((n) => req.media[n]!.kind === kind);
+  const [imageNames, audioNames] = [of("image"), of("audio")];
+  const soft = imageNames.map((n) => req.media[n]!.max_soft_tokens).find((x) => x !== undefined);
+  const kw: ImageKwargs = soft === undefined ? {} : { max_soft_tokens: soft };
+  let counts: Map<string, number>;
+  let host: { pixel_values?: HostArray | HostArray[]; input_features?: HostArray; input_features_mask?: HostArray };
   try {
-    checkMediaInputs(req.config, towers, r.input_ids, media);
+    const img = imageNames.length ? await proc.processImages(imageNames.map((n) => req.media[n]!.path), kw) : undefined;
+    const aud = audioNames.length ? proc.processAudio(audioNames.map((n) => req.media[n]!.path)) : undefined;
+    counts = new Map([...imageNames.map((n, k) => [n, img!.num_soft_tokens_per_image[k]!] as const), ...audioNames.map((n, k) => [n, aud!.num_audio_tokens[k]!] as const)]);
+    host = { pixel_values: img?.pixel_values, input_features: aud?.input_features, input_features_mask: aud?.input_features_mask };
+  } catch (e) {
+    if (e instanceof MediaFileError || e instanceof ConfigError) throw new UsageError(e.message);
+    throw e;
+  }
+  const c = req.config;
+  const ids = req.prompt.flatMap((x) => {
+    if (typeof x === "number") return [x];
+    const n = counts.get(x)!;
+    return req.media[x]!.kind === "image"
+      ? [c.boi_token_id, ...Array<number>(n).fill(c.image_token_id), c.eoi_token_id]
+      : [c.boa_token_id, ...Array<number>(n).fill(c.audio_token_id), c.eoa_token_id];
+  });
+  const arr = (h: HostArray): MlxArray => mx.fromBytes(hostBytes(h), h.shape, h.dtype);
+  const pv = host.pixel_values === undefined ? null : Array.isArray(host.pixel_values) ? host.pixel_values.map(arr) : arr(host.pixel_values);
+  const media: MediaInputs = {
+    pixel_values: pv,
+    input_features: host.input_features ? arr(host.input_features) : null,
+    input_features_mask: host.input_features_mask ? arr(host.input_features_mask) : null,
+  };
+  try {
+    checkMediaInputs(req.config, towers, ids, media);
   } catch (e) {
     disposeMediaInputs(media);
     if (e instanceof MediaError) throw new UsageError(e.message);
     throw e;
   }
-  return { ids: r.input_ids, media };
+  return { ids, media };
 }
-

@@ -143,6 +143,13 @@ const symbols = {
   mlxb_conv2d: { args: [ptr, ptr, i32, i32, i32, i32, i32, i32, i32], returns: ptr },
   mlxb_conv_general: { args: [ptr, ptr, ptr, i32, ptr, i32, ptr, i32, ptr, i32, ptr, i32, i32, i32], returns: ptr },
   mlxb_einsum: { args: [ptr, ptr, i32], returns: ptr },
+  // autodiff (autodiff.ts): one JS trampoline, closures released through a queue
+  mlxb_set_trampoline: { args: [FFIType.function], returns: i32 },
+  mlxb_next_released: { args: [], returns: f64 },
+  mlxb_vjp: { args: [f64, ptr, i32, ptr, i32], returns: ptr },
+  mlxb_jvp: { args: [f64, ptr, i32, ptr, i32], returns: ptr },
+  mlxb_value_and_grad: { args: [f64, ptr, i32, ptr, i32], returns: ptr },
+  mlxb_checkpoint: { args: [f64, ptr, i32], returns: ptr },
 } as const;
 
 type Arg = number | ArrayBufferView | null;

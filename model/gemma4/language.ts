@@ -176,7 +176,7 @@ export class LanguageModel extends Module {
       return stack.use(mx.squeeze(sl, 2));
     });
     const keep = logits_to_keep ? Math.trunc(logits_to_keep) : 0;
-    const hl = stack.use(m.runLayers(h, masks, caches, perLayer, taps, { keep, before: this.first_kv_shared_layer_idx }));
+    const hl = stack.use(m.runLayers(h, masks, caches, perLayer, taps, { trim: { keep, before: this.first_kv_shared_layer_idx } }));
     let out = stack.use(m.norm.call(hl));
     if (taps) taps("norm", out);
     if (keep) {

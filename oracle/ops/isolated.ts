@@ -8,6 +8,10 @@ import { REPO_ROOT } from "../client.ts";
 import type { OpCase } from "./cases.ts";
 import type { CaseResult } from "./runner.ts";
 
+
+/** The case table a worker looks ids up in: the op table, or vjp_runner.ts's gradient cases. */
+export type CaseTable = "ops" | "vjp";
+
 export interface IsolatedRun {
   results: CaseResult[];
   /** Cases after which a worker could no longer run a trivial op, in order. */
@@ -26,7 +30,7 @@ interface WorkerEnd {
 
 export const WORKER_SCRIPT = join(REPO_ROOT, "oracle", "ops", "worker.ts");
 
-function runWorker(script: string, ids: string[], onResult: (r: CaseResult) => void): Promise<WorkerEnd> {
+function runWorker(script: string, ids: string[], table: CaseTable, onResult: (r: CaseResult) => void): Promise<WorkerEnd> {
   return new Promise((resolve) => {
     const child = spawn(process.execPath, [script], { cwd: REPO_ROOT, stdio: ["pipe", "pipe", "pipe"], env: process.env });
     const end: WorkerEnd = { results: [], done: false, stderr: "", code: null };
@@ -65,18 +69,20 @@ function runWorker(script: string, ids: string[], onResult: (r: CaseResult) => v
       end.code = code;
       resolve(end);
     });
-    child.stdin.end(JSON.stringify({ ids }));
+    child.stdin.end(JSON.stringify({ ids, table }));
   });
 }
 
 /**
  * Runs the cases in worker processes, restarting after a case that poisons one. Every case gets
  * exactly one result: a worker that dies without naming a culprit fails the case it was on.
+ * `table`: where the worker finds the cases by id (the op table, or vjp_runner.ts's gradient cases).
  */
 export async function runCasesIsolated(
   cases: readonly Pick<OpCase, "id" | "op">[],
   onResult: (r: CaseResult, done: number) => void = () => {},
   script = WORKER_SCRIPT,
+  table: CaseTable = "ops",
 ): Promise<IsolatedRun> {
   const order = new Map(cases.map((c, i) => [c.id, i]));
   const results: CaseResult[] = new Array(cases.length);
@@ -86,7 +92,7 @@ export async function runCasesIsolated(
   let next = 0; // index of the first case without a result
   while (next < cases.length) {
     workers++;
-    const end = await runWorker(script, cases.slice(next).map((c) => c.id), (r) => onResult(r, ++done));
+    const end = await runWorker(script, cases.slice(next).map((c) => c.id), table, (r) => onResult(r, ++done));
     for (const r of end.results) results[order.get(r.id)!] = r;
     if (end.poisoned) {
       const i = order.get(end.poisoned.id)!;

@@ -6,10 +6,13 @@
 //   {"result": CaseResult}          one per case, in case order
 //   {"poisoned": {"id", "ts", "py"}} the case after which a probe failed (ts/py: that side's error or null)
 //   {"done": true}
+// stdin may name the table: {"ids", "table": "vjp"} runs the gradient cases of vjp_runner.ts.
 import * as mx from "@mlx-bun/mlx";
 import { OracleClient } from "../client.ts";
 import { CASES } from "./cases.ts";
+import type { CaseTable } from "./isolated.ts";
 import { type CaseResult, runCases } from "./runner.ts";
+import { vjpCases } from "./vjp_runner.ts";
 
 const say = (o: unknown) => process.stdout.write(`${JSON.stringify(o)}\n`);
 
@@ -38,8 +41,8 @@ async function probe(oracle: OracleClient): Promise<{ ts: string | null; py: str
 
 async function main(): Promise<void> {
   mx.applyDeviceEnv();
-  const { ids } = JSON.parse(await Bun.stdin.text()) as { ids: string[] };
-  const byId = new Map(CASES.map((c) => [c.id, c]));
+  const { ids, table = "ops" } = JSON.parse(await Bun.stdin.text()) as { ids: string[]; table?: CaseTable };
+  const byId = new Map((table === "vjp" ? vjpCases() : CASES).map((c) => [c.id, c]));
   let todo = ids.map((id) => {
     const c = byId.get(id);
     if (!c) throw new Error(`unknown op case ${id}`);

@@ -85,42 +85,91 @@ def pattern_image(seed: int, height: int, width: int) -> np.ndarray:
     return (v >> np.uint64(24)).astype(np.uint8)
 
 
-def build_media(spec: dict) -> dict:
+def file_processor(model_dir: str | Path | None) -> SimpleNamespace:
+    """The image processor, feature extractor and audio token counts that mlx-vlm's
+    `load_processor(model_dir)` builds (`Gemma4Processor.from_pretrained`, which reads
+    processor_config.json / preprocessor_config.json). A checkpoint without a tokenizer (the
+    fixtures) runs the same from_pretrained body with the tokenizer stubbed out, so that the
+    config files are still read by mlx-vlm's own code; no directory at all: the defaults."""
+    from mlx_vlm.models.gemma4 import processing_gemma4 as pg
+
+    if model_dir is not None:
+        try:
+            import media
+
+            p = media.processor(str(model_dir))
+            return SimpleNamespace(image=p.image_processor, audio=p.feature_extractor,
+                                   ms=p.audio_ms_per_token, seq=p.audio_seq_length)
+        except Exception:  # noqa: BLE001 - no tokenizer: the body below, tokenizer-free
+            pass
+    import transformers
+
+    got: dict[str, Any] = {}
+
+    class Capture:
+        def __init__(self, **kw):
+            got.update(kw)
+
+    saved = (transformers.AutoTokenizer.from_pretrained, pg.load_chat_template)
+    transformers.AutoTokenizer.from_pretrained = lambda *a, **k: SimpleNamespace()
+    pg.load_chat_template = lambda *a, **k: None
+    try:
+        pg.Gemma4Processor.from_pretrained.__func__(Capture, str(model_dir) if model_dir is not None else "/nonexistent")
+    finally:
+        transformers.AutoTokenizer.from_pretrained, pg.load_chat_template = saved
+    return SimpleNamespace(image=got["image_processor"], audio=got["feature_extractor"],
+                           ms=got["audio_ms_per_token"], seq=got["audio_seq_length"])
+
+
+def build_media(spec: dict, proc: SimpleNamespace | None = None) -> dict:
     """One image or audio clip, through mlx-vlm's own processor classes: a fixture spec (seeded
-    pattern image, seeded tone), or a file (`path`: mlx_vlm.utils.load_image / load_audio)."""
+    pattern image, seeded tone; default processor settings), or a file (`path`:
+    mlx_vlm.utils.load_image / load_audio, then the checkpoint's processor `proc`). Audio gives
+    the waveform; build_inputs runs the feature extractor over all clips at once, as
+    Gemma4Processor does."""
     from mlx_vlm.models.gemma4.audio_feature_extractor import Gemma4AudioFeatureExtractor
     from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4ImageProcessor, Gemma4Processor
     from mlx_vlm.utils import load_audio, load_image
 
     if spec["kind"] == "image":
-        img = load_image(spec["path"]) if "path" in spec else pattern_image(spec["seed"], spec["height"], spec["width"])
-        data, n = Gemma4ImageProcessor()(img, max_soft_tokens=spec.get("max_soft_tokens", 280))
+        if "path" in spec:
+            img, ip = load_image(spec["path"]), (proc.image if proc else Gemma4ImageProcessor())
+        else:
+            img, ip = pattern_image(spec["seed"], spec["height"], spec["width"]), Gemma4ImageProcessor()
+        kw = {"max_soft_tokens": spec["max_soft_tokens"]} if spec.get("max_soft_tokens") is not None else {}
+        data, n = ip(img, **kw)
         return {"kind": "image", "pixels": data["pixel_values"][0], "n": int(n[0])}
     if spec["kind"] == "audio":
         if "path" in spec:
-            wave = load_audio(spec["path"], sr=SAMPLE_RATE)
+            fe = proc.audio if proc else Gemma4AudioFeatureExtractor()
+            wave = load_audio(spec["path"], sr=fe.sampling_rate)
+            counts = SimpleNamespace(audio_ms_per_token=proc.ms, audio_seq_length=proc.seq) if proc else \
+                SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750)
         else:
+            fe = Gemma4AudioFeatureExtractor()
             rng = np.random.default_rng(spec["seed"])
             t = np.arange(int(round(spec["seconds"] * SAMPLE_RATE)))
             wave = (0.4 * np.sin(2 * np.pi * 330.0 * t / SAMPLE_RATE) + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
-        fe = Gemma4AudioFeatureExtractor()([wave])
-        n = Gemma4Processor._compute_audio_num_tokens(SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750),
-                                                      wave, SAMPLE_RATE)
-        return {"kind": "audio", "features": np.asarray(fe["input_features"][0], np.float32),
-                "mask": np.asarray(fe["input_features_mask"][0], bool), "n": int(n)}
+            counts = SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750)
+        n = Gemma4Processor._compute_audio_num_tokens(counts, wave, fe.sampling_rate)
+        return {"kind": "audio", "wave": wave, "extractor": fe, "n": int(n)}
     raise ValueError(f"unknown media kind {spec['kind']!r}")
 
 
-def build_inputs(scn: dict, config: dict) -> dict:
-    """input_ids, mm_token_type_ids and the processor outputs of a scenario prompt, as mx arrays."""
+def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None) -> dict:
+    """input_ids, mm_token_type_ids and the processor outputs of a scenario prompt, as mx arrays.
+    Media files (`path`) go through the processor of `model_dir` (mlx-vlm's load_processor)."""
     media_specs = {**load_mm_scenarios()["media"], **scn.get("media", {})}
+    proc = None
+    if any("path" in media_specs[i] for i in scn["prompt"] if isinstance(i, str)):
+        proc = file_processor(model_dir)
     ids: list[int] = []
     images, audios = [], []
     for item in scn["prompt"]:
         if isinstance(item, int):
             ids.append(item)
             continue
-        m = build_media(media_specs[item])
+        m = build_media(media_specs[item], proc)
         if m["kind"] == "image":
             images.append(m["pixels"])
             ids += [config["boi_token_id"]] + [config["image_token_id"]] * m["n"] + [config["eoi_token_id"]]
@@ -138,8 +187,10 @@ def build_inputs(scn: dict, config: dict) -> dict:
         else:
             out["pixel_values"] = [mx.array(im) for im in images]
     if audios:
-        out["input_features"] = mx.array(np.stack([a["features"] for a in audios]))
-        out["input_features_mask"] = mx.array(np.stack([a["mask"] for a in audios]))
+        fe = audios[0]["extractor"]
+        feats = fe([a["wave"] for a in audios])
+        out["input_features"] = mx.array(np.asarray(feats["input_features"], np.float32))
+        out["input_features_mask"] = mx.array(np.asarray(feats["input_features_mask"], bool))
     return out
 
 
@@ -486,12 +537,14 @@ def logits_only(call: cap.Call, short: str) -> bool:
 
 
 def mm_capture(model, scn: dict, mode: str = "full",
-               spill: Callable[[np.ndarray, str], dict] | None = None) -> tuple[list[cap.Call], dict]:
-    """Run one multimodal scenario under the recorder; the verified calls and scenario meta."""
+               spill: Callable[[np.ndarray, str], dict] | None = None,
+               model_dir: str | Path | None = None) -> tuple[list[cap.Call], dict]:
+    """Run one multimodal scenario under the recorder; the verified calls and scenario meta
+    (media files go through the processor of `model_dir`)."""
     v = _vlm()
     cfg = {k: getattr(model.config, k) for k in ("image_token_id", "audio_token_id", "boi_token_id", "eoi_token_id",
                                                  "boa_token_id", "eoa_token_id")}
-    inputs = build_inputs(scn, cfg)
+    inputs = build_inputs(scn, cfg, model_dir)
     keep = (lambda c, n: True) if mode == "full" else logits_only
     rec = MMRecorder(model, keep, spill, kind=scn["kind"])
     meta: dict[str, Any] = {"scenario": scn["id"], "kind": scn["kind"], "mode": mode}
@@ -523,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("scenario", help="scenario id from fixtures/mm_scenarios.json")
     ap.add_argument("--mode", choices=("full", "logits"), default="full")
     args = ap.parse_args(argv)
-    calls, meta = mm_capture(load_mm(args.checkpoint), mm_scenario(args.scenario), args.mode)
+    calls, meta = mm_capture(load_mm(args.checkpoint), mm_scenario(args.scenario), args.mode, model_dir=args.checkpoint)
     for c in calls:
         print(f"{c.prefix or 'forward':10s} {c.kind:8s} L={c.length:3d} taps={len(c.taps)}")
     if "generated" in meta:

@@ -11,7 +11,7 @@ import { generateStep } from "../../model/generate.ts";
 import type { MediaInputs, MultimodalModel } from "../../model/gemma4/index.ts";
 import { disposeMediaInputs } from "../../model/gemma4/gemma4.ts";
 import { mediaGenerationModel, mmTokenTypes, stepTaps } from "../../model/runtime.ts";
-import { goldenBudget } from "../gemma4/run.ts";
+import { goldenRuleHere } from "../gemma4/run.ts";
 import { fixtureImages, type MmScenario, scenarioImages } from "../../oracle/mm_fixtures.ts";
 import { fromOracle, TapCollector, type TapData, type UlpBudget } from "../gemma4/tap_compare.ts";
 
@@ -37,7 +37,8 @@ export function mmReference(ckpt: string, scn: string, { exact = false, live = f
   if (!p) {
     p = (async () => {
       const gid = `${ckpt}/${scn}`;
-      if (!live && manifest?.entries[gid] && !(exact && (await goldenBudget()) !== undefined)) {
+      const rule = await goldenRuleHere();
+      if (!live && manifest?.entries[gid] && rule && (rule.mode === "exact" || (rule.mode === "budget" && !exact))) {
         const g = loadGolden(gid);
         if (g.scenario.mode === "full" && g.scenario.calls) {
           return {
@@ -45,7 +46,7 @@ export function mmReference(ckpt: string, scn: string, { exact = false, live = f
             taps: g.taps.map((t) => fromOracle({ ...t, kind: t.kind ?? "array", array: g.arrays.get(t.name) })),
             generated: (g.scenario.meta as { generated?: number[] } | undefined)?.generated,
             source: "golden",
-            budget: await goldenBudget(),
+            ...(rule.mode === "budget" ? { budget: rule.budget } : {}),
           } satisfies MmReference;
         }
       }
