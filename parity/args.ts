@@ -65,5 +65,9 @@ export function runMain(main: (argv: string[]) => Promise<number>, message: (err
     else process.stderr.write(message(e as Error));
     process.exit(e instanceof UsageError ? 2 : 1);
   };
-  main(process.argv.slice(2)).then((code) => process.exit(code), fail);
+  // Keeps the event loop alive until main settles: bun exits (code 0, silently) when only a
+  // promise that holds no handle is pending, as the WebAssembly instantiation of the JPEG
+  // decoder (model/media/jpeg.ts) is.
+  const alive = setInterval(() => {}, 1 << 30);
+  main(process.argv.slice(2)).then((code) => process.exit(code), fail).finally(() => clearInterval(alive));
 }

@@ -43,7 +43,7 @@ export interface RunSpec {
    */
   media?: {
     scenario: string | Record<string, unknown>;
-    /** The processor's outputs when known before the capture (mm_prepare; images of different sizes are not in the capture); else read from it. */
+    /** The processor's outputs when known before the capture (the TS processor on the face's files); else read from the capture. */
     prepared?: MediaPrompt;
   };
 }

@@ -111,7 +111,7 @@ def file_processor(model_dir: str | Path | None) -> SimpleNamespace:
             got.update(kw)
 
     saved = (transformers.AutoTokenizer.from_pretrained, pg.load_chat_template)
-    transformers.AutoTokenizer.from_pretrained = lambda *a, **k: SimpleNamespace()
+    transformers.AutoTokenizer.from_pretrained = lambda *a, **k: SimpleNamespace(chat_template=None)
     pg.load_chat_template = lambda *a, **k: None
     try:
         pg.Gemma4Processor.from_pretrained.__func__(Capture, str(model_dir) if model_dir is not None else "/nonexistent")
