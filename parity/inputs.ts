@@ -50,7 +50,11 @@ export function parseTokenList(s: string): number[] {
 }
 
 /** Tokenizes a prompt with the checkpoint's tokenizer.json, optionally through its chat template. */
-export async function tokenizePrompt(dir: string, prompt: string, chat: boolean): Promise<number[]> {
+/**
+ * `media` (with `chat`): the user turn as mlx-vlm's prompt_utils builds it for gemma4
+ * (LIST_WITH_IMAGE_TYPE_TEXT): one {type: image} per image, the text, one {type: audio} per clip.
+ */
+export async function tokenizePrompt(dir: string, prompt: string, chat: boolean, media?: { images: number; audio: number }): Promise<number[]> {
   const tokPath = join(dir, "tokenizer.json");
   if (!existsSync(tokPath)) throw new UsageError(`--prompt needs ${tokPath}, which is missing (use --tokens 1,2,3 to pass token ids instead)`);
   const cfgPath = join(dir, "tokenizer_config.json");
@@ -65,7 +69,14 @@ export async function tokenizePrompt(dir: string, prompt: string, chat: boolean)
     if (template === null) throw new UsageError(`--chat needs a chat template (chat_template.jinja or tokenizer_config.json's chat_template) in ${dir}`);
     const { Template } = await import("@huggingface/jinja");
     text = new Template(template).render({
-      messages: [{ role: "user", content: prompt }],
+      messages: [
+        {
+          role: "user",
+          content: media
+            ? [...Array.from({ length: media.images }, () => ({ type: "image" })), { type: "text", text: prompt }, ...Array.from({ length: media.audio }, () => ({ type: "audio" }))]
+            : prompt,
+        },
+      ],
       add_generation_prompt: true,
       bos_token: tokCfg.bos_token ?? "<bos>",
       eos_token: tokCfg.eos_token ?? "<eos>",

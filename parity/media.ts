@@ -21,7 +21,7 @@ export const MEDIA_FLAGS: FlagSpec[] = [
     name: "image",
     kind: "string",
     valueName: "a.png[,b.jpg]",
-    help: "with --model: image file(s), comma-separated; each goes where the prompt says 'image' (--tokens) or <|image|> (--prompt), else before the prompt",
+    help: "with --model: image file(s), comma-separated; each goes where the prompt says 'image' (--tokens) or <|image|> (--prompt), else where --chat's template puts images (before the text), else before the prompt",
   },
   { name: "audio", kind: "string", valueName: "a.wav[,b.wav]", help: "with --model: audio file(s), comma-separated; placeholders as for --image ('audio', <|audio|>)" },
   { name: "max-soft-tokens", kind: "int", valueName: "N", help: "with --image: image soft tokens (Gemma4ImageProcessor's max_soft_tokens; default: the checkpoint's processor config, else 280)" },
@@ -110,8 +110,9 @@ function safetensorsKeys(file: string): string[] {
 
 /**
  * The prompt with media placeholders: --tokens may hold the words 'image' / 'audio' (one per
- * file, in order); in a --prompt, each <|image|> / <|audio|> token is one. Without any, the
- * images and then the audio clips go first (after a leading BOS). prepareMedia expands each into
+ * file, in order); in a --prompt, each <|image|> / <|audio|> token is one. Without any, with
+ * --chat, the chat template places them as mlx-vlm does (images before the text, audio after);
+ * otherwise the images and then the audio clips go first (after a leading BOS). prepareMedia expands each into
  * boi + image_token * n + eoi (boa + audio_token * n + eoa), n from the processor.
  */
 export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest> {
@@ -136,7 +137,11 @@ export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest
       .filter((t) => t.length > 0)
       .map((t) => (t === "image" ? `image:${ni++}` : t === "audio" ? `audio:${na++}` : parseTokenList(t)[0]!));
   } else if (typeof a.prompt === "string") {
-    items = (await tokenizePrompt(dir, a.prompt, a.chat === true)).map((t) => (t === config.image_token_id ? `image:${ni++}` : t === config.audio_token_id ? `audio:${na++}` : t));
+    const mark = (ids: number[]) => ids.map((t) => (t === config.image_token_id ? `image:${ni++}` : t === config.audio_token_id ? `audio:${na++}` : t));
+    items = mark(await tokenizePrompt(dir, a.prompt, a.chat === true));
+    // --chat without placeholders: the user turn mlx-vlm's apply_chat_template builds (images,
+    // the text, audio), as the chat template renders it
+    if (ni === 0 && na === 0 && a.chat === true) items = mark(await tokenizePrompt(dir, a.prompt, true, { images: images.length, audio: audios.length }));
   } else {
     throw new UsageError('give a prompt: --prompt "text" or --tokens 1,2,3 (with the words image / audio where the media go)');
   }
