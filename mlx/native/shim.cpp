@@ -964,6 +964,16 @@ int mlxb_compiled_free(Compiled* c) {
   })
 }
 
+// ---------------------------------------------------------------- reliability (issue 15)
+
+// Byte length of a loaded tensor or metadata key: a key with an embedded NUL byte would otherwise
+// be read back cut short (and could collide with another key). -1 for a bad index.
+int mlxb_loaded_key_length(const Loaded* l, int which, int i) {
+  if (!l) return -1;
+  if (which == 0) return i >= 0 && i < static_cast<int>(l->arrays.size()) ? static_cast<int>(l->arrays[i].first.size()) : -1;
+  return i >= 0 && i < static_cast<int>(l->meta.size()) ? static_cast<int>(l->meta[i].first.size()) : -1;
+}
+
 // ---------------------------------------------------------------- benchmark support
 
 // The bench/ffi.ts chain built natively (the floor both bindings pay: MLX's own graph

@@ -15,17 +15,29 @@ export function loadSafetensors(path: string): Safetensors {
   if (!existsSync(path)) throw new MlxError("load_safetensors", `no such file: ${path}`);
   if (!statSync(path).isFile()) throw new MlxError("load_safetensors", `not a file: ${path}`);
   const l = checkPtr(lib.mlxb_load_safetensors(cstr(path)), "load_safetensors");
+  const arrays = new Map<string, MlxArray>();
   try {
-    const arrays = new Map<string, MlxArray>();
     const n = checkStatus(lib.mlxb_loaded_count(l, 0), "load_safetensors");
-    for (let i = 0; i < n; i++) arrays.set(cstring(lib.mlxb_loaded_key(l, 0, i)), own(lib.mlxb_loaded_array(l, i), "load_safetensors"));
+    for (let i = 0; i < n; i++) arrays.set(loadedKey(l, 0, i, path), own(lib.mlxb_loaded_array(l, i), "load_safetensors"));
     const metadata: Record<string, string> = {};
     const m = checkStatus(lib.mlxb_loaded_count(l, 1), "load_safetensors");
-    for (let i = 0; i < m; i++) metadata[cstring(lib.mlxb_loaded_key(l, 1, i))] = cstring(lib.mlxb_loaded_meta_value(l, i));
+    for (let i = 0; i < m; i++) metadata[loadedKey(l, 1, i, path)] = cstring(lib.mlxb_loaded_meta_value(l, i));
     return { arrays, metadata };
+  } catch (e) {
+    for (const a of arrays.values()) a.dispose();
+    throw e;
   } finally {
     lib.mlxb_loaded_free(l);
   }
+}
+
+/** Key i of a loaded file; a key with a NUL byte is refused (it would read back cut short). */
+function loadedKey(l: number, which: 0 | 1, i: number, path: string): string {
+  const key = cstring(lib.mlxb_loaded_key(l, which, i));
+  if (Buffer.byteLength(key, "utf8") !== lib.mlxb_loaded_key_length(l, which, i)) {
+    throw new MlxError("load_safetensors", `${path}: ${which === 0 ? "tensor" : "metadata"} name ${JSON.stringify(key)}… contains a NUL byte`);
+  }
+  return key;
 }
 
 function joined(strings: readonly string[]): Buffer {

@@ -137,6 +137,8 @@ const symbols = {
   mlxb_array_id: { args: [ptr], returns: f64 },
   mlxb_graph_nodes: { args: [ptr], returns: ptr },
   mlxb_graph_replay: { args: [ptr, ptr, ptr, i32], returns: ptr },
+  // reliability (issue 15)
+  mlxb_loaded_key_length: { args: [ptr, i32, i32], returns: i32 },
 } as const;
 
 type Arg = number | ArrayBufferView | null;

@@ -1042,10 +1042,10 @@ export class Model extends Module {
     return logits;
   }
 
-  /** Releases the weights and the compiled decode closures that hold them. */
+  /** Releases the weights, the private arrays (RoPE frequencies) and the compiled decode closures. */
   dispose(): void {
     this.model.disposeCompiled();
-    for (const p of this.parameters().values()) p.dispose();
+    this.disposeArrays();
   }
 
   /** Model.sanitize: drops / renames checkpoint keys, in Python's rule order. */

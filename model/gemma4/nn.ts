@@ -77,6 +77,17 @@ export abstract class Module {
     else owner[key] = m;
   }
 
+  /** Frees every array of this module tree: the parameters and the private ones (`_freqs`, caches). */
+  disposeArrays(seen = new Set<Module>()): void {
+    if (seen.has(this)) return;
+    seen.add(this);
+    for (const v of Object.values(this)) {
+      if (v instanceof mx.MlxArray) v.dispose();
+      else if (v instanceof Module) v.disposeArrays(seen);
+      else if (Array.isArray(v)) for (const m of v) if (m instanceof Module) m.disposeArrays(seen);
+    }
+  }
+
   /** Sets one parameter (load_weights); the previous placeholder is released. */
   setParameter(path: string, value: MlxArray): void {
     const [owner, key] = this.locate(path);

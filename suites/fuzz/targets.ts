@@ -1,0 +1,100 @@
+// The table of fuzz targets: every input the project accepts from outside. Adding a command's
+// flags is one entry in COMMANDS (inputs/cli.ts); a new input format is one entry here.
+import { symlinkSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import fc from "fast-check";
+import * as mx from "@mlx-bun/mlx";
+import { MlxError } from "@mlx-bun/mlx";
+import { checkCheckpoint, ConfigError, loadModel, WeightsError } from "../../model/gemma4/index.ts";
+import { REPO_ROOT } from "../../oracle/client.ts";
+import { arbConfig, type ConfigSpec, configText } from "./inputs/config.ts";
+import { arbSafetensors, baseOfFile, SMALL_BASE, type StSpec, stBytes } from "./inputs/safetensors.ts";
+import { expectError, type FuzzContext, type FuzzTarget, target } from "./target.ts";
+
+export const FIXTURE = join(REPO_ROOT, ".cache", "checkpoints", "c1_dense", "f32");
+export const WRAP_FIXTURE = join(REPO_ROOT, ".cache", "checkpoints", "c6_sink", "wrap_f32");
+
+/** Evaluates (and frees) what a call returned, unless it is too big to materialise safely. */
+export function consume(out: unknown): void {
+  const arrays = out instanceof mx.MlxArray ? [out] : Array.isArray(out) ? out.filter((a): a is mx.MlxArray => a instanceof mx.MlxArray) : [];
+  try {
+    const small = arrays.filter((a) => a.nbytes <= 64 << 20);
+    if (small.length) mx.evaluate(small);
+  } finally {
+    for (const a of arrays) a.dispose();
+  }
+}
+
+/** A checkpoint directory: a config and a safetensors file, each the fixture's or a fuzzed one. */
+export interface CheckpointSpec {
+  fixture: string;
+  config?: ConfigSpec;
+  safetensors?: StSpec;
+}
+
+export function writeCheckpoint(s: CheckpointSpec, dir: string): void {
+  if (s.config) writeFileSync(join(dir, "config.json"), configText(s.config));
+  else symlinkSync(join(s.fixture, "config.json"), join(dir, "config.json"));
+  if (s.safetensors) writeFileSync(join(dir, "model.safetensors"), stBytes(s.safetensors));
+  else symlinkSync(join(s.fixture, "model.safetensors"), join(dir, "model.safetensors"));
+}
+
+const LOAD_ERRORS = [ConfigError, WeightsError];
+
+/**
+ * A fuzzed checkpoint through the pre-flight check (what the parity command runs before it
+ * starts an oracle) and the loader with weights read, then one forward of 3 tokens: the
+ * pre-flight check must refuse every checkpoint the loader refuses, with the same clear error.
+ */
+function runCheckpoint(s: CheckpointSpec, ctx: FuzzContext): void {
+  writeCheckpoint(s, ctx.scratch);
+  let preflight: unknown = null;
+  try {
+    checkCheckpoint(ctx.scratch);
+  } catch (e) {
+    preflight = e;
+  }
+  let loaded;
+  try {
+    loaded = loadModel(ctx.scratch);
+  } catch (e) {
+    if (preflight === null) throw new Error(`the pre-flight check accepted a checkpoint the loader refuses: ${(e as Error).message}`);
+    throw e;
+  }
+  try {
+    if (preflight !== null) throw new Error(`the pre-flight check refused a checkpoint the loader accepts: ${(preflight as Error).message}`);
+    using x = mx.array([2, 7, 1], [1, 3], "int32");
+    consume(loaded.model.call(x));
+  } finally {
+    loaded.model.dispose();
+  }
+}
+
+export const TARGETS: FuzzTarget[] = [
+  target<StSpec>({
+    name: "safetensors/binding",
+    sample: 120,
+    arbitrary: () => arbSafetensors(SMALL_BASE),
+    run: (s, ctx) => {
+      const file = join(ctx.scratch, "x.safetensors");
+      writeFileSync(file, stBytes(s));
+      const { arrays } = mx.loadSafetensors(file);
+      consume([...arrays.values()]);
+    },
+    judge: expectError([MlxError]),
+  }),
+  target<CheckpointSpec>({
+    name: "checkpoint/safetensors",
+    sample: 80,
+    arbitrary: () => arbSafetensors(baseOfFile(join(FIXTURE, "model.safetensors"))).map((safetensors) => ({ fixture: FIXTURE, safetensors })),
+    run: runCheckpoint,
+    judge: expectError(LOAD_ERRORS, (_i, ctx) => [ctx.scratch]),
+  }),
+  target<CheckpointSpec>({
+    name: "checkpoint/config",
+    sample: 100,
+    arbitrary: () => fc.oneof(arbConfig(join(FIXTURE, "config.json")).map((config) => ({ fixture: FIXTURE, config })), arbConfig(join(WRAP_FIXTURE, "config.json")).map((config) => ({ fixture: WRAP_FIXTURE, config }))),
+    run: runCheckpoint,
+    judge: expectError(LOAD_ERRORS, (_i, ctx) => [ctx.scratch]),
+  }),
+];
