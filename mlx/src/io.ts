@@ -1,5 +1,6 @@
 // Safetensors load/save (mx.load / mx.save_safetensors), with metadata.
-import { existsSync, statSync } from "node:fs";
+import { existsSync, renameSync, rmSync, statSync } from "node:fs";
+import { basename, dirname, join } from "node:path";
 import { handles, MlxArray, own } from "./array.ts";
 import { checkPtr, checkStatus, MlxError } from "./errors.ts";
 import { cstr, cstring, lib } from "./native.ts";
@@ -45,8 +46,28 @@ function joined(strings: readonly string[]): Buffer {
   return Buffer.from(strings.map((s) => `${s}\0`).join("") || "\0", "utf8");
 }
 
-/** Saves arrays (and string metadata) to a .safetensors file. */
+let tmpSeq = 0;
+
+/**
+ * Saves arrays (and string metadata) to a .safetensors file, named as MLX names it (".safetensors"
+ * appended when missing). Written to a temporary name beside it, then renamed, so a save that
+ * fails part-way (MLX writes the header before it meets, say, a float64 array) leaves no file.
+ */
 export function saveSafetensors(path: string, arrays: Map<string, MlxArray> | Record<string, MlxArray>, metadata: Record<string, string> = {}): void {
+  if (path.includes("\0")) throw new MlxError("save_safetensors", `the path contains a NUL byte: ${JSON.stringify(path)}`);
+  const final = path.endsWith(".safetensors") ? path : `${path}.safetensors`;
+  const tmp = join(dirname(final), `.${basename(final)}.${process.pid}.${tmpSeq++}.tmp.safetensors`);
+  try {
+    writeSafetensors(tmp, arrays, metadata);
+    renameSync(tmp, final);
+  } catch (e) {
+    rmSync(tmp, { force: true });
+    if (e instanceof MlxError) throw e;
+    throw new MlxError("save_safetensors", `${final}: ${(e as Error).message}`);
+  }
+}
+
+function writeSafetensors(path: string, arrays: Map<string, MlxArray> | Record<string, MlxArray>, metadata: Record<string, string>): void {
   const entries = arrays instanceof Map ? [...arrays.entries()] : Object.entries(arrays);
   const keys = joined(entries.map(([k]) => k));
   const hs = handles(entries.map(([, v]) => v));

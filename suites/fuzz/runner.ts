@@ -8,7 +8,7 @@ import { rmSync } from "node:fs";
 import { join } from "node:path";
 import fc from "fast-check";
 import { seedFor } from "../properties/harness.ts";
-import { type FuzzTarget, MARK } from "./target.ts";
+import { encodeInput, type FuzzTarget, MARK } from "./target.ts";
 
 export type Verdict = "ok" | "clear" | "unclear" | "leak" | "abort" | "hang";
 
@@ -112,7 +112,7 @@ class Worker {
         this.waiting = null;
         resolve(r);
       };
-      this.proc.stdin!.write(`${JSON.stringify({ id, target, input })}\n`);
+      this.proc.stdin!.write(`${encodeInput({ id, target, input })}\n`);
     });
   }
 

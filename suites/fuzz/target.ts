@@ -6,6 +6,13 @@ import type fc from "fast-check";
 /** Prefix of the worker's protocol lines on stdout (anything else printed there is ignored). */
 export const MARK = "\x01FUZZ ";
 
+// Inputs cross to the worker as JSON, which has no NaN or infinities: they travel tagged.
+const TAG = "$fuzz_number";
+export const encodeInput = (v: unknown): string =>
+  JSON.stringify(v, (_k, x: unknown) => (typeof x === "number" && !Number.isFinite(x) ? { [TAG]: String(x) } : x));
+export const decodeInput = (s: string): unknown =>
+  JSON.parse(s, (_k, x: unknown) => (x !== null && typeof x === "object" && TAG in x ? Number((x as Record<string, string>)[TAG]) : x));
+
 /** Per-input context in the worker process: a fresh scratch directory and the fixture paths. */
 export interface FuzzContext {
   /** Empty directory for this input (removed afterwards). */

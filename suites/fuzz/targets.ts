@@ -8,6 +8,7 @@ import { MlxError } from "@mlx-bun/mlx";
 import { checkCheckpoint, ConfigError, loadModel, WeightsError } from "../../model/gemma4/index.ts";
 import { REPO_ROOT } from "../../oracle/client.ts";
 import { arbConfig, type ConfigSpec, configText } from "./inputs/config.ts";
+import { arbOpCall, callOp, type OpCall } from "./inputs/ops.ts";
 import { arbSafetensors, baseOfFile, SMALL_BASE, type StSpec, stBytes } from "./inputs/safetensors.ts";
 import { expectError, type FuzzContext, type FuzzTarget, target } from "./target.ts";
 
@@ -71,6 +72,13 @@ function runCheckpoint(s: CheckpointSpec, ctx: FuzzContext): void {
 }
 
 export const TARGETS: FuzzTarget[] = [
+  target<OpCall>({
+    name: "ops/binding",
+    sample: 250,
+    arbitrary: arbOpCall,
+    run: (c, ctx) => callOp(c, ctx.scratch),
+    judge: expectError([MlxError]),
+  }),
   target<StSpec>({
     name: "safetensors/binding",
     sample: 120,

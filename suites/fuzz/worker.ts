@@ -11,7 +11,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { REPO_ROOT } from "../../oracle/client.ts";
-import { type FuzzContext, MARK } from "./target.ts";
+import { decodeInput, type FuzzContext, MARK } from "./target.ts";
 import { TARGETS } from "./targets.ts";
 
 const byName = new Map(TARGETS.map((t) => [t.name, t]));
@@ -57,7 +57,7 @@ process.stdin.on("data", (chunk: Buffer) => {
     const line = buf.slice(0, nl);
     buf = buf.slice(nl + 1);
     if (!line.trim()) continue;
-    const msg = JSON.parse(line) as { id: number; target: string; input: unknown };
+    const msg = decodeInput(line) as { id: number; target: string; input: unknown };
     chain = chain.then(() => one(msg.id, msg.target, msg.input));
   }
 });
