@@ -19,7 +19,7 @@ import type { KVCacheLike } from "../model/cache/index.ts";
 const ROOT = join(import.meta.dir, "..");
 const PY = join(ROOT, ".venv", "bin", "python");
 
-const FLAGS: FlagSpec[] = [
+export const FLAGS: FlagSpec[] = [
   { name: "quick", kind: "bool", help: "smoke mode: tiny fixtures only, 2 pairs, short prompts (< 3 minutes)" },
   { name: "pairs", kind: "int", help: "measured TS/mlx-lm pairs per row (after one warm-up each)", default: 5 },
   { name: "only", kind: "string", valueName: "names", help: "comma-separated workload names (tiny-dense,tiny-e2b,tiny-moe,e2b,moe)" },
@@ -245,12 +245,10 @@ function timeCommand(cmd: string, args: string[]): number {
   return (performance.now() - t0) / 1000;
 }
 
-async function main(): Promise<void> {
-  const a = parseArgs(process.argv.slice(2), FLAGS);
-  if (a.help) {
-    process.stdout.write(helpText("npm run bench -- [options]", "Benchmarks the TS Gemma 4 model against mlx-lm, alternating the two sides in one run.", FLAGS));
-    return;
-  }
+/** Every flag check, before any checkpoint is built or process started (null for --help). */
+export function benchPlan(argv: readonly string[]) {
+  const a = parseArgs(argv, FLAGS);
+  if (a.help) return null;
   const quick = a.quick === true;
   const pairs = quick ? 2 : Number(a.pairs);
   if (!quick && pairs < 5) throw new UsageError("--pairs must be at least 5 (use --quick for a smoke run)");
@@ -258,6 +256,7 @@ async function main(): Promise<void> {
   if (bigPrompts.some((n) => !Number.isInteger(n) || n < 2)) throw new UsageError("--big-prompts needs comma-separated prompt lengths >= 2");
   const bigDtype = String(a["big-dtype"]);
   if (bigDtype !== "bfloat16" && bigDtype !== "float32") throw new UsageError("--big-dtype must be bfloat16 or float32");
+  for (const k of ["e2b-layers", "moe-layers"] as const) if (Number(a[k]) < 1) throw new UsageError(`--${k} must be at least 1`);
   let wl = workloads({ quick, e2bLayers: Number(a["e2b-layers"]), moeLayers: Number(a["moe-layers"]), bigPrompts, bigDtype });
   if (a["no-workloads"]) {
     if (!a["suite-cost"]) throw new UsageError("--no-workloads needs --suite-cost");
@@ -268,6 +267,16 @@ async function main(): Promise<void> {
     wl = wl.filter((w) => names.has(w.name));
     if (wl.length === 0) throw new UsageError(`--only matched no workload`);
   }
+  return { a, quick, pairs, wl };
+}
+
+async function main(): Promise<void> {
+  const plan = benchPlan(process.argv.slice(2));
+  if (plan === null) {
+    process.stdout.write(helpText("npm run bench -- [options]", "Benchmarks the TS Gemma 4 model against mlx-lm, alternating the two sides in one run.", FLAGS));
+    return;
+  }
+  const { a, quick, pairs, wl } = plan;
   const rows: Row[] = [];
   const notes: Note[] = [];
   const done: MeasuredWorkload[] = [];
@@ -382,7 +391,9 @@ function writeResults(quick: boolean, done: MeasuredWorkload[], rows: Row[], not
   return md;
 }
 
-main().catch((e) => {
-  console.error(e instanceof UsageError ? `error: ${e.message}` : e);
-  process.exit(e instanceof UsageError ? 2 : 1);
-});
+if (import.meta.main) {
+  main().catch((e) => {
+    console.error(e instanceof UsageError ? `error: ${e.message}` : e);
+    process.exit(e instanceof UsageError ? 2 : 1);
+  });
+}

@@ -159,7 +159,8 @@ export class OracleClient {
   }
 
   private spawn(): Promise<void> {
-    const python = this.opts.python ?? DEFAULT_PYTHON;
+    // ORACLE_PYTHON: another interpreter for every oracle process (default: the repo's .venv).
+    const python = this.opts.python ?? (process.env.ORACLE_PYTHON || DEFAULT_PYTHON);
     const script = this.opts.script ?? SERVER_SCRIPT;
     if (!existsSync(python)) {
       return Promise.reject(new OracleError(`python interpreter not found: ${python} (run npm run setup)`));

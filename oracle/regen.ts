@@ -10,6 +10,7 @@ import { dirname, join } from "node:path";
 import { OracleClient, REPO_ROOT } from "./client.ts";
 import { GOLDEN_DIR, type GoldenEntry, type Manifest, readManifest, sha256 } from "./golden.ts";
 import { diffGoldens } from "./golden_diff.ts";
+import { type FlagSpec, helpText, parseArgs, UsageError } from "../parity/args.ts";
 
 const PLAN_PATH = join(REPO_ROOT, "oracle", "golden_plan.json");
 const TAPS_PATH = join(REPO_ROOT, "oracle", "taps.json");
@@ -89,32 +90,30 @@ export function groupUnits(items: PlanItem[]): Unit[] {
   return units;
 }
 
-function parseArgs(argv: string[]): { only: string[]; dryRun: boolean } {
-  const only: string[] = [];
-  let dryRun = false;
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i] as string;
-    if (a === "--only") {
-      const g = argv[++i];
-      if (!g) throw new Error("--only needs a glob, e.g. --only 'c1_dense/*' or --only '*/fwd_L13'");
-      only.push(g);
-    } else if (a.startsWith("--only=")) only.push(a.slice(7));
-    else if (a === "--dry-run") dryRun = true;
-    else if (a === "--help" || a === "-h") {
-      console.log(`usage: npm run golden:regen [-- --only <glob> ...] [-- --dry-run]
+export const FLAGS: FlagSpec[] = [
+  {
+    name: "only",
+    kind: "string",
+    multiple: true,
+    valueName: "glob",
+    help: "regenerate only entries whose id <fixture>/<variant>/<scenario> matches ('*' spans '/': 'c1_dense/*', '*/fwd_L13', 'c5_moe/q4g32/gen_*'); repeatable. A checkpoint's logits-only scenarios share one file, which is regenerated as a whole; the other files are carried over from the current golden/ unchanged",
+  },
+  { name: "dry-run", kind: "bool", help: "print the plan and exit" },
+  { name: "help", kind: "bool", help: "show this help" },
+];
 
-  --only GLOB   regenerate only entries whose id <fixture>/<variant>/<scenario> matches
-                ('*' spans '/': 'c1_dense/*', '*/fwd_L13', 'c5_moe/q4g32/gen_*'); a checkpoint's
-                logits-only scenarios share one file, which is regenerated as a whole; the other
-                files are carried over from the current golden/ unchanged
-  --dry-run     print the plan and exit
+const FOOTER = `
 Plan: oracle/golden_plan.json. Output: golden/manifest.json; full dumps as
 golden/<fixture>/<variant>/<scenario>.npz + .json; logits-only scenarios of a checkpoint in
-golden/<fixture>/<variant>/logits.npz + .json.`);
-      process.exit(0);
-    } else throw new Error(`unknown argument ${a} (see --help)`);
-  }
-  return { only, dryRun };
+golden/<fixture>/<variant>/logits.npz + .json.`;
+
+/** The flags (null for --help); a bad flag is a UsageError (exit 2). */
+export function regenArgs(argv: readonly string[]): { only: string[]; dryRun: boolean } | null {
+  const a = parseArgs(argv, FLAGS);
+  if (a.help) return null;
+  const only = (a.only as string[] | undefined) ?? [];
+  if (only.some((g) => g.trim() === "")) throw new UsageError("--only needs a glob, e.g. --only 'c1_dense/*' or --only '*/fwd_L13'");
+  return { only, dryRun: a["dry-run"] === true };
 }
 
 class Progress {
@@ -175,7 +174,11 @@ function manifestText(m: Manifest): string {
 }
 
 async function main(): Promise<number> {
-  const args = parseArgs(process.argv.slice(2));
+  const args = regenArgs(process.argv.slice(2));
+  if (args === null) {
+    process.stdout.write(helpText("npm run golden:regen -- [options]", "Regenerates golden/ from the live oracle (atomic; prints a diff against the previous manifest).", FLAGS, FOOTER));
+    return 0;
+  }
   const t0 = Date.now();
   const planSpec = JSON.parse(readFileSync(PLAN_PATH, "utf8")) as Plan;
   removeStaleTemps();
@@ -193,7 +196,7 @@ async function main(): Promise<number> {
       for (const p of selected) console.log(`${p.mode.padEnd(6)} ${p.id}`);
       return 0;
     }
-    if (selected.length === 0) throw new Error(`--only ${args.only.join(" ")} matches no planned entry`);
+    if (selected.length === 0) throw new UsageError(`--only ${args.only.join(" ")} matches no planned entry`);
 
     const ckIds = [...new Set(selected.map((p) => p.checkpoint))];
     console.error(`checkpoints: ensuring ${ckIds.length} (built into .cache/checkpoints when missing or stale)`);
@@ -333,8 +336,8 @@ if (import.meta.main) {
   main().then(
     (rc) => process.exit(rc),
     (e: unknown) => {
-      console.error(`golden:regen failed: ${e instanceof Error ? e.message : String(e)}`);
-      process.exit(1);
+      console.error(e instanceof UsageError ? `error: ${e.message}` : `golden:regen failed: ${e instanceof Error ? e.message : String(e)}`);
+      process.exit(e instanceof UsageError ? 2 : 1);
     },
   );
 }

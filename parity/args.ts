@@ -1,8 +1,16 @@
 // Command-line parsing shared by `npm run parity` and `npm run generate`: every flag is
 // declared once with its help text; unknown flags and bad values are errors.
 
+import { ConfigError } from "../model/gemma4/config.ts";
+import { WeightsError } from "../model/gemma4/weights.ts";
+
 export class UsageError extends Error {
   override readonly name = "UsageError";
+}
+
+/** Bad usage or bad input (a checkpoint the loader refuses): the commands exit 2 for these. */
+export function isInputError(e: unknown): boolean {
+  return e instanceof UsageError || e instanceof ConfigError || e instanceof WeightsError;
 }
 
 export interface FlagSpec {
@@ -12,9 +20,11 @@ export interface FlagSpec {
   help: string;
   valueName?: string;
   default?: string | number | boolean;
+  /** "string" only: the flag may repeat; the value is the list of every occurrence. */
+  multiple?: boolean;
 }
 
-export type Parsed = Record<string, string | number | boolean | undefined>;
+export type Parsed = Record<string, string | number | boolean | string[] | undefined>;
 
 export function parseArgs(argv: readonly string[], specs: readonly FlagSpec[]): Parsed {
   const byName = new Map(specs.map((s) => [s.name, s]));
@@ -34,7 +44,8 @@ export function parseArgs(argv: readonly string[], specs: readonly FlagSpec[]): 
     }
     let value: string | undefined = eq >= 0 ? raw.slice(eq + 1) : argv[++i];
     if (value === undefined || (eq < 0 && value.startsWith("--"))) throw new UsageError(`--${name} needs a value (${spec.valueName ?? spec.kind})`);
-    if (spec.kind === "string") out[name] = value;
+    if (spec.kind === "string" && spec.multiple) out[name] = [...((out[name] as string[] | undefined) ?? []), value];
+    else if (spec.kind === "string") out[name] = value;
     else {
       const n = Number(value);
       if (!Number.isFinite(n) || (spec.kind === "int" && !Number.isInteger(n))) throw new UsageError(`--${name} needs ${spec.kind === "int" ? "an integer" : "a number"}, got '${value}'`);

@@ -9,7 +9,8 @@ import * as mx from "@mlx-bun/mlx";
 import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
 import { coverage, runCases } from "../oracle/ops/runner.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { checkCheckpoint } from "../model/gemma4/index.ts";
+import { type FlagSpec, helpText, isInputError, type Parsed, parseArgs, UsageError } from "./args.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
 import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
 import { renderHtml } from "./html.ts";
@@ -18,7 +19,7 @@ import { renderMarkdown } from "./markdown.ts";
 import { ProgressBar } from "./progress.ts";
 import { type OpLevelSummary, type ParityReport, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
 
-const FLAGS: FlagSpec[] = [
+export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (gemma4, gemma4_text or gemma4_unified; flat, wrapper or raw HF layout; quantized or not)" },
   { name: "prompt", kind: "string", valueName: "text", help: "with --model: prompt text, tokenized with the checkpoint's tokenizer.json" },
   { name: "chat", kind: "bool", help: "with --prompt: apply the checkpoint's chat template first" },
@@ -148,7 +149,13 @@ async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<Ru
   if (bad !== undefined) throw new UsageError(`token id ${bad} is outside the vocabulary (vocab_size ${vocab})`);
   checkPromptLength(prompt, steps, info);
   const oracleDir = a["oracle-model"] === undefined ? dir : resolve(String(a["oracle-model"]));
-  if (oracleDir !== dir) inspectCheckpoint(oracleDir);
+  // Everything the TS loader would refuse (config, shapes, files), without reading the weights:
+  // a bad checkpoint gets our error naming file and key, and no oracle process is started for it.
+  checkCheckpoint(dir);
+  if (oracleDir !== dir) {
+    inspectCheckpoint(oracleDir);
+    checkCheckpoint(oracleDir);
+  }
   return { tsDir: dir, oracleCheckpoint: oracleDir, model: basename(dir), variant: info.modelType, prompt, prefillStepSize: prefill, steps, budget, bisect: a.bisect === true };
 }
 
@@ -188,18 +195,28 @@ function printSummary(rep: ParityReport): void {
   process.stdout.write(`${lines.join("\n")}\n`);
 }
 
-async function main(argv: string[]): Promise<number> {
+/**
+ * Everything checked before the oracle starts (flags, checkpoint, prompt): bad input fails fast
+ * with a UsageError, ConfigError or WeightsError, and no Python process is started for it.
+ */
+export async function parityPlan(argv: readonly string[]): Promise<{ a: Parsed; budget: Budget; spec: RunSpec | null } | null> {
   const a = parseArgs(argv, FLAGS);
-  if (a.help) {
-    process.stdout.write(helpText("npm run parity -- [options]", "Compares the TypeScript Gemma 4 model with mlx-lm tap by tap, on the embedded fixtures or on a local checkpoint.", FLAGS, FOOTER));
-    return 0;
-  }
+  if (a.help) return null;
   for (const k of ["prompt", "chat", "tokens", "oracle-model"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
   if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
   if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
-  // Validate the checkpoint and prompt before starting the oracle, so bad input fails fast.
   const spec = a.model === undefined ? null : await modelSpec(a, budget);
+  return { a, budget, spec };
+}
+
+async function main(argv: string[]): Promise<number> {
+  const plan = await parityPlan(argv);
+  if (plan === null) {
+    process.stdout.write(helpText("npm run parity -- [options]", "Compares the TypeScript Gemma 4 model with mlx-lm tap by tap, on the embedded fixtures or on a local checkpoint.", FLAGS, FOOTER));
+    return 0;
+  }
+  const { a, budget, spec } = plan;
 
   // ORACLE_PYTHON: another interpreter for the oracle (default: the repo's .venv).
   const oracle = await OracleClient.start({ python: process.env.ORACLE_PYTHON || undefined, onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
@@ -225,13 +242,16 @@ async function main(argv: string[]): Promise<number> {
   return rep.ok ? 0 : 1;
 }
 
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${err instanceof UsageError ? "" : "(run with --verbose for details)\n"}`);
-    process.exit(err instanceof UsageError ? 2 : 1);
-  },
-);
+if (import.meta.main) {
+  const verbose = process.argv.includes("--verbose");
+  main(process.argv.slice(2)).then(
+    (code) => process.exit(code),
+    (e: unknown) => {
+      const err = e as Error;
+      const input = isInputError(err);
+      if (verbose) console.error(err);
+      else process.stderr.write(`\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${input ? "" : "(run with --verbose for details)\n"}`);
+      process.exit(input ? 2 : 1);
+    },
+  );
+}

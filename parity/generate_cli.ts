@@ -6,10 +6,11 @@ import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { generate } from "../model/generate.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { checkCheckpoint } from "../model/gemma4/index.ts";
+import { type FlagSpec, helpText, isInputError, type Parsed, parseArgs, UsageError } from "./args.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 
-const FLAGS: FlagSpec[] = [
+export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (required)" },
   { name: "prompt", kind: "string", valueName: "text", help: "prompt text, tokenized with the checkpoint's tokenizer.json" },
   { name: "chat", kind: "bool", help: "apply the checkpoint's chat template to --prompt" },
@@ -49,12 +50,10 @@ function eosIds(dir: string, info: Record<string, unknown>): number[] {
   return [...ids];
 }
 
-async function main(argv: string[]): Promise<number> {
-  const a = parseArgs(argv, FLAGS);
-  if (a.help) {
-    process.stdout.write(helpText("npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [options]", "Generates text with the TypeScript Gemma 4 model (mlx-lm's generate_step, no oracle).", FLAGS));
-    return 0;
-  }
+/** Everything checked before the model is loaded (flags, checkpoint without its weights, prompt). */
+export async function generatePlan(argv: readonly string[]) {
+  const a: Parsed = parseArgs(argv, FLAGS);
+  if (a.help) return null;
   if (a.model === undefined) throw new UsageError("--model <dir> is required (see --help)");
   const dir = resolve(String(a.model));
   const info = inspectCheckpoint(dir);
@@ -63,7 +62,25 @@ async function main(argv: string[]): Promise<number> {
   if (maxTokens < 1) throw new UsageError("--max-tokens must be at least 1");
   const temp = Number(a.temp);
   if (temp < 0) throw new UsageError("--temp must be >= 0");
+  for (const k of ["top-p", "min-p"] as const) if (Number(a[k]) < 0 || Number(a[k]) > 1) throw new UsageError(`--${k} must be between 0 and 1`);
+  if (Number(a["top-k"]) < 0) throw new UsageError("--top-k must be >= 0");
+  if (Number(a["prefill-step-size"]) < 1) throw new UsageError("--prefill-step-size must be at least 1");
+  if (a.seed !== undefined && (Number(a.seed) < 0 || !Number.isSafeInteger(Number(a.seed)))) throw new UsageError("--seed must be a non-negative integer");
+  const vocab = Number(info.text.vocab_size ?? 262144);
+  const bad = prompt.find((t) => t >= vocab);
+  if (bad !== undefined) throw new UsageError(`token id ${bad} is outside the vocabulary (vocab_size ${vocab})`);
   checkPromptLength(prompt, maxTokens, info);
+  checkCheckpoint(dir);
+  return { a, dir, info, prompt, maxTokens, temp };
+}
+
+async function main(argv: string[]): Promise<number> {
+  const plan = await generatePlan(argv);
+  if (plan === null) {
+    process.stdout.write(helpText("npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [options]", "Generates text with the TypeScript Gemma 4 model (mlx-lm's generate_step, no oracle).", FLAGS));
+    return 0;
+  }
+  const { a, dir, info, prompt, maxTokens, temp } = plan;
 
   const tokenizer = typeof a.prompt === "string" ? await loadTokenizer(dir) : null;
   const { model } = loadGenerationModel(dir);
@@ -107,13 +124,15 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`error: ${err.message}\n`);
-    process.exit(err instanceof UsageError ? 2 : 1);
-  },
-);
+if (import.meta.main) {
+  const verbose = process.argv.includes("--verbose");
+  main(process.argv.slice(2)).then(
+    (code) => process.exit(code),
+    (e: unknown) => {
+      const err = e as Error;
+      if (verbose) console.error(err);
+      else process.stderr.write(`error: ${err.message}\n`);
+      process.exit(isInputError(err) ? 2 : 1);
+    },
+  );
+}

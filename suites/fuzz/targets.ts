@@ -7,6 +7,10 @@ import * as mx from "@mlx-bun/mlx";
 import { MlxError } from "@mlx-bun/mlx";
 import { checkCheckpoint, ConfigError, loadModel, WeightsError } from "../../model/gemma4/index.ts";
 import { REPO_ROOT } from "../../oracle/client.ts";
+import { spawnSync } from "node:child_process";
+import { existsSync } from "node:fs";
+import { isInputError } from "../../parity/args.ts";
+import { arbCliInput, type CliInput, COMMANDS, materialise } from "./inputs/cli.ts";
 import { arbConfig, type ConfigSpec, configText } from "./inputs/config.ts";
 import { arbOpCall, callOp, type OpCall } from "./inputs/ops.ts";
 import { arbSafetensors, baseOfFile, SMALL_BASE, type StSpec, stBytes } from "./inputs/safetensors.ts";
@@ -71,7 +75,53 @@ function runCheckpoint(s: CheckpointSpec, ctx: FuzzContext): void {
   }
 }
 
+const command = (name: string) => COMMANDS.find((c) => c.name === name)!;
+const inputError = (e: unknown) => (isInputError(e) && (e as Error).message.trim().length > 3 ? null : `not a usage or input error: ${e instanceof Error ? `${e.constructor.name}: ${e.message}` : String(e)}`.slice(0, 400));
+
+/**
+ * The command line run as a process, for one the command refuses in-process: exit code 2, one
+ * "error:" line without a stack trace, and no oracle process started (ORACLE_PYTHON records it).
+ */
+function runCliProcess(input: CliInput, ctx: FuzzContext): void {
+  const c = command(input.command);
+  const argv = materialise(input.argv, ctx.scratch, FIXTURE);
+  if (argv.some((a) => a.includes("\0"))) return; // no process can be given a NUL byte in an argument
+  const marker = join(ctx.scratch, "oracle-started");
+  const recorder = join(ctx.scratch, "python");
+  writeFileSync(recorder, `#!/bin/sh\ntouch '${marker}'\nexit 1\n`, { mode: 0o755 });
+  const r = spawnSync(process.execPath, [join(ctx.root, c.script), ...argv], { cwd: ctx.root, encoding: "utf8", timeout: 120_000, env: { ...process.env, ORACLE_PYTHON: recorder } });
+  const out = `${r.stdout}${r.stderr}`;
+  if (r.status === null) throw new Error(`${c.name} ${JSON.stringify(argv)}: killed (${r.signal ?? r.error?.message})`);
+  if (existsSync(marker)) throw new Error(`${c.name} ${JSON.stringify(argv)}: an oracle process was started for a command line it refuses`);
+  // --verbose asks for the error with its stack trace instead of the one-line message
+  const clean = argv.includes("--verbose") || (/error: /.test(out) && !/\n\s+at .+:\d+:\d+/.test(out));
+  if (r.status !== 2 || !clean) throw new Error(`${c.name} ${JSON.stringify(argv)}: exit ${r.status}, output ${JSON.stringify(out.slice(-400))}`);
+}
+
 export const TARGETS: FuzzTarget[] = [
+  target<CliInput>({
+    name: "cli/flags",
+    sample: 150,
+    arbitrary: arbCliInput,
+    run: async (i, ctx) => void (await command(i.command).validate(materialise(i.argv, ctx.scratch, FIXTURE))),
+    judge: inputError,
+  }),
+  target<CliInput>({
+    name: "cli/process",
+    sample: 6,
+    arbitrary: arbCliInput,
+    run: async (i, ctx) => {
+      try {
+        await command(i.command).validate(materialise(i.argv, ctx.scratch, FIXTURE));
+      } catch (e) {
+        if (inputError(e) !== null) throw e;
+        runCliProcess(i, ctx);
+        throw e;
+      }
+    },
+    judge: inputError,
+    timeoutMs: 150_000,
+  }),
   target<OpCall>({
     name: "ops/binding",
     sample: 250,
