@@ -9,8 +9,12 @@ import { checkCheckpoint, ConfigError, loadModel, WeightsError } from "../../mod
 import { REPO_ROOT } from "../../oracle/client.ts";
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { isInputError } from "../../parity/args.ts";
+import { isInputError, UsageError } from "../../parity/args.ts";
 import { arbCliInput, type CliInput, COMMANDS, materialise } from "./inputs/cli.ts";
+import { tokenizePrompt } from "../../parity/inputs.ts";
+import { arbTokenizer, type TokenizerSpec } from "./inputs/tokenizer.ts";
+import { OracleError } from "../../oracle/client.ts";
+import { arbOracle, type FakeOracleSpec, runOracle } from "./inputs/oracle.ts";
 import { arbConfig, type ConfigSpec, configText } from "./inputs/config.ts";
 import { arbOpCall, callOp, type OpCall } from "./inputs/ops.ts";
 import { arbSafetensors, baseOfFile, SMALL_BASE, type StSpec, stBytes } from "./inputs/safetensors.ts";
@@ -98,7 +102,29 @@ function runCliProcess(input: CliInput, ctx: FuzzContext): void {
   if (r.status !== 2 || !clean) throw new Error(`${c.name} ${JSON.stringify(argv)}: exit ${r.status}, output ${JSON.stringify(out.slice(-400))}`);
 }
 
+const jsonText = (j: { json: unknown } | { text: string }) => ("json" in j ? JSON.stringify(j.json) : j.text);
+
 export const TARGETS: FuzzTarget[] = [
+  target<FakeOracleSpec>({
+    name: "oracle/replies",
+    sample: 20,
+    arbitrary: arbOracle,
+    run: (spec, ctx) => runOracle(spec, ctx.root, ctx.scratch),
+    judge: expectError([OracleError]),
+    timeoutMs: 30_000,
+  }),
+  target<TokenizerSpec>({
+    name: "tokenizer/prompt",
+    sample: 60,
+    arbitrary: arbTokenizer,
+    run: async (t, ctx) => {
+      if (t.tokenizer) writeFileSync(join(ctx.scratch, "tokenizer.json"), jsonText(t.tokenizer));
+      if (t.config) writeFileSync(join(ctx.scratch, "tokenizer_config.json"), jsonText(t.config));
+      if (t.jinja !== null) writeFileSync(join(ctx.scratch, "chat_template.jinja"), t.jinja);
+      await tokenizePrompt(ctx.scratch, t.prompt, t.chat);
+    },
+    judge: expectError([UsageError], (_i, ctx) => [ctx.scratch]),
+  }),
   target<CliInput>({
     name: "cli/flags",
     sample: 150,

@@ -16,14 +16,14 @@ type Obj = { [k: string]: Json };
 const isObj = (v: Json | undefined): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
 
 /** Every path (list of keys/indices) to a value in the tree. */
-function paths(v: Json, prefix: (string | number)[] = [], out: (string | number)[][] = []): (string | number)[][] {
+export function paths(v: Json, prefix: (string | number)[] = [], out: (string | number)[][] = []): (string | number)[][] {
   if (prefix.length) out.push(prefix);
   if (Array.isArray(v)) v.forEach((x, i) => paths(x, [...prefix, i], out));
   else if (isObj(v)) for (const k of Object.keys(v)) paths(v[k]!, [...prefix, k], out);
   return out;
 }
 
-function setAt(root: Json, path: (string | number)[], value: Json | undefined): Json {
+export function setAt(root: Json, path: (string | number)[], value: Json | undefined): Json {
   const out = JSON.parse(JSON.stringify(root)) as Json;
   let cur = out as Obj | Json[];
   for (const k of path.slice(0, -1)) cur = (cur as Obj)[k as string] as Obj;
