@@ -10,6 +10,7 @@ import { REPO_ROOT } from "../../oracle/client.ts";
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { isInputError, UsageError } from "../../parity/args.ts";
+import { parityPlan } from "../../parity/cli.ts";
 import { arbCliInput, type CliInput, COMMANDS, materialise } from "./inputs/cli.ts";
 import { tokenizePrompt } from "../../parity/inputs.ts";
 import { arbTokenizer, type TokenizerSpec } from "./inputs/tokenizer.ts";
@@ -51,11 +52,12 @@ export function writeCheckpoint(s: CheckpointSpec, dir: string): void {
 const LOAD_ERRORS = [ConfigError, WeightsError];
 
 /**
- * A fuzzed checkpoint through the pre-flight check (what the parity command runs before it
- * starts an oracle) and the loader with weights read, then one forward of 3 tokens: the
- * pre-flight check must refuse every checkpoint the loader refuses, with the same clear error.
+ * A fuzzed checkpoint through the pre-flight check (checkCheckpoint: no weights read) and the
+ * loader with weights read, then one forward of 3 tokens. The pre-flight check must refuse every
+ * checkpoint the loader refuses, and so must `npm run parity -- --model DIR`'s pre-flight
+ * (parityPlan, which runs before the oracle process is started).
  */
-function runCheckpoint(s: CheckpointSpec, ctx: FuzzContext): void {
+async function runCheckpoint(s: CheckpointSpec, ctx: FuzzContext): Promise<void> {
   writeCheckpoint(s, ctx.scratch);
   let preflight: unknown = null;
   try {
@@ -68,6 +70,8 @@ function runCheckpoint(s: CheckpointSpec, ctx: FuzzContext): void {
     loaded = loadModel(ctx.scratch);
   } catch (e) {
     if (preflight === null) throw new Error(`the pre-flight check accepted a checkpoint the loader refuses: ${(e as Error).message}`);
+    const cli = await Promise.resolve(parityPlan(["--model", ctx.scratch, "--tokens", "2,7,1"])).then(() => null, (x: unknown) => x);
+    if (!isInputError(cli)) throw new Error(`the parity command would start an oracle for a checkpoint the loader refuses (${(e as Error).message}): ${String(cli)}`);
     throw e;
   }
   try {

@@ -26,7 +26,11 @@ export function paths(v: Json, prefix: (string | number)[] = [], out: (string | 
 export function setAt(root: Json, path: (string | number)[], value: Json | undefined): Json {
   const out = JSON.parse(JSON.stringify(root)) as Json;
   let cur = out as Obj | Json[];
-  for (const k of path.slice(0, -1)) cur = (cur as Obj)[k as string] as Obj;
+  for (const k of path.slice(0, -1)) {
+    const next = (cur as Obj)[k as string];
+    if (next === null || typeof next !== "object") return out; // an earlier mutation replaced the parent
+    cur = next;
+  }
   const last = path[path.length - 1]!;
   if (value === undefined) {
     if (Array.isArray(cur)) cur.splice(last as number, 1);
