@@ -124,7 +124,7 @@ describe("parity CLI bad input", { timeout: 120_000 }, () => {
     const ok = cli(["--model", fixtureCopy("good", () => {}), "--tokens", "2,7,1"], { ORACLE_PYTHON: recorder });
     expect(ok.code).toBe(1);
     expect(existsSync(marker)).toBe(true);
-  });
+  }, 300_000);
 
   it("documents every flag in --help", () => {
     const r = cli(["--help"]);
