@@ -78,12 +78,16 @@ export interface ReferenceDiff {
   /** The largest relative difference over every hidden state. */
   hiddenRel: number;
   layers: LayerDiff[];
-  /** The model's float32 logits (to compare with mlx-lm's bit for bit). */
+  /** The model's float32 logits (to compare with mlx-lm's bit for bit) and the reference's. */
   logits: Float32Array;
+  referenceLogits: Float32Array;
+  /** The reference forward's token ids. */
+  tokens: number[];
   ok: boolean;
 }
 
-function diff(a: ArrayLike<number>, b: ArrayLike<number>): { maxAbs: number; rel: number } {
+/** max |a - b| and max |a - b| / max |b|. */
+export function relDiff(a: ArrayLike<number>, b: ArrayLike<number>): { maxAbs: number; rel: number } {
   if (a.length !== b.length) throw new Error(`reference comparison: ${a.length} values against ${b.length}`);
   let maxAbs = 0;
   let maxRef = 0;
@@ -126,15 +130,17 @@ export function compareWithReference(checkpoint: string, fixture: ReferenceFixtu
     } finally {
       out.dispose();
     }
-    const l = diff(logits, f32("logits"));
+    const referenceLogits = f32("logits") as Float32Array;
+    const l = relDiff(logits, referenceLogits);
     const layerDiffs = hiddenStateTaps(layers).map((tap, i): LayerDiff => {
       const mine = got.get(tap);
       if (!mine) throw new Error(`${checkpoint}: the model emitted no ${tap} tap`);
-      return { tap, ...diff(mine, f32(`hidden_states.${i}`)) };
+      return { tap, ...relDiff(mine, f32(`hidden_states.${i}`)) };
     });
     const hiddenRel = Math.max(...layerDiffs.map((d) => d.rel));
     const ok = l.rel <= REFERENCE_BOUND.relative && layerDiffs.every((d) => d.rel <= REFERENCE_BOUND.relative);
-    return { checkpoint, logitsAbs: l.maxAbs, logitsRel: l.rel, hiddenRel, layers: layerDiffs, logits, ok };
+    const tokens = Array.from(new Int32Array(ids.toBytes().buffer));
+    return { checkpoint, logitsAbs: l.maxAbs, logitsRel: l.rel, hiddenRel, layers: layerDiffs, logits, referenceLogits, tokens, ok };
   } finally {
     for (const a of ref.arrays.values()) a.dispose();
   }

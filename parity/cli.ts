@@ -9,15 +9,16 @@ import * as mx from "@mlx-bun/mlx";
 import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
 import { coverage, runCases } from "../oracle/ops/runner.ts";
-import { checkCheckpoint } from "../model/gemma4/index.ts";
+import { checkCheckpoint, loadModel } from "../model/gemma4/index.ts";
 import { type FlagSpec, helpText, isInputError, type Parsed, parseArgs, UsageError } from "./args.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
-import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
+import { fmtDivergence, fmtNum, pct, REFERENCE_HEADER, referenceRow, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
+import { compareWithReference, readReferenceManifest, REFERENCE_BOUND, relDiff } from "../oracle/reference.ts";
 import { renderHtml } from "./html.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 import { renderMarkdown } from "./markdown.ts";
 import { ProgressBar } from "./progress.ts";
-import { type OpLevelSummary, type ParityReport, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
+import { type OpLevelSummary, type ParityReport, type ReferenceRow, type ReferenceSummary, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
 
 export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (gemma4, gemma4_text or gemma4_unified; flat, wrapper or raw HF layout; quantized or not)" },
@@ -124,6 +125,44 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
   return runs;
 }
 
+/**
+ * The three-way check on the float32 fixtures: the TS model and mlx-lm on the exported
+ * reference's tokens, TS = mlx-lm byte for byte, and both within the recorded bound of
+ * transformers (oracle/reference.ts).
+ */
+async function referenceSection(oracle: OracleClient, only: string | undefined): Promise<ReferenceSummary | null> {
+  const manifest = readReferenceManifest();
+  if (manifest === null) return null;
+  const re = only ? globRe(only) : null;
+  const fixtures = Object.values(manifest.fixtures).filter((e) => !re || re.test(e.checkpoint));
+  if (fixtures.length === 0) return null;
+  const bar = new ProgressBar("[reference]");
+  const rows: ReferenceRow[] = [];
+  for (const [k, e] of fixtures.entries()) {
+    bar.update(k / fixtures.length, `${e.checkpoint} against transformers`);
+    const { model, text } = loadModel(join(REPO_ROOT, ".cache", "checkpoints", e.checkpoint));
+    let d;
+    try {
+      d = compareWithReference(e.checkpoint, e, model, text.args.num_hidden_layers);
+    } finally {
+      model.dispose();
+    }
+    const theirs = await oracle.forward(e.checkpoint, [d.tokens]);
+    const mlxLogits = new Float32Array(theirs.data.slice().buffer);
+    const same = theirs.dtype === "float32" && Buffer.compare(Buffer.from(theirs.data), Buffer.from(new Uint8Array(d.logits.buffer))) === 0;
+    const mlx = relDiff(mlxLogits, d.referenceLogits).rel;
+    rows.push({
+      checkpoint: e.checkpoint,
+      tsEqualsMlxLm: same,
+      tsVsTransformers: { logits: d.logitsRel, hidden: d.hiddenRel },
+      mlxLmVsTransformers: { logits: mlx },
+      ok: same && d.ok && mlx <= REFERENCE_BOUND.relative,
+    });
+  }
+  bar.done(`${rows.filter((r) => r.ok).length}/${rows.length} float32 fixtures: TS = mlx-lm bit for bit, both within ${REFERENCE_BOUND.relative} of transformers`);
+  return { bound: REFERENCE_BOUND.relative, versions: manifest.versions, rows };
+}
+
 async function runOne(oracle: OracleClient, spec: RunSpec, capture?: Promise<Capture>): Promise<RunResult> {
   const bar = new ProgressBar(`[${spec.model} ${spec.variant}]`);
   bar.update(0, "mlx-lm capturing");
@@ -191,6 +230,11 @@ function printSummary(rep: ParityReport): void {
     }
     lines.push(`${rep.runs.length} runs · ${taps} taps compared · ${exact} bit-exact (${pct(exact, taps)}) · budget ${rep.budget.ulp} ULP / atol ${fmtNum(rep.budget.atol)}`);
   }
+  if (rep.reference) {
+    const rf = rep.reference;
+    lines.push("", `Independent reference (transformers ${rf.versions.transformers}, torch ${rf.versions.torch}; float32; bound ${rf.bound} relative)`);
+    lines.push(textTable(REFERENCE_HEADER, rf.rows.map(referenceRow)), "");
+  }
   lines.push(`Verdict: ${rep.ok ? "PASS" : "FAIL"}`);
   process.stdout.write(`${lines.join("\n")}\n`);
 }
@@ -224,6 +268,7 @@ async function main(argv: string[]): Promise<number> {
   try {
     const opLevelSummary = a.model === undefined && !a["skip-ops"] ? await opLevel(oracle) : null;
     const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await runOne(oracle, spec!)];
+    const reference = a.model === undefined ? await referenceSection(oracle, a.only as string | undefined) : null;
     rep = {
       schema: SCHEMA_ID,
       createdAt: new Date().toISOString(),
@@ -231,7 +276,8 @@ async function main(argv: string[]): Promise<number> {
       budget,
       opLevel: opLevelSummary,
       runs,
-      ok: reportOk(runs, opLevelSummary),
+      reference,
+      ok: reportOk(runs, opLevelSummary, reference),
     };
   } finally {
     await oracle.close();
