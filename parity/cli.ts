@@ -163,6 +163,30 @@ async function referenceSection(oracle: OracleClient, only: string | undefined):
   return { bound: REFERENCE_BOUND.relative, versions: manifest.versions, rows };
 }
 
+/**
+ * --prompt: the prompt's token ids from mlx-lm's tokenizer (and chat template, with --chat) must
+ * equal the TS tokenizer's before the models are compared on them.
+ */
+async function compareTokenization(oracle: OracleClient, dir: string, prompt: string, chat: boolean, ours: readonly number[]): Promise<void> {
+  const r = await oracle.request<{ with_special: number[][]; chats: number[][] }>(
+    "tokenize",
+    chat ? { dir, chats: [{ messages: [{ role: "user", content: prompt }], add_generation_prompt: true }] } : { dir, strings: [prompt] },
+  );
+  const theirs = chat ? r.chats[0] : r.with_special[0];
+  if (!theirs || theirs.length !== ours.length || theirs.some((t, i) => t !== ours[i])) {
+    throw new Error(`the prompt tokenizes differently: TS [${ours.join(",")}] vs mlx-lm [${(theirs ?? []).join(",")}]`);
+  }
+  process.stderr.write(`[tokenizer] ${ours.length} prompt tokens${chat ? " (chat template)" : ""}: TS = mlx-lm\n`);
+}
+
+/** A --model run after its pre-flight: the prompt's tokenization against mlx-lm's, then the tap-by-tap run. */
+export async function modelRun(oracle: OracleClient, plan: { a: Parsed; spec: RunSpec | null }): Promise<RunResult> {
+  const { a, spec } = plan;
+  if (!spec) throw new UsageError("modelRun needs a --model plan");
+  if (typeof a.prompt === "string") await compareTokenization(oracle, spec.oracleCheckpoint, a.prompt, a.chat === true, spec.prompt);
+  return runOne(oracle, spec);
+}
+
 async function runOne(oracle: OracleClient, spec: RunSpec, capture?: Promise<Capture>): Promise<RunResult> {
   const bar = new ProgressBar(`[${spec.model} ${spec.variant}]`);
   bar.update(0, "mlx-lm capturing");
@@ -267,7 +291,7 @@ async function main(argv: string[]): Promise<number> {
   let rep: ParityReport;
   try {
     const opLevelSummary = a.model === undefined && !a["skip-ops"] ? await opLevel(oracle) : null;
-    const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await runOne(oracle, spec!)];
+    const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await modelRun(oracle, plan)];
     const reference = a.model === undefined ? await referenceSection(oracle, a.only as string | undefined) : null;
     rep = {
       schema: SCHEMA_ID,

@@ -139,18 +139,8 @@ export async function loadTokenizer(dir: string): Promise<CheckpointTokenizer> {
       if (templateFile === null || templateText === undefined) throw new UsageError(`--chat needs a chat template (chat_template.jinja or tokenizer_config.json's chat_template) in ${dir}`);
       try {
         template ??= new Template(templateText);
-        return template.render({
-          ...specials,
-          messages,
-          add_generation_prompt: addGenerationPrompt,
-          // the globals transformers' chat-template environment defines
-          raise_exception: (message: unknown) => {
-            throw new Error(String(message));
-          },
-          strftime_now: () => {
-            throw new Error("strftime_now is not supported (its output depends on the clock)");
-          },
-        });
+        // @huggingface/jinja defines the globals transformers adds (raise_exception, strftime_now, namespace)
+        return template.render({ ...specials, messages, add_generation_prompt: addGenerationPrompt });
       } catch (e) {
         throw new UsageError(`${templateFile}: chat template: ${(e as Error).message}`);
       }
