@@ -146,7 +146,7 @@ export interface RunOptions {
 
 export async function runFuzz(o: RunOptions): Promise<Tally> {
   const t0 = performance.now();
-  const plan = o.targets.map((t) => ({ t, ...inputsOf(t, Math.max(1, Math.round(t.sample * o.scale))) }));
+  const plan = o.targets.map((t) => ({ t, ...inputsOf(t, Math.max(1, Math.ceil(t.sample * o.scale))) }));
   const total = plan.reduce((s, p) => s + p.inputs.length, 0);
   const tally: Tally = { inputs: 0, ok: 0, clear: 0, unclear: 0, leak: 0, abort: 0, hang: 0, perTarget: {}, findings: [], seconds: 0 };
   let worker = new Worker(o.root);

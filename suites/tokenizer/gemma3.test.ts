@@ -8,6 +8,7 @@
 //  - the chat template renders identically (@huggingface/jinja vs transformers), errors included;
 //  - a --prompt --chat parity run: the prompt's ids agree, then every tap is bit-exact.
 import { beforeAll, describe, expect, it } from "vitest";
+import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import fc from "fast-check";
 import { type OracleClient, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
@@ -106,5 +107,13 @@ describe("the Gemma 3 tokenizer: TS = mlx-lm / transformers", () => {
     expect(r.tapsCompared).toBeGreaterThan(100);
     expect(r.bitExact).toBe(r.tapsCompared);
     expect(r.tokens.ts).toEqual(r.tokens.oracle);
+  }, SLOW);
+
+  // The same run as the command itself (its own oracle process: ~10 s more), opt-in.
+  it.skipIf(process.env.TOKENIZER_CLI !== "1")("as a process: npm run parity -- --model DIR --prompt … --chat exits 0 (TOKENIZER_CLI=1)", () => {
+    const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", "cli.ts"), "--model", DIR, "--prompt", "Why is the sky blue?", "--chat", "--steps", "2", "--out", join(DIR, "report")], { cwd: REPO_ROOT, encoding: "utf8", timeout: SLOW });
+    expect(r.stderr).toMatch(/prompt tokens \(chat template\): TS = mlx-lm/);
+    expect(r.stdout).toMatch(/Verdict: PASS/);
+    expect(r.status).toBe(0);
   }, SLOW);
 });
