@@ -10,7 +10,7 @@ import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { loadConfig, loadModel } from "../model/gemma4/index.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "../parity/args.ts";
+import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "../parity/args.ts";
 import { REPO_ROOT } from "./client.ts";
 import { compareWithReference, REFERENCE_BOUND, REFERENCE_DIR, type ReferenceFixture, type ReferenceManifest, sha256File } from "./reference.ts";
 
@@ -145,12 +145,4 @@ async function main(argv: string[]): Promise<number> {
   }
 }
 
-if (import.meta.main) {
-  main(process.argv.slice(2)).then(
-    (code) => process.exit(code),
-    (e: unknown) => {
-      process.stderr.write(`error: ${(e as Error).message}\n`);
-      process.exit(e instanceof UsageError ? 2 : 1);
-    },
-  );
-}
+if (import.meta.main) runMain(main);

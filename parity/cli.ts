@@ -10,7 +10,7 @@ import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
 import { coverage, runCases } from "../oracle/ops/runner.ts";
 import { checkCheckpoint, loadModel } from "../model/gemma4/index.ts";
-import { type FlagSpec, helpText, isInputError, type Parsed, parseArgs, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
 import { fmtDivergence, fmtNum, pct, REFERENCE_HEADER, referenceRow, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
 import { compareWithReference, readReferenceManifest, REFERENCE_BOUND, relDiff } from "../oracle/reference.ts";
@@ -312,16 +312,4 @@ async function main(argv: string[]): Promise<number> {
   return rep.ok ? 0 : 1;
 }
 
-if (import.meta.main) {
-  const verbose = process.argv.includes("--verbose");
-  main(process.argv.slice(2)).then(
-    (code) => process.exit(code),
-    (e: unknown) => {
-      const err = e as Error;
-      const input = isInputError(err);
-      if (verbose) console.error(err);
-      else process.stderr.write(`\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${input ? "" : "(run with --verbose for details)\n"}`);
-      process.exit(input ? 2 : 1);
-    },
-  );
-}
+if (import.meta.main) runMain(main, { verboseHint: true });

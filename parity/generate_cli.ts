@@ -7,7 +7,7 @@ import * as mx from "@mlx-bun/mlx";
 import { generate } from "../model/generate.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
 import { checkCheckpoint } from "../model/gemma4/index.ts";
-import { type FlagSpec, helpText, isInputError, type Parsed, parseArgs, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 
 export const FLAGS: FlagSpec[] = [
@@ -124,15 +124,4 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-if (import.meta.main) {
-  const verbose = process.argv.includes("--verbose");
-  main(process.argv.slice(2)).then(
-    (code) => process.exit(code),
-    (e: unknown) => {
-      const err = e as Error;
-      if (verbose) console.error(err);
-      else process.stderr.write(`error: ${err.message}\n`);
-      process.exit(isInputError(err) ? 2 : 1);
-    },
-  );
-}
+if (import.meta.main) runMain(main);

@@ -3,7 +3,7 @@
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
 import { OracleClient } from "../oracle/client.ts";
 import { coverage, runCases } from "../oracle/ops/runner.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
 
 export const FLAGS: FlagSpec[] = [{ name: "help", kind: "bool", help: "show this help" }];
 
@@ -64,12 +64,4 @@ async function main(argv: string[]): Promise<number> {
   return only ? (cov.failures.length === 0 ? 0 : 1) : ok ? 0 : 1;
 }
 
-if (import.meta.main) {
-  main(process.argv.slice(2)).then(
-    (code) => process.exit(code),
-    (e: unknown) => {
-      process.stderr.write(`error: ${(e as Error).message}\n`);
-      process.exit(e instanceof UsageError ? 2 : 1);
-    },
-  );
-}
+if (import.meta.main) runMain(main);

@@ -27,6 +27,14 @@ from pathlib import Path
 import numpy as np
 
 
+# Fields both configs read alike (the other ones are mapped in hf_config).
+SAME_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "num_global_key_value_heads", "max_position_embeddings",
+               "tie_word_embeddings", "sliding_window", "vocab_size_per_layer_input", "attention_k_eq_v",
+               "num_kv_shared_layers", "enable_moe_block", "use_double_wide_mlp", "num_experts", "top_k_experts",
+               "moe_intermediate_size")
+
+
 def rope_entry(p: dict) -> dict:
     """One rope_parameters entry with mlx-lm's reading made explicit (rope_utils.initialize_rope):
     the type is `type` or `rope_type` (default "default"), rope_theta defaults to 10000, and only
@@ -50,32 +58,14 @@ def hf_config(a: dict):
     if a["layer_types"][-1] != "full_attention":
         raise ValueError("transformers forces the last layer to full_attention; this fixture's last layer is sliding")
     return Gemma4TextConfig(
-        vocab_size=a["vocab_size"],
-        hidden_size=a["hidden_size"],
-        intermediate_size=a["intermediate_size"],
-        num_hidden_layers=a["num_hidden_layers"],
-        num_attention_heads=a["num_attention_heads"],
-        num_key_value_heads=a["num_key_value_heads"],
-        head_dim=a["head_dim"],
+        **{k: a[k] for k in SAME_FIELDS},
         global_head_dim=a["global_head_dim"] or a["head_dim"],
-        num_global_key_value_heads=a["num_global_key_value_heads"],
         hidden_activation="gelu_pytorch_tanh",
-        max_position_embeddings=a["max_position_embeddings"],
         rms_norm_eps=fl(a["rms_norm_eps"]),
-        tie_word_embeddings=a["tie_word_embeddings"],
         rope_parameters=rope,
-        sliding_window=a["sliding_window"],
         layer_types=list(a["layer_types"]),
         final_logit_softcapping=fl(a["final_logit_softcapping"]),
-        vocab_size_per_layer_input=a["vocab_size_per_layer_input"],
         hidden_size_per_layer_input=a["hidden_size_per_layer_input"] or 0,
-        attention_k_eq_v=a["attention_k_eq_v"],
-        num_kv_shared_layers=a["num_kv_shared_layers"],
-        enable_moe_block=a["enable_moe_block"],
-        use_double_wide_mlp=a["use_double_wide_mlp"],
-        num_experts=a["num_experts"],
-        top_k_experts=a["top_k_experts"],
-        moe_intermediate_size=a["moe_intermediate_size"],
         attn_implementation="eager",
         experts_implementation="eager",  # the plain per-expert loop (grouped_mm has no float64 kernel)
     )
