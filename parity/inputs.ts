@@ -25,18 +25,16 @@ export function inspectCheckpoint(dir: string): CheckpointInfo {
   }
   const cfgPath = join(dir, "config.json");
   if (!existsSync(cfgPath)) throw new UsageError(`${dir} has no config.json, so it is not a Hugging Face / MLX checkpoint`);
-  let cfg: Record<string, unknown>;
-  try {
-    cfg = JSON.parse(readFileSync(cfgPath, "utf8")) as Record<string, unknown>;
-  } catch (e) {
-    throw new UsageError(`${cfgPath} is not valid JSON: ${(e as Error).message}`);
-  }
+  const parsed = readJson(cfgPath);
+  if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) throw new UsageError(`${cfgPath} must hold a JSON object`);
+  const cfg = parsed as Record<string, unknown>;
   const modelType = String(cfg.model_type ?? "");
   if (!GEMMA4_TYPES.has(modelType)) {
     throw new UsageError(`${dir} is not a Gemma 4 checkpoint: config.json has model_type '${modelType || "(missing)"}', expected one of ${[...GEMMA4_TYPES].join(", ")}`);
   }
-  const text = (modelType === "gemma4_text" ? cfg : (cfg.text_config as Record<string, unknown> | undefined)) ?? {};
-  if (modelType !== "gemma4_text" && cfg.text_config === undefined) throw new UsageError(`${cfgPath}: a ${modelType} checkpoint needs a text_config`);
+  const tc = cfg.text_config;
+  if (modelType !== "gemma4_text" && (tc === null || typeof tc !== "object" || Array.isArray(tc))) throw new UsageError(`${cfgPath}: a ${modelType} checkpoint needs a text_config object`);
+  const text = (modelType === "gemma4_text" ? cfg : (tc as Record<string, unknown>));
   if (!readdirSync(dir).some((f) => /^model.*\.safetensors$/.test(f))) throw new UsageError(`${dir} has no model*.safetensors weights`);
   // mlx-lm's default when the key is absent.
   const maxPositions = Number(text.max_position_embeddings ?? 131072);

@@ -693,7 +693,8 @@ Arr* mlxb_slice_update_dynamic(const Arr* src, const Arr* upd, const Arr* start,
   GUARD_PTR("slice_update", {
     auto ax = ints_of(axes, naxes);
     array out = mx::slice_update(A(src), A(upd), A(start), ax);
-    check_dynamic_start(A(start), ax, A(src), mx::broadcast_to(A(upd), A(src).shape()).shape());
+    // the window is the update as MLX broadcast it (the primitive's second input)
+    check_dynamic_start(A(start), ax, A(src), out.inputs()[1].shape());
     return wrap(out);
   })
 }

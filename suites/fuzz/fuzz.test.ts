@@ -8,7 +8,8 @@
 //   PROPERTY_SEED=7 bun test suites/fuzz      other inputs (seeds derive from target names)
 import { describe, expect, it } from "vitest";
 import { REPO_ROOT } from "../../oracle/client.ts";
-import { runFuzz, summaryLine } from "./runner.ts";
+import { regressions } from "./regressions.ts";
+import { runFuzz, runInputs, summaryLine } from "./runner.ts";
 import { TARGETS } from "./targets.ts";
 
 const soak = Number(process.env.FUZZ_SOAK ?? 0);
@@ -30,4 +31,12 @@ describe("fuzz: nothing malformed aborts, hangs or leaks", () => {
     expect(tally.ok).toBeGreaterThan(0);
     expect({ abort: tally.abort, hang: tally.hang, leak: tally.leak, unclear: tally.unclear }).toEqual({ abort: 0, hang: 0, leak: 0, unclear: 0 });
   }, soak > 0 ? 3_600_000 : 240_000);
+
+  it("what the fuzz found stays fixed (each regression input gets its verdict, in the worker)", async () => {
+    const list = regressions();
+    const tally = await runInputs(REPO_ROOT, TARGETS, list);
+    const got = list.map((r, i) => ({ was: r.was, expect: r.expect, got: tally.verdicts[i] }));
+    for (const f of tally.findings) console.error(`${f.verdict} ${f.target}: ${f.detail}`);
+    expect(got.filter((g) => g.got !== g.expect)).toEqual([]);
+  }, 240_000);
 });

@@ -31,6 +31,8 @@ export interface Tally {
   hang: number;
   perTarget: Record<string, Partial<Record<Verdict, number>>>;
   findings: Finding[];
+  /** Every input's verdict, in order. */
+  verdicts: Verdict[];
   seconds: number;
 }
 
@@ -145,16 +147,32 @@ export interface RunOptions {
 }
 
 export async function runFuzz(o: RunOptions): Promise<Tally> {
+  return runPlan(o.root, o.targets.map((t) => ({ t, ...inputsOf(t, Math.max(1, Math.ceil(t.sample * o.scale))) })), o.onInput);
+}
+
+/** Fixed inputs (regression cases), each for the target it names, in a worker process as above. */
+export function runInputs(root: string, targets: readonly FuzzTarget[], list: readonly { target: string; input: unknown }[]): Promise<Tally> {
+  return runPlan(
+    root,
+    list.map(({ target, input }) => {
+      const t = targets.find((x) => x.name === target);
+      if (!t) throw new Error(`no fuzz target ${target}`);
+      return { t, seed: 0, inputs: [input] };
+    }),
+  );
+}
+
+async function runPlan(root: string, plan: { t: FuzzTarget; seed: number; inputs: unknown[] }[], onInput?: (done: number, total: number) => void): Promise<Tally> {
   const t0 = performance.now();
-  const plan = o.targets.map((t) => ({ t, ...inputsOf(t, Math.max(1, Math.ceil(t.sample * o.scale))) }));
+  const o = { root, onInput };
   const total = plan.reduce((s, p) => s + p.inputs.length, 0);
-  const tally: Tally = { inputs: 0, ok: 0, clear: 0, unclear: 0, leak: 0, abort: 0, hang: 0, perTarget: {}, findings: [], seconds: 0 };
+  const tally: Tally = { inputs: 0, ok: 0, clear: 0, unclear: 0, leak: 0, abort: 0, hang: 0, perTarget: {}, findings: [], verdicts: [], seconds: 0 };
   let worker = new Worker(o.root);
   await worker.ready;
   let id = 0;
   try {
     for (const { t, seed, inputs } of plan) {
-      const per: Partial<Record<Verdict, number>> = (tally.perTarget[t.name] = {});
+      const per: Partial<Record<Verdict, number>> = (tally.perTarget[t.name] ??= {});
       for (const [index, input] of inputs.entries()) {
         if (worker.dead) {
           worker.kill();
@@ -165,6 +183,7 @@ export async function runFuzz(o: RunOptions): Promise<Tally> {
         const v = r.verdict ?? "unclear";
         tally.inputs++;
         tally[v]++;
+        tally.verdicts.push(v);
         per[v] = (per[v] ?? 0) + 1;
         if (v !== "ok" && v !== "clear") tally.findings.push({ target: t.name, index, seed, verdict: v, detail: r.detail ?? "", input });
         o.onInput?.(tally.inputs, total);
