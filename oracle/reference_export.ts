@@ -57,17 +57,24 @@ function tokensFor(vocab: number, seed: number): number[] {
   return [2, ...Array.from({ length: TOKENS - 1 }, () => 3 + (next() % (vocab - 3)))];
 }
 
-async function main(argv: string[]): Promise<number> {
+/** The flags and the checkpoints to export (null for --help), before any install or run. */
+export function referencePlan(argv: readonly string[]): string[] | null {
   const a = parseArgs(argv, FLAGS);
-  if (a.help) {
-    process.stdout.write(helpText("npm run reference:export -- [options]", "Exports transformers' float32 logits and hidden states for the float32 fixture checkpoints into fixtures/reference/.", FLAGS));
-    return 0;
-  }
+  if (a.help) return null;
   const index = JSON.parse(readFileSync(join(CKPT, "index.json"), "utf8")) as { checkpoints: Record<string, { fixture: string }> };
   let ids = Object.keys(index.checkpoints).filter((id) => id.endsWith("/f32")).sort();
   if (typeof a.only === "string") {
     ids = ids.filter((id) => id.split("/")[0] === a.only);
     if (ids.length === 0) throw new UsageError(`--only ${a.only}: no float32 fixture checkpoint of that name`);
+  }
+  return ids;
+}
+
+async function main(argv: string[]): Promise<number> {
+  const ids = referencePlan(argv);
+  if (ids === null) {
+    process.stdout.write(helpText("npm run reference:export -- [options]", "Exports transformers' float32 logits and hidden states for the float32 fixture checkpoints into fixtures/reference/.", FLAGS));
+    return 0;
   }
   const py = ensureVenv();
   const tmp = join(REPO_ROOT, ".cache", `reference-${process.pid}`);

@@ -10,6 +10,7 @@ import { join } from "node:path";
 import fc from "fast-check";
 import { benchPlan, FLAGS as BENCH_FLAGS } from "../../../bench/run.ts";
 import { regenArgs, FLAGS as REGEN_FLAGS } from "../../../oracle/regen.ts";
+import { referencePlan, FLAGS as REFERENCE_FLAGS } from "../../../oracle/reference_export.ts";
 import type { FlagSpec } from "../../../parity/args.ts";
 import { FLAGS as PARITY_FLAGS, parityPlan } from "../../../parity/cli.ts";
 import { FLAGS as GENERATE_FLAGS, generatePlan } from "../../../parity/generate_cli.ts";
@@ -33,6 +34,7 @@ export const COMMANDS: CliCommand[] = [
   { name: "bench", script: "bench/run.ts", flags: BENCH_FLAGS, validate: benchPlan },
   { name: "golden:regen", script: "oracle/regen.ts", flags: REGEN_FLAGS, validate: regenArgs },
   { name: "parity:ops", script: "parity/ops_report.ts", flags: OPS_FLAGS, validate: opsReportArgs, positionals: ["add", "fast.rope", "no_such_op", "add add"] },
+  { name: "reference:export", script: "oracle/reference_export.ts", flags: REFERENCE_FLAGS, validate: referencePlan },
 ];
 
 // Directory placeholders, made in the input's scratch directory by `materialise`.
@@ -43,7 +45,7 @@ const BY_NAME: Record<string, string[]> = {
   "oracle-model": DIRS,
   tokens: ["1,2,3", "2,7", "", ",", "1,,2", "-1", "1.5", "255", "256", "99999999999", "a", "1 2", "1,2,3,".repeat(40)],
   prompt: ["hello", "", " ", "<bos>", "日本語", "\u0000"],
-  only: ["c1_dense/*", "*", "", "no_such/*", "tiny-dense", "e2b,moe", "[", "c1_dense/f32/gen_P9_S5"],
+  only: ["c1_dense/*", "*", "", "no_such/*", "tiny-dense", "e2b,moe", "[", "c1_dense/f32/gen_P9_S5", "c1_dense", "c5_moe"],
   "big-prompts": ["128,1024", "1", "2", "x", "", "5,-3", "1e9"],
   "big-dtype": ["float32", "bfloat16", "float16", ""],
   out: ["$SCRATCH/out", ""],
