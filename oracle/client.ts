@@ -37,6 +37,8 @@ export class OracleError extends Error {
     readonly command?: string,
     readonly pythonType?: string,
     readonly pythonTraceback?: string,
+    /** The Python exception's own message (for a failed command). */
+    readonly pythonMessage?: string,
   ) {
     super(message);
   }
@@ -273,6 +275,7 @@ export class OracleClient {
           p.cmd,
           err.type,
           err.traceback,
+          err.message,
         ),
       );
     } else {
@@ -463,6 +466,85 @@ export class OracleClient {
     expectReply("make_mask", r, { mask: "object" });
     if (!["none", "causal", "array"].includes(r.mask.kind)) throw new OracleError(`malformed reply from oracle to make_mask: mask kind ${JSON.stringify(r.mask.kind)}`, "make_mask");
     return this.readMask(r.mask);
+  }
+
+  /**
+   * nn.value_and_grad on a fresh copy of the checkpoint's model after the module `steps`
+   * (freeze/unfreeze/train/eval), with loss = (model(tokens) * weights).sum(): the loss and the
+   * gradients by parameter path, in tree_flatten order. `checkpointLayers`: under mlx-lm's
+   * grad_checkpoint.
+   */
+  async moduleGrad(
+    checkpoint: string,
+    tokens: number[][],
+    weights: NpyRecord,
+    { steps = [], checkpointLayers = false }: { steps?: object[]; checkpointLayers?: boolean } = {},
+  ): Promise<{ loss: NpyRecord; grads: [string, NpyRecord][] }> {
+    const w = this.writeInput(weights);
+    try {
+      const r = await this.request<{ loss: NpyRef; grads: (NpyRef & { path: string })[] }>("module_grad", {
+        checkpoint,
+        tokens,
+        weights: w,
+        steps,
+        checkpoint_layers: checkpointLayers,
+      });
+      return { loss: this.readArray(r.loss), grads: r.grads.map((g) => [g.path, this.readArray(g)]) };
+    } finally {
+      rmSync(w.npy, { force: true });
+    }
+  }
+
+  /**
+   * mlx.optimizers over a parameter tree given flat ([path, array], tree_unflatten'ed):
+   * `optimizer` {name, args} (Python keyword arguments; a learning_rate may be a schedule spec),
+   * one gradient list per step. Per step: the parameters and the optimizer state, flattened.
+   */
+  async optimizerSteps(
+    optimizer: { name: string; args: Record<string, unknown> },
+    params: readonly (readonly [string, NpyRecord])[],
+    grads: readonly (readonly (readonly [string, NpyRecord])[])[],
+  ): Promise<{ params: [string, NpyRecord][]; state: [string, NpyRecord][] }[]> {
+    const written: string[] = [];
+    const wire = (items: readonly (readonly [string, NpyRecord])[]) =>
+      items.map(([path, rec]) => {
+        const w = this.writeInput(rec);
+        written.push(w.npy);
+        return { path, ...w };
+      });
+    try {
+      type Flat = (NpyRef & { path: string })[];
+      const r = await this.request<{ steps: { params: Flat; state: Flat }[] }>("optimizer", { optimizer, params: wire(params), grads: grads.map(wire) });
+      const read = (f: Flat): [string, NpyRecord][] => f.map((x) => [x.path, this.readArray(x)]);
+      return r.steps.map((st) => ({ params: read(st.params), state: read(st.state) }));
+    } finally {
+      for (const p of written) rmSync(p, { force: true });
+    }
+  }
+
+  /**
+   * `n` training steps on a fresh model (loss = (model(tokens) * weights).sum(), nn.value_and_grad,
+   * optimizer.update), eager or under mx.compile with the trainer's captured state: the losses,
+   * the trainable parameters and the optimizer state at the end (flat, tree order).
+   */
+  async trainSteps(args: {
+    checkpoint: string;
+    tokens: number[][];
+    weights: NpyRecord;
+    optimizer: { name: string; args: Record<string, unknown> };
+    n: number;
+    compiled: boolean;
+    steps?: object[];
+  }): Promise<{ losses: NpyRecord[]; params: [string, NpyRecord][]; state: [string, NpyRecord][] }> {
+    const w = this.writeInput(args.weights);
+    try {
+      type Flat = (NpyRef & { path: string })[];
+      const r = await this.request<{ losses: NpyRef[]; params: Flat; state: Flat }>("train_steps", { ...args, weights: w, steps: args.steps ?? [] });
+      const read = (f: Flat): [string, NpyRecord][] => f.map((x) => [x.path, this.readArray(x)]);
+      return { losses: r.losses.map((l) => this.readArray(l)), params: read(r.params), state: read(r.state) };
+    } finally {
+      rmSync(w.npy, { force: true });
+    }
   }
 
   /** Ask the server to exit; waits for the process (kills it after `graceMs`). */

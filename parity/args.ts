@@ -55,25 +55,6 @@ export function parseArgs(argv: readonly string[], specs: readonly FlagSpec[]): 
   return out;
 }
 
-/**
- * Runs a command's main as the entry point: exits with its code, or on an error prints one
- * "error:" line (the error with its stack under --verbose) and exits 2 for bad usage or input, 1
- * otherwise (with a hint to rerun with --verbose when the command has that flag).
- */
-export function runMain(main: (argv: string[]) => Promise<number>, { verboseHint = false } = {}): void {
-  const verbose = process.argv.includes("--verbose");
-  main(process.argv.slice(2)).then(
-    (code) => process.exit(code),
-    (e: unknown) => {
-      const err = e as Error;
-      const input = isInputError(err);
-      if (verbose) console.error(err);
-      else process.stderr.write(`\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${input || !verboseHint ? "" : "(run with --verbose for details)\n"}`);
-      process.exit(input ? 2 : 1);
-    },
-  );
-}
-
 export function helpText(usage: string, summary: string, specs: readonly FlagSpec[], footer = ""): string {
   const rows = specs.map((s) => {
     const left = `  --${s.name}${s.kind === "bool" ? "" : ` <${s.valueName ?? s.kind}>`}`;
@@ -82,4 +63,18 @@ export function helpText(usage: string, summary: string, specs: readonly FlagSpe
   });
   const w = Math.max(...rows.map(([l]) => l.length)) + 2;
   return [`Usage: ${usage}`, "", summary, "", "Options:", ...rows.map(([l, r]) => l.padEnd(w) + r), footer].join("\n").trimEnd() + "\n";
+}
+
+/**
+ * Runs a command's main(argv) and exits with its code; an error prints one line (a stack trace
+ * with --verbose) and exits 2 for bad usage or input (isInputError), 1 otherwise.
+ */
+export function runMain(main: (argv: string[]) => Promise<number>, message: (err: Error) => string = (err) => `error: ${err.message}\n`): void {
+  const verbose = process.argv.includes("--verbose");
+  const fail = (e: unknown): never => {
+    if (verbose) console.error(e);
+    else process.stderr.write(message(e as Error));
+    process.exit(isInputError(e) ? 2 : 1);
+  };
+  main(process.argv.slice(2)).then((code) => process.exit(code), fail);
 }
