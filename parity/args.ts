@@ -3,14 +3,15 @@
 
 import { ConfigError } from "../model/gemma4/config.ts";
 import { WeightsError } from "../model/gemma4/weights.ts";
+import { PromptCacheError } from "../model/cache/prompt_cache.ts";
 
 export class UsageError extends Error {
   override readonly name = "UsageError";
 }
 
-/** Bad usage or bad input (a checkpoint the loader refuses): the commands exit 2 for these. */
+/** Bad usage or bad input (a checkpoint or prompt-cache file the loaders refuse): the commands exit 2 for these. */
 export function isInputError(e: unknown): boolean {
-  return e instanceof UsageError || e instanceof ConfigError || e instanceof WeightsError;
+  return e instanceof UsageError || e instanceof ConfigError || e instanceof WeightsError || e instanceof PromptCacheError;
 }
 
 export interface FlagSpec {

@@ -12,6 +12,7 @@ import { benchPlan, FLAGS as BENCH_FLAGS } from "../../../bench/run.ts";
 import { regenArgs, FLAGS as REGEN_FLAGS } from "../../../oracle/regen.ts";
 import { referencePlan, FLAGS as REFERENCE_FLAGS } from "../../../oracle/reference_export.ts";
 import type { FlagSpec } from "../../../parity/args.ts";
+import { cachePromptPlan, FLAGS as CACHE_PROMPT_FLAGS } from "../../../parity/cache_prompt_cli.ts";
 import { FLAGS as PARITY_FLAGS, parityPlan } from "../../../parity/cli.ts";
 import { FLAGS as GENERATE_FLAGS, generatePlan } from "../../../parity/generate_cli.ts";
 import { FLAGS as OPS_FLAGS, opsReportArgs } from "../../../parity/ops_report.ts";
@@ -35,6 +36,7 @@ export const COMMANDS: CliCommand[] = [
   { name: "golden:regen", script: "oracle/regen.ts", flags: REGEN_FLAGS, validate: regenArgs },
   { name: "parity:ops", script: "parity/ops_report.ts", flags: OPS_FLAGS, validate: opsReportArgs, positionals: ["add", "fast.rope", "no_such_op", "add add"] },
   { name: "reference:export", script: "oracle/reference_export.ts", flags: REFERENCE_FLAGS, validate: referencePlan },
+  { name: "cache-prompt", script: "parity/cache_prompt_cli.ts", flags: CACHE_PROMPT_FLAGS, validate: cachePromptPlan },
 ];
 
 // Directory placeholders, made in the input's scratch directory by `materialise`.
@@ -49,6 +51,8 @@ const BY_NAME: Record<string, string[]> = {
   "big-prompts": ["128,1024", "1", "2", "x", "", "5,-3", "1e9"],
   "big-dtype": ["float32", "bfloat16", "float16", ""],
   out: ["$SCRATCH/out", ""],
+  "prompt-cache-file": ["$SCRATCH/cache.safetensors", "$SCRATCH/cache.txt", "$MISSING/x.safetensors", "$FILE", ""],
+  "draft-model": DIRS,
 };
 const INTS = ["0", "1", "2", "-1", "8", "1.5", "1e3", "NaN", "Infinity", "-Infinity", "0x10", "", " ", "99999999999999999999", "2147483648", "abc"];
 const NUMBERS = ["0", "-0.5", "0.5", "1", "1e-3", "NaN", "Infinity", "abc", "", "1e400"];
