@@ -672,6 +672,20 @@ for (const q of QMODES) {
   }
 }
 
+// quantized_matmul with one quantization group per row (K == group_size) and several rows of x:
+// the fixtures' router projections (8-bit g64, K = 64, N = 8) and c4_e4b/mixed's per-layer
+// projection (4-bit g64, N = 192). On CUDA with compute capability 9 these are the only shapes
+// MLX sends to its qmm_sm90 kernel (group_size >= K, more than one row), where the two processes
+// computed different values (bench/PARITY-cuda.md).
+for (const dt of FLOATS) {
+  const run = (xs: Operand[], p: Params) => mx.quantizedMatmul(A(xs, 0), A(xs, 1), A(xs, 2), A(xs, 3), { ...qargs(p), transpose: true });
+  for (const [bits, n] of [[8, 8], [4, 192], [4, 8]] as const) {
+    const q: QMode = { mode: "affine", groupSize: 64, bits };
+    const ins = qinputs(q, [n, 64]).map((s, i) => (i >= 1 && "dtype" in s ? { ...s, dtype: dt } : s));
+    for (const m of [5, 36]) add("quantizedMatmul", "quantized_matmul", [arr([1, m, 64], dt), ...ins], { ...qparams(q), has_biases: true, transpose: true }, run);
+  }
+}
+
 // nvfp4 with a global scale (Python `global_scale=`)
 for (const dt of FLOATS) {
   const gsc: Gen = { values: [0.75] };

@@ -50,6 +50,7 @@ import golden_io  # noqa: E402
 import make_checkpoints as mkc  # noqa: E402
 from common import (  # noqa: E402
     DEFAULT_CKPT_ROOT,
+    NP_DTYPES,
     REPO,
     from_numpy,
     load_scenarios,
@@ -318,6 +319,20 @@ class Server:
             r["meta"] = cap.cache_meta(caches[name]) if name in caches else None
             results.append(r)
         return {"results": results}
+
+    # ------------------------------------------------------------ media (mlx-vlm preprocessing)
+    def cmd_media(self, req: dict) -> dict:
+        """`fn` of oracle/python/media.py with `args`; .npy inputs in, numpy results out."""
+        import media  # lazy: imports mlx_vlm / PIL only when asked
+
+        fn = media.FUNCTIONS.get(req.get("fn"))
+        if fn is None:
+            raise LookupError(f"unknown media function {req.get('fn')!r} (have {sorted(media.FUNCTIONS)})")
+        args = {k: np.load(v["npy"], allow_pickle=False) if isinstance(v, dict) and "npy" in v else v
+                for k, v in (req.get("args") or {}).items()}
+        out = fn(**args)
+        names = {np.dtype(t): n for n, t in NP_DTYPES.items() if n != "bfloat16"}
+        return {k: self.out_numpy(v, names[v.dtype], k) if isinstance(v, np.ndarray) else v for k, v in out.items()}
 
     # ------------------------------------------------------------ training API (nn.Module, autodiff)
     def fresh_model(self, req: dict):
