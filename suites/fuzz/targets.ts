@@ -16,6 +16,10 @@ import { tokenizePrompt } from "../../parity/inputs.ts";
 import { arbTokenizer, type TokenizerSpec } from "./inputs/tokenizer.ts";
 import { OracleError } from "../../oracle/client.ts";
 import { arbOracle, type FakeOracleSpec, runOracle } from "./inputs/oracle.ts";
+import { decodeImage } from "../../model/media/image.ts";
+import { MediaError } from "../../model/media/errors.ts";
+import { decodeWav } from "../../model/media/wav.ts";
+import { arbMedia, type MediaSpec, mediaBytes } from "./inputs/media.ts";
 import { arbConfig, type ConfigSpec, configText } from "./inputs/config.ts";
 import { arbOpCall, callOp, type OpCall } from "./inputs/ops.ts";
 import { arbSafetensors, baseOfFile, SMALL_BASE, type StSpec, stBytes } from "./inputs/safetensors.ts";
@@ -109,6 +113,18 @@ function runCliProcess(input: CliInput, ctx: FuzzContext): void {
 const jsonText = (j: { json: unknown } | { text: string }) => ("json" in j ? JSON.stringify(j.json) : j.text);
 
 export const TARGETS: FuzzTarget[] = [
+  target<MediaSpec>({
+    name: "media/decode",
+    sample: 60,
+    arbitrary: arbMedia,
+    run: async (m) => {
+      const b = new Uint8Array(mediaBytes(m));
+      // a small pixel limit: a header may claim any size, and the limit check is fuzzed too
+      if (m.format === "wav") decodeWav(b, "fuzz.wav");
+      else await decodeImage(b, `fuzz.${m.format}`, { maxPixels: 1 << 20 });
+    },
+    judge: expectError([MediaError], (m) => [`fuzz.${m.format}`]),
+  }),
   target<FakeOracleSpec>({
     name: "oracle/replies",
     sample: 20,
