@@ -964,6 +964,13 @@ int mlxb_compiled_free(Compiled* c) {
   })
 }
 
+// ---------------------------------------------------------------- tuner (mlx_lm/tuner)
+
+// mx.random.bernoulli(p, shape, key) (nn.Dropout's mask): bits(shape) < p * nextafter(2^32 - 1).
+Arr* mlxb_random_bernoulli(const Arr* p, const int32_t* shape, int ndim, const Arr* key) {
+  GUARD_PTR("random.bernoulli", { return wrap(mx::random::bernoulli(A(p), shape_of(shape, ndim), opt(key))); })
+}
+
 // ---------------------------------------------------------------- benchmark support
 
 // The bench/ffi.ts chain built natively (the floor both bindings pay: MLX's own graph

@@ -137,6 +137,8 @@ const symbols = {
   mlxb_array_id: { args: [ptr], returns: f64 },
   mlxb_graph_nodes: { args: [ptr], returns: ptr },
   mlxb_graph_replay: { args: [ptr, ptr, ptr, i32], returns: ptr },
+  // tuner (mlx_lm/tuner)
+  mlxb_random_bernoulli: { args: [ptr, ptr, i32, ptr], returns: ptr },
 } as const;
 
 type Arg = number | ArrayBufferView | null;

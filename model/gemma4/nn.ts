@@ -12,6 +12,7 @@
 
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
+import { tunerMutated } from "../tuner/mutations.ts";
 
 export type QuantMode = "affine" | "mxfp4" | "nvfp4" | "mxfp8";
 
@@ -83,6 +84,56 @@ export abstract class Module {
     const old = owner[key];
     owner[key] = value;
     if (old instanceof mx.MlxArray && old !== value) old.dispose();
+  }
+
+  // ---------------------------------------------------------------- module walks, train/eval
+  // (used by the tuner: linear_to_lora_layers converts in named_modules order, which decides the
+  // order of its random draws)
+
+  /** Python's Module._training: True for a new module (Dropout reads it). */
+  _training = true;
+
+  get training(): boolean {
+    return this._training;
+  }
+
+  /** Module.children(): the direct child modules, as [relative path, module] in member order. */
+  children(): [string, Module][] {
+    const out: [string, Module][] = [];
+    for (const [k, v] of this.members()) if (v instanceof Module) out.push([k, v]);
+    return out;
+  }
+
+  /**
+   * Module.apply_to_modules: Python's LIFO stack walk. A module is visited, then its children
+   * are pushed in member order and popped in reverse, so siblings come last-declared first.
+   */
+  applyToModules(fn: (path: string, m: Module) => void): void {
+    const stack: [string, Module][] = [["", this]];
+    while (stack.length) {
+      const [prefix, mod] = stack.pop()!;
+      fn(prefix, mod);
+      for (const [k, c] of mod.children()) stack.push([prefix ? `${prefix}.${k}` : k, c]);
+    }
+  }
+
+  /** Module.named_modules(): every module with its dotted path ("" for this one), walk order. */
+  namedModules(): [string, Module][] {
+    const out: [string, Module][] = [];
+    this.applyToModules((k, m) => out.push([k, m]));
+    return out;
+  }
+
+  /** Module.train(mode): sets the training flag of every module. */
+  train(mode = true): void {
+    this.applyToModules((_, m) => {
+      m._training = mode;
+    });
+  }
+
+  /** Module.eval(). */
+  eval(): void {
+    this.train(false);
   }
 }
 
@@ -294,6 +345,26 @@ export class RoPE extends Module implements RopeLike {
 
   call(x: MlxArray, offset: number | MlxArray = 0): MlxArray {
     return mx.fast.rope(x, this.dims, { traditional: this.traditional, base: this.base, scale: this.scale, offset });
+  }
+}
+
+// ------------------------------------------------------------------ Dropout
+
+/** nn.Dropout(p): identity unless training with p > 0; else `(mask * x) * (1 / p_1)`. */
+export class Dropout extends Module {
+  readonly _p_1: number;
+  constructor(p = 0.5) {
+    super();
+    if (p < 0 || p >= 1) throw new RangeError(`The dropout probability ${p} is not in [0, 1)`);
+    this._p_1 = 1 - p; // Python float arithmetic (float64)
+  }
+
+  /** Returns an owned array: a second handle to x when inactive (Python returns x itself). */
+  call(x: MlxArray): MlxArray {
+    if (this._p_1 === 1 || (!this.training && !tunerMutated("dropout_at_eval"))) return mx.alias(x);
+    using mask = mx.random.bernoulli(this._p_1, { shape: x.shape });
+    using mx_ = mx.multiply(mask, x);
+    return mx.multiply(mx_, mx.pyFloat(1 / this._p_1));
   }
 }
 

@@ -1,0 +1,32 @@
+// Test-only switch for the tuner's mutation suite (suites/mutations/tuner.test.ts): each name
+// re-introduces one plausible training-port bug at the one place it would live. The gradient
+// parity must catch each and name the first divergent tensor. Production code never adds to the
+// set, so every check is a failed Set lookup.
+
+export const TUNER_MUTATIONS = [
+  "lora_add_swapped", // LoRALinear returns (scale*z).astype + y instead of y + (scale*z).astype
+  "lora_scale_twice", // the LoRA branch multiplied by scale twice
+  "dropout_at_eval", // nn.Dropout draws its mask in eval mode too
+  "loss_mask_exact", // default_loss mask `steps < length` (no extra padding target)
+  "adamw_decay_after", // AdamW decays the updated parameter instead of the parameter before the update
+] as const;
+
+export type TunerMutation = (typeof TUNER_MUTATIONS)[number];
+
+const active = new Set<string>();
+
+/** True when the named bug is switched on (tests only). */
+export function tunerMutated(name: TunerMutation): boolean {
+  return active.size !== 0 && active.has(name);
+}
+
+/** Runs fn with exactly one tuner mutation active (tests only). */
+export async function withTunerMutation<T>(name: TunerMutation, fn: () => T | Promise<T>): Promise<T> {
+  active.clear();
+  active.add(name);
+  try {
+    return await fn();
+  } finally {
+    active.clear();
+  }
+}

@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""mlx-lm's tuner as the oracle for model/tuner: adapters, fuse, and (kind "train") training runs.
+
+stdin: a JSON list of jobs; each writes its results under job["out"] (safetensors + meta.json).
+One process serves every job (importing mlx-lm dominates the run time). Nothing in mlx-lm is
+modified; the jobs only call its public functions in the order its CLI and trainer call them.
+
+kind "lora": load_model(ckpt) -> freeze -> mx.random.seed(seed) -> linear_to_lora_layers
+  (or load_adapters(load) when "load" is given) and writes
+    meta.json             named_modules order, trainable parameter names, or the error raised
+    init.safetensors      every adapter parameter (lora_a, lora_b, m) right after conversion
+    adapters/             with "perturb": every trainable tensor moved by 0.05 * normal(key(1000+i)),
+                          saved as the trainer saves (adapters.safetensors + adapter_config.json)
+    logits.safetensors    model.eval(); model(tokens)
+    fused/                with "fuse": mlx_lm.fuse's steps (fuse every module, dequantize_model,
+                          save_model, save_config), and fused_logits.safetensors = load_model(fused)(tokens)
+  "load_fused": a fused directory (made by the TS side) -> load_model -> its logits in
+  load_fused_logits.safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.tuner.utils import linear_to_lora_layers, load_adapters
+from mlx_lm.utils import dequantize_model, load_model, save_config, save_model
+
+ADAPTER_LEAVES = {"lora_a", "lora_b", "m"}
+
+
+def adapter_params(model) -> dict:
+    return {k: v for k, v in tree_flatten(model.parameters()) if k.rsplit(".", 1)[-1] in ADAPTER_LEAVES}
+
+
+def logits_of(model, tokens) -> mx.array:
+    out = model(mx.array(tokens, dtype=mx.int32))
+    mx.eval(out)
+    return out
+
+
+def lora_job(job: dict) -> None:
+    out = Path(job["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    meta: dict = {}
+    model, config = load_model(Path(job["ckpt"]))
+    ftype = job.get("fine_tune_type", "lora")
+    try:
+        if job.get("load"):
+            load_adapters(model, job["load"])
+        else:
+            model.freeze()
+            mx.random.seed(job["seed"])
+            linear_to_lora_layers(model, job["num_layers"], job["lora_parameters"], use_dora=(ftype == "dora"))
+    except (ValueError, KeyError) as e:
+        meta["error"] = {"type": type(e).__name__, "message": str(e)}
+        (out / "meta.json").write_text(json.dumps(meta))
+        return
+    meta["named_modules"] = [k for k, _ in model.named_modules()]
+    meta["trainable"] = [k for k, _ in tree_flatten(model.trainable_parameters())]
+    init = adapter_params(model)
+    mx.eval(init)
+    mx.save_safetensors(str(out / "init.safetensors"), init)
+    if job.get("perturb"):
+        moved = []
+        for i, (k, v) in enumerate(tree_flatten(model.trainable_parameters())):
+            noise = mx.random.normal(v.shape, key=mx.random.key(1000 + i)).astype(v.dtype)
+            moved.append((k, v + 0.05 * noise))
+        model.update(tree_unflatten(moved))
+        adir = out / "adapters"
+        adir.mkdir(exist_ok=True)
+        weights = dict(tree_flatten(model.trainable_parameters()))
+        mx.eval(weights)
+        mx.save_safetensors(str(adir / "adapters.safetensors"), weights)
+        save_config(
+            {"fine_tune_type": ftype, "num_layers": job["num_layers"], "lora_parameters": job["lora_parameters"]},
+            adir / "adapter_config.json",
+        )
+    model.eval()
+    mx.save_safetensors(str(out / "logits.safetensors"), {"logits": logits_of(model, job["tokens"])})
+    if job.get("fuse") is not None:
+        dq = bool(job["fuse"].get("dequantize", False))
+        fused = [(n, m.fuse(dequantize=dq)) for n, m in model.named_modules() if hasattr(m, "fuse")]
+        if fused:
+            model.update_modules(tree_unflatten(fused))
+        if dq:
+            model = dequantize_model(model)
+            config.pop("quantization", None)
+            config.pop("quantization_config", None)
+        fdir = out / "fused"
+        save_model(fdir, model)
+        save_config(config, config_path=fdir / "config.json")
+        back, _ = load_model(fdir)
+        mx.save_safetensors(str(out / "fused_logits.safetensors"), {"logits": logits_of(back, job["tokens"])})
+    (out / "meta.json").write_text(json.dumps(meta))
+
+
+def load_fused_job(job: dict) -> None:
+    out = Path(job["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    model, _ = load_model(Path(job["load_fused"]))
+    mx.save_safetensors(str(out / "load_fused_logits.safetensors"), {"logits": logits_of(model, job["tokens"])})
+
+
+def main() -> int:
+    jobs = json.load(sys.stdin)
+    status = 0
+    for job in jobs:
+        try:
+            if job["kind"] == "lora":
+                lora_job(job)
+            elif job["kind"] == "load_fused":
+                load_fused_job(job)
+            else:
+                raise ValueError(f"unknown job kind {job['kind']!r}")
+        except Exception:  # noqa: BLE001 - reported per job, the others still run
+            Path(job["out"]).mkdir(parents=True, exist_ok=True)
+            (Path(job["out"]) / "meta.json").write_text(json.dumps({"crash": traceback.format_exc()}))
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
