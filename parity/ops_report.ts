@@ -1,21 +1,27 @@
-// `npm run parity` (for now): the op-level parity report. Prints the coverage table and exits 0
-// only if every exposed op is parity-tested and every case is bit-exact.
+// `npm run parity:ops`: the op-level parity report, forward and gradient (vjp). Prints the coverage
+// table and exits 0 only if every exposed op is parity-tested (every differentiable one also for
+// its vjp) and every case is bit-exact.
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
 import { OracleClient } from "../oracle/client.ts";
 import { coverage, runCases } from "../oracle/ops/runner.ts";
+import { NOT_DIFFERENTIABLE, runVjpCases, vjpCases, vjpCoverage } from "../oracle/ops/vjp_runner.ts";
 
 const t0 = performance.now();
 const exposed = exposedOps().filter((o) => !(o in NOT_OPS));
 const only = process.argv[2];
 const cases = only ? CASES.filter((c) => c.op === only || c.oracle === only) : CASES;
+const gradCases = vjpCases().filter((c) => !only || c.op === only || c.oracle === only);
 const oracle = await OracleClient.start();
 let results;
+let gradResults;
 try {
   results = await runCases(cases, oracle);
+  gradResults = await runVjpCases(gradCases, oracle);
 } finally {
   await oracle.close();
 }
 const cov = coverage(exposed, cases, results);
+const gradCov = vjpCoverage(exposed, gradCases, gradResults);
 
 const perOp = new Map<string, { n: number; ok: number }>();
 for (const r of results) {
@@ -30,6 +36,10 @@ const rows: [string, string][] = [
   ["ops parity-tested", `${cov.tested.length} (${pct(cov.tested.length, cov.exposed.length)})`],
   ["cases", String(cov.cases)],
   ["bit-exact cases", `${cov.bitExact} (${pct(cov.bitExact, cov.cases)})`],
+  ["differentiable ops", `${gradCov.exposed.length} (${Object.keys(NOT_DIFFERENTIABLE).length} not: PARITY_VERBOSE=1 lists why)`],
+  ["ops vjp-tested", `${gradCov.tested.length} (${pct(gradCov.tested.length, gradCov.exposed.length)})`],
+  ["vjp cases", String(gradCov.cases)],
+  ["bit-exact vjp cases", `${gradCov.bitExact} (${pct(gradCov.bitExact, gradCov.cases)})`],
 ];
 const w = Math.max(...rows.map(([k]) => k.length));
 console.log(`\nOp-level parity: @mlx-bun/mlx vs Python MLX (oracle: oracle/python/server.py, pid ${oracle.pid})`);
@@ -37,9 +47,12 @@ console.log("-".repeat(w + 24));
 for (const [k, v] of rows) console.log(`${k.padEnd(w)}  ${v}`);
 console.log("-".repeat(w + 24));
 if (process.env.PARITY_VERBOSE) for (const [op, e] of [...perOp].sort()) console.log(`  ${op.padEnd(34)} ${e.ok}/${e.n}`);
+if (process.env.PARITY_VERBOSE) for (const [op, why] of Object.entries(NOT_DIFFERENTIABLE)) console.log(`  not differentiable: ${op.padEnd(22)} ${why}`);
 if (!only && cov.untested.length) console.log(`untested ops: ${cov.untested.join(", ")}`);
-for (const f of cov.failures.slice(0, 40)) console.log(`FAIL ${f.id}\n     ${f.detail}`);
-if (cov.failures.length > 40) console.log(`... and ${cov.failures.length - 40} more failures`);
+if (!only && gradCov.untested.length) console.log(`differentiable ops without vjp cases: ${gradCov.untested.join(", ")}`);
+const failures = [...cov.failures, ...gradCov.failures.map((f) => ({ ...f, id: `vjp ${f.id}` }))];
+for (const f of failures.slice(0, 40)) console.log(`FAIL ${f.id}\n     ${f.detail}`);
+if (failures.length > 40) console.log(`... and ${failures.length - 40} more failures`);
 console.log(`(${((performance.now() - t0) / 1000).toFixed(1)} s)`);
-const ok = !only && cov.untested.length === 0 && cov.failures.length === 0 && cov.cases > 0;
-process.exit(only ? (cov.failures.length === 0 ? 0 : 1) : ok ? 0 : 1);
+const ok = !only && cov.untested.length === 0 && gradCov.untested.length === 0 && failures.length === 0 && cov.cases > 0;
+process.exit(only ? (failures.length === 0 ? 0 : 1) : ok ? 0 : 1);

@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -964,6 +965,109 @@ int mlxb_compiled_free(Compiled* c) {
   })
 }
 
+// ---------------------------------------------------------------- autodiff
+
+}  // extern "C"
+
+namespace {
+
+// JS functions enter the transforms (vjp, jvp, value_and_grad, checkpoint) through one
+// trampoline the TS side registers once: trampoline(fn_id, inputs) -> outputs, NULL when the JS
+// function threw (the TS side keeps that error and rethrows it after the native call fails).
+// A closure owns its function id through a shared JsFn. When MLX drops the closure (vjp and
+// value_and_grad at the end of the call; a checkpoint when its graph node is freed, possibly on
+// the stream's worker thread) the id is queued for the TS side to release, without calling JS.
+using Trampoline = Vec* (*)(double fn_id, Vec* inputs);
+Trampoline g_trampoline = nullptr;
+std::mutex g_released_mutex;
+std::vector<double> g_released;
+
+struct JsFn {
+  double id;
+  explicit JsFn(double i) : id(i) {}
+  JsFn(const JsFn&) = delete;
+  JsFn& operator=(const JsFn&) = delete;
+  ~JsFn() {
+    std::lock_guard<std::mutex> lock(g_released_mutex);
+    g_released.push_back(id);
+  }
+};
+
+using ArrayFn = std::function<std::vector<array>(const std::vector<array>&)>;
+
+ArrayFn js_function(double id) {
+  auto fn = std::make_shared<JsFn>(id);
+  return [fn](const std::vector<array>& inputs) {
+    if (g_trampoline == nullptr) throw std::runtime_error("no JS trampoline registered");
+    auto in = std::make_unique<Vec>();
+    in->items = inputs;
+    Vec* out = g_trampoline(fn->id, in.get());
+    in->magic = kDead;
+    if (out == nullptr) throw std::runtime_error("the JS function failed");
+    if (out->magic != kVecLive) throw std::runtime_error("the JS function returned an invalid vector");
+    std::vector<array> result = std::move(out->items);
+    out->magic = kDead;
+    delete out;
+    return result;
+  };
+}
+
+Vec* vec_of(std::vector<array> a, const std::vector<array>& b) {
+  auto* v = new Vec();
+  v->items = std::move(a);
+  v->items.insert(v->items.end(), b.begin(), b.end());
+  return v;
+}
+
+}  // namespace
+
+extern "C" {
+
+int mlxb_set_trampoline(Trampoline t) {
+  g_trampoline = t;
+  return 0;
+}
+
+// The id of a closure MLX has dropped since the last call, or -1 when there is none.
+double mlxb_next_released() {
+  std::lock_guard<std::mutex> lock(g_released_mutex);
+  if (g_released.empty()) return -1;
+  double id = g_released.back();
+  g_released.pop_back();
+  return id;
+}
+
+// mx.vjp(fun, primals, cotangents): the outputs, then one vjp per primal.
+Vec* mlxb_vjp(double fn, const double* primals, int np, const double* cotans, int nc) {
+  GUARD_PTR("vjp", {
+    auto [outs, vjps] = mx::vjp(js_function(fn), arrays_of(primals, np), arrays_of(cotans, nc));
+    return vec_of(std::move(outs), vjps);
+  })
+}
+
+// mx.jvp(fun, primals, tangents): the outputs, then one jvp per output.
+Vec* mlxb_jvp(double fn, const double* primals, int np, const double* tangents, int nt) {
+  GUARD_PTR("jvp", {
+    auto [outs, jvps] = mx::jvp(js_function(fn), arrays_of(primals, np), arrays_of(tangents, nt));
+    return vec_of(std::move(outs), jvps);
+  })
+}
+
+// value_and_grad(fun, argnums)(inputs), the call Python's mx.value_and_grad makes with every
+// array of every argument as an input and the flat positions of the differentiated ones as
+// argnums: the values (outputs after the first under stop_gradient), then one gradient per argnum.
+Vec* mlxb_value_and_grad(double fn, const int32_t* argnums, int nargnums, const double* inputs, int n) {
+  GUARD_PTR("value_and_grad", {
+    auto [values, grads] = mx::value_and_grad(js_function(fn), ints_of(argnums, nargnums))(arrays_of(inputs, n));
+    return vec_of(std::move(values), grads);
+  })
+}
+
+// mx.checkpoint(fun)(inputs): the outputs; the closure stays in their graph for the recompute.
+Vec* mlxb_checkpoint(double fn, const double* inputs, int n) {
+  GUARD_PTR("checkpoint", {
+    return vec_of(mx::checkpoint(js_function(fn))(arrays_of(inputs, n)), {});
+  })
 // ---------------------------------------------------------------- tuner (mlx_lm/tuner)
 
 // mx.random.bernoulli(p, shape, key) (nn.Dropout's mask): bits(shape) < p * nextafter(2^32 - 1).

@@ -12,3 +12,5 @@ export * from "./memory.ts";
 export * from "./device.ts";
 export { pyFloat, pyInt, PyScalar, type Scalar } from "./scalar.ts";
 export * as graph from "./graph.ts";
+export { checkpoint, grad, jvp, liveTracedFunctions, valueAndGrad, vjp, type ArrayFunction, type ValueAndGradFunction } from "./autodiff.ts";
+export * as utils from "./utils.ts";

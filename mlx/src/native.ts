@@ -137,6 +137,13 @@ const symbols = {
   mlxb_array_id: { args: [ptr], returns: f64 },
   mlxb_graph_nodes: { args: [ptr], returns: ptr },
   mlxb_graph_replay: { args: [ptr, ptr, ptr, i32], returns: ptr },
+  // autodiff (autodiff.ts): one JS trampoline, closures released through a queue
+  mlxb_set_trampoline: { args: [FFIType.function], returns: i32 },
+  mlxb_next_released: { args: [], returns: f64 },
+  mlxb_vjp: { args: [f64, ptr, i32, ptr, i32], returns: ptr },
+  mlxb_jvp: { args: [f64, ptr, i32, ptr, i32], returns: ptr },
+  mlxb_value_and_grad: { args: [f64, ptr, i32, ptr, i32], returns: ptr },
+  mlxb_checkpoint: { args: [f64, ptr, i32], returns: ptr },
   // tuner (mlx_lm/tuner)
   mlxb_random_bernoulli: { args: [ptr, ptr, i32, ptr], returns: ptr },
 } as const;

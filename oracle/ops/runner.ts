@@ -91,7 +91,7 @@ export function inputBytes(spec: ArraySpec, seed: string): Uint8Array {
   return a.toBytes();
 }
 
-function applyView(a: MlxArray, view: View | undefined): MlxArray {
+export function applyView(a: MlxArray, view: View | undefined): MlxArray {
   if (!view) return a;
   if ("transpose" in view) return view.transpose === null ? mx.transpose(a) : mx.transpose(a, view.transpose);
   return mx.slice(a, view.slice.start, view.slice.stop, view.slice.strides);
