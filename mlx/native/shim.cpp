@@ -1068,6 +1068,8 @@ Vec* mlxb_checkpoint(double fn, const double* inputs, int n) {
   GUARD_PTR("checkpoint", {
     return vec_of(mx::checkpoint(js_function(fn))(arrays_of(inputs, n)), {});
   })
+}
+
 // ---------------------------------------------------------------- tuner (mlx_lm/tuner)
 
 // mx.random.bernoulli(p, shape, key) (nn.Dropout's mask): bits(shape) < p * nextafter(2^32 - 1).
