@@ -1077,6 +1077,11 @@ Arr* mlxb_random_bernoulli(const Arr* p, const int32_t* shape, int ndim, const A
   GUARD_PTR("random.bernoulli", { return wrap(mx::random::bernoulli(A(p), shape_of(shape, ndim), opt(key))); })
 }
 
+// mx.fast.cross_entropy(logits, targets): nn.losses.cross_entropy's GPU path.
+Arr* mlxb_fast_cross_entropy(const Arr* logits, const Arr* targets) {
+  GUARD_PTR("fast.cross_entropy", { return wrap(mx::fast::cross_entropy(A(logits), A(targets))); })
+}
+
 // ---------------------------------------------------------------- benchmark support
 
 // The bench/ffi.ts chain built natively (the floor both bindings pay: MLX's own graph

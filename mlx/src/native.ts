@@ -146,6 +146,7 @@ const symbols = {
   mlxb_checkpoint: { args: [f64, ptr, i32], returns: ptr },
   // tuner (mlx_lm/tuner)
   mlxb_random_bernoulli: { args: [ptr, ptr, i32, ptr], returns: ptr },
+  mlxb_fast_cross_entropy: { args: [ptr, ptr], returns: ptr },
 } as const;
 
 type Arg = number | ArrayBufferView | null;

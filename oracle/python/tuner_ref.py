@@ -107,6 +107,56 @@ def load_fused_job(job: dict) -> None:
     mx.save_safetensors(str(out / "load_fused_logits.safetensors"), {"logits": logits_of(model, job["tokens"])})
 
 
+def batches_job(job: dict) -> None:
+    """iterate_batches over job["data"] ([tokens, offset] pairs, or records with "cache": true ->
+    CacheDataset over pre-tokenized records), the first job["take"] batches; with "ckpt" also
+    default_loss on each (model.eval(), optional LoRA as in "lora" jobs)."""
+    import numpy as np
+    from mlx_lm.tuner.trainer import default_loss, iterate_batches
+
+    out = Path(job["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    data = [(list(t), int(o)) for t, o in job["data"]]
+    if job.get("np_seed") is not None:
+        np.random.seed(job["np_seed"])
+    model = None
+    if job.get("ckpt"):
+        model, _ = load_model(Path(job["ckpt"]))
+        if job.get("lora_parameters"):
+            model.freeze()
+            mx.random.seed(job["seed"])
+            linear_to_lora_layers(model, job["num_layers"], job["lora_parameters"])
+        model.eval()
+    it = iterate_batches(data, job["batch_size"], job["max_seq_length"], loop=job.get("loop", False), seed=job.get("seed_batches"))
+    tensors = {}
+    for i in range(job["take"]):
+        try:
+            b, l = next(it)
+        except StopIteration:
+            break
+        tensors[f"{i}.batch"] = b
+        tensors[f"{i}.lengths"] = l
+        if model is not None:
+            loss, ntoks = default_loss(model, b, l)
+            tensors[f"{i}.loss"] = loss
+            tensors[f"{i}.ntoks"] = ntoks
+    mx.eval(tensors)
+    mx.save_safetensors(str(out / "batches.safetensors"), tensors)
+    (out / "meta.json").write_text(json.dumps({"count": len(tensors)}))
+
+
+def permutation_job(job: dict) -> None:
+    import numpy as np
+
+    out = Path(job["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    res = []
+    for seed, n, k in job["cases"]:
+        np.random.seed(seed)
+        res.append([np.random.permutation(n).tolist() for _ in range(k)])
+    (out / "meta.json").write_text(json.dumps({"permutations": res}))
+
+
 def main() -> int:
     jobs = json.load(sys.stdin)
     status = 0
@@ -116,6 +166,10 @@ def main() -> int:
                 lora_job(job)
             elif job["kind"] == "load_fused":
                 load_fused_job(job)
+            elif job["kind"] == "batches":
+                batches_job(job)
+            elif job["kind"] == "permutation":
+                permutation_job(job)
             else:
                 raise ValueError(f"unknown job kind {job['kind']!r}")
         except Exception:  # noqa: BLE001 - reported per job, the others still run
