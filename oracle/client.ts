@@ -443,6 +443,33 @@ export class OracleClient {
     return this.readMask(r.mask);
   }
 
+  /**
+   * nn.value_and_grad on a fresh copy of the checkpoint's model after the module `steps`
+   * (freeze/unfreeze/train/eval), with loss = (model(tokens) * weights).sum(): the loss and the
+   * gradients by parameter path, in tree_flatten order. `checkpointLayers`: under mlx-lm's
+   * grad_checkpoint.
+   */
+  async moduleGrad(
+    checkpoint: string,
+    tokens: number[][],
+    weights: NpyRecord,
+    { steps = [], checkpointLayers = false }: { steps?: object[]; checkpointLayers?: boolean } = {},
+  ): Promise<{ loss: NpyRecord; grads: [string, NpyRecord][] }> {
+    const w = this.writeInput(weights);
+    try {
+      const r = await this.request<{ loss: NpyRef; grads: (NpyRef & { path: string })[] }>("module_grad", {
+        checkpoint,
+        tokens,
+        weights: w,
+        steps,
+        checkpoint_layers: checkpointLayers,
+      });
+      return { loss: this.readArray(r.loss), grads: r.grads.map((g) => [g.path, this.readArray(g)]) };
+    } finally {
+      rmSync(w.npy, { force: true });
+    }
+  }
+
   /** Ask the server to exit; waits for the process (kills it after `graceMs`). */
   async close(graceMs = 5000): Promise<void> {
     const proc = this.proc;

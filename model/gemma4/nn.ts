@@ -4,7 +4,10 @@
 //
 // Module mirrors mlx.nn.Module's dict-of-members: an MlxArray member whose name does not start
 // with "_" is a parameter, a Module member (or a list of Modules) is a child. Parameter paths are
-// the checkpoint keys ("model.layers.0.self_attn.q_proj.weight").
+// the checkpoint keys ("model.layers.0.self_attn.q_proj.weight"). Members are visited in
+// declaration order, which is the Python attribute order (named_modules, tree keys). The
+// training API (trainableParameters, freeze, update, namedModules, valueAndGrad, checkpoint)
+// follows mlx/nn/layers/base.py and mlx/nn/utils.py; its trees are Python's (mx.utils).
 //
 // Parameters start as lazy zero placeholders of the shape Python's constructor would create
 // (never evaluated, so they cost no memory); load fills them with the checkpoint's arrays in the
@@ -13,6 +16,7 @@
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { tunerMutated } from "../tuner/mutations.ts";
+import { isDict, type Tree, treeFlatten } from "@mlx-bun/mlx/utils";
 
 export type QuantMode = "affine" | "mxfp4" | "nvfp4" | "mxfp8";
 
@@ -23,7 +27,27 @@ export interface QuantParams {
   mode?: QuantMode;
 }
 
+/** A value of Python's Module dict: a parameter, a child module, or a list (of them, or of anything). */
+export type MemberValue = MlxArray | Module | readonly unknown[];
+/** filter_and_map's filter(module, key, value). */
+export type MemberFilter = (m: Module, key: string, value: unknown) => boolean;
+/** A tree of parameters (dicts keyed by member name, lists by index), as Module.parameters() in Python. */
+export type ParamTree = Tree<MlxArray>;
+
+export interface FreezeOptions {
+  /** Also the submodules (default true). */
+  recurse?: boolean;
+  /** Only these member names (default: every parameter of each module). */
+  keys?: string | string[];
+  /** Check that the keys exist (default false). */
+  strict?: boolean;
+}
+
 export abstract class Module {
+  /** Python's _no_grad: member names excluded from trainable_parameters(). */
+  private readonly _noGrad = new Set<string>();
+  private _training = true;
+
   /** Named parameters and children, in declaration order (Python's Module dict). */
   *members(): Generator<[string, MlxArray | Module]> {
     for (const [k, v] of Object.entries(this)) {
@@ -86,55 +110,274 @@ export abstract class Module {
     if (old instanceof mx.MlxArray && old !== value) old.dispose();
   }
 
-  // ---------------------------------------------------------------- module walks, train/eval
-  // (used by the tuner: linear_to_lora_layers converts in named_modules order, which decides the
-  // order of its random draws)
-
-  /** Python's Module._training: True for a new module (Dropout reads it). */
-  _training = true;
-
-  get training(): boolean {
-    return this._training;
-  }
-
-  /** Module.children(): the direct child modules, as [relative path, module] in member order. */
-  children(): [string, Module][] {
-    const out: [string, Module][] = [];
-    for (const [k, v] of this.members()) if (v instanceof Module) out.push([k, v]);
-    return out;
-  }
+  // ---------------------------------------------------------------- training API (base.py)
 
   /**
-   * Module.apply_to_modules: Python's LIFO stack walk. A module is visited, then its children
-   * are pushed in member order and popped in reverse, so siblings come last-declared first.
+   * The Module dict's items, in declaration order: arrays, child modules and lists (any JS array
+   * member, as Python keeps every list attribute in the dict). Plain objects are configuration
+   * records here (dataclasses in Python), not members; "_" members are private state.
    */
-  applyToModules(fn: (path: string, m: Module) => void): void {
-    const stack: [string, Module][] = [["", this]];
-    while (stack.length) {
-      const [prefix, mod] = stack.pop()!;
-      fn(prefix, mod);
-      for (const [k, c] of mod.children()) stack.push([prefix ? `${prefix}.${k}` : k, c]);
+  *items(): Generator<[string, MemberValue]> {
+    for (const [k, v] of Object.entries(this)) {
+      if (k.startsWith("_")) continue;
+      if (v instanceof mx.MlxArray || v instanceof Module || Array.isArray(v)) yield [k, v as MemberValue];
     }
   }
 
-  /** Module.named_modules(): every module with its dotted path ("" for this one), walk order. */
+  has(key: string): boolean {
+    for (const [k] of this.items()) if (k === key) return true;
+    return false;
+  }
+
+  static isModule(value: unknown): value is Module {
+    return value instanceof Module;
+  }
+  static validChildFilter: MemberFilter = (_m, _k, v) => v instanceof Module || Array.isArray(v) || isDict(v);
+  static validParameterFilter: MemberFilter = (_m, k, v) =>
+    (v instanceof Module || Array.isArray(v) || isDict(v) || v instanceof mx.MlxArray) && !k.startsWith("_");
+  static trainableParameterFilter: MemberFilter = (m, k, v) => Module.validParameterFilter(m, k, v) && !m._noGrad.has(k);
+
+  /** filter_and_map(filter_fn, map_fn, is_leaf_fn): the members kept by `filter`, recursively. */
+  filterAndMap<L>(
+    filter: MemberFilter,
+    map: (v: any) => L = (v) => v as L,
+    isLeaf: MemberFilter = (_m, _k, v) => !(v instanceof Module || Array.isArray(v) || isDict(v)),
+  ): Record<string, Tree<L>> {
+    const out: Record<string, Tree<L>> = {};
+    for (const [k, v] of this.items()) if (filter(this, k, v)) out[k] = unwrap(this, k, v, filter, map, isLeaf);
+    return out;
+  }
+
+  /** Python's parameters(): every array member as a tree (parameters() gives it flat). */
+  parameterTree(): Record<string, ParamTree> {
+    return this.filterAndMap<MlxArray>(Module.validParameterFilter);
+  }
+
+  /** trainable_parameters(): the parameters that are not frozen, as a tree. */
+  trainableParameters(): Record<string, ParamTree> {
+    return this.filterAndMap<MlxArray>(Module.trainableParameterFilter);
+  }
+
+  /** children(): the direct child modules (and lists of them). */
+  children(): Record<string, Tree<Module>> {
+    return this.filterAndMap<Module>(Module.validChildFilter, undefined, (_m, _k, v) => v instanceof Module);
+  }
+
+  /**
+   * update(parameters, strict): replaces the parameters at the tree's paths. The module takes
+   * ownership of the arrays it stores and disposes the arrays they replace (unless the same array
+   * is stored again); `release = false` keeps them (a temporary swap the caller undoes).
+   */
+  update(parameters: Tree, strict = true, release = true): Module {
+    const set = (dst: Record<string, unknown> | unknown[], key: string | number, cur: unknown, value: unknown) => {
+      if (strict && !(value instanceof mx.MlxArray)) throw new Error(`Received invalid type: ${typeName(value)}.`);
+      (dst as Record<string | number, unknown>)[key] = value;
+      if (release && cur !== value && cur instanceof mx.MlxArray) cur.dispose();
+    };
+    const apply = (dst: Record<string, unknown> | unknown[], params: unknown) => {
+      if (isDict(params)) {
+        for (const [k, value] of Object.entries(params)) {
+          const present = dst instanceof Module ? dst.has(k) : !Array.isArray(dst) && k in dst;
+          if (!present) {
+            if (strict) throw new Error(`Module does not have parameter named "${k}".`);
+            continue;
+          }
+          const cur = (dst as Record<string, unknown>)[k];
+          if (cur instanceof mx.MlxArray) set(dst, k, cur, value);
+          else apply(cur as Record<string, unknown>, value);
+        }
+      } else if (Array.isArray(params)) {
+        const list = dst as unknown[];
+        for (let i = 0; i < params.length; i++) {
+          if (i >= list.length) {
+            if (strict) throw new Error(`List index ${i} is out of bounds for destination of length ${list.length}.`);
+            continue;
+          }
+          const cur = list[i];
+          if (cur instanceof mx.MlxArray) set(list, i, cur, params[i]);
+          else apply(cur as Record<string, unknown>, params[i]);
+        }
+      } else if (strict) throw new Error(`Received invalid type: ${typeName(params)}.`);
+    };
+    apply(this as unknown as Record<string, unknown>, parameters);
+    return this;
+  }
+
+  /** update_modules(modules, strict): replaces child modules at the tree's paths (nothing is disposed). */
+  updateModules(modules: Tree<Module>, strict = true): Module {
+    const apply = (dst: Record<string, unknown> | unknown[], mods: unknown) => {
+      const one = (cur: unknown, value: unknown, put: () => void) => {
+        if (cur instanceof Module && value instanceof Module) put();
+        else if (Array.isArray(cur) || isDict(cur)) apply(cur as Record<string, unknown>, value);
+        else if (strict && !(isDict(value) && Object.keys(value).length === 0)) throw new Error(`Received invalid type: ${typeName(value)}.`);
+      };
+      if (isDict(mods)) {
+        for (const [k, value] of Object.entries(mods)) {
+          const present = dst instanceof Module ? dst.has(k) : !Array.isArray(dst) && k in dst;
+          if (!present) {
+            if (strict) throw new Error(`Module does not have sub-module named "${k}".`);
+            continue;
+          }
+          one((dst as Record<string, unknown>)[k], value, () => ((dst as Record<string, unknown>)[k] = value));
+        }
+      } else if (Array.isArray(mods)) {
+        const list = dst as unknown[];
+        for (let i = 0; i < mods.length; i++) {
+          if (i >= list.length) {
+            if (strict) throw new Error(`List index ${i} is out of bounds for destination of length ${list.length}.`);
+            continue;
+          }
+          one(list[i], mods[i], () => (list[i] = mods[i]));
+        }
+      } else if (strict) throw new Error(`Received invalid type: ${typeName(mods)}.`);
+    };
+    apply(this as unknown as Record<string, unknown>, modules);
+    return this;
+  }
+
+  /** apply_to_modules(fn): fn(path, module) for this module and every submodule, in Python's (stack) order. */
+  applyToModules(fn: (path: string, m: Module) => void): Module {
+    const stack: [string, Module][] = [["", this]];
+    while (stack.length > 0) {
+      const [prefix, mod] = stack.pop()!;
+      fn(prefix, mod);
+      stack.push(...treeFlatten<Module>(mod.children(), prefix ? `.${prefix}` : "", Module.isModule));
+    }
+    return this;
+  }
+
+  /** modules(): this module and every submodule. */
+  modules(): Module[] {
+    const out: Module[] = [];
+    this.applyToModules((_, m) => out.push(m));
+    return out;
+  }
+
+  /** named_modules(): [path, module] for this module ("") and every submodule. */
   namedModules(): [string, Module][] {
     const out: [string, Module][] = [];
     this.applyToModules((k, m) => out.push([k, m]));
     return out;
   }
 
-  /** Module.train(mode): sets the training flag of every module. */
-  train(mode = true): void {
-    this.applyToModules((_, m) => {
-      m._training = mode;
-    });
+  private validateKeys(keys: string | string[], strict: boolean): string[] {
+    const list = typeof keys === "string" ? [keys] : keys;
+    if (strict) for (const k of list) if (!this.has(k)) throw new Error(`Module doesn't contain member ${k}.`);
+    return list;
   }
 
-  /** Module.eval(). */
-  eval(): void {
-    this.train(false);
+  private validateKeysRecursive(keys: string | string[]): void {
+    const list = typeof keys === "string" ? [keys] : keys;
+    const modules = this.modules();
+    for (const k of list) if (!modules.some((m) => m.has(k))) throw new Error(`Module doesn't contain member ${k}.`);
   }
+
+  /** freeze(recurse, keys, strict): excludes parameters from trainableParameters() (idempotent). */
+  freeze({ recurse = true, keys, strict = false }: FreezeOptions = {}): Module {
+    const impl = (strictKeys: boolean) => (_: string, m: Module) => {
+      const local =
+        keys ?? treeFlatten(m.filterAndMap((mm, k, v) => !(v instanceof Module) && Module.validParameterFilter(mm, k, v))).map(([k]) => k);
+      for (const k of m.validateKeys(local, strictKeys)) m._noGrad.add(k);
+    };
+    if (recurse) {
+      if (strict && keys !== undefined) this.validateKeysRecursive(keys);
+      this.applyToModules(impl(strict && keys === undefined));
+    } else impl(strict)("", this);
+    return this;
+  }
+
+  /** unfreeze(recurse, keys, strict): makes parameters trainable again (idempotent). */
+  unfreeze({ recurse = true, keys, strict = false }: FreezeOptions = {}): Module {
+    const impl = (strictKeys: boolean) => (_: string, m: Module) => {
+      if (keys === undefined) m._noGrad.clear();
+      else for (const k of m.validateKeys(keys, strictKeys)) m._noGrad.delete(k);
+    };
+    if (recurse) {
+      if (strict && keys !== undefined) this.validateKeysRecursive(keys);
+      this.applyToModules(impl(strict && keys === undefined));
+    } else impl(strict)("", this);
+    return this;
+  }
+
+  get training(): boolean {
+    return this._training;
+  }
+
+  /** train(mode): sets training mode on this module and every submodule (Dropout reads it). */
+  train(mode = true): Module {
+    this.applyToModules((_, m) => (m._training = mode));
+    return this;
+  }
+
+  /** eval(): train(false). */
+  eval(): Module {
+    return this.train(false);
+  }
+}
+
+function typeName(v: unknown): string {
+  if (v === null || v === undefined) return "NoneType";
+  if (Array.isArray(v)) return "list";
+  if (isDict(v)) return "dict";
+  if (v instanceof mx.MlxArray) return "array";
+  return typeof v === "object" ? (v as object).constructor.name : typeof v;
+}
+
+/** base.py _unwrap. */
+function unwrap<L>(model: Module, key: string, value: unknown, filter: MemberFilter, map: (v: any) => L, isLeaf: MemberFilter): Tree<L> {
+  if (isLeaf(model, key, value)) return map(value);
+  if (value instanceof Module) return value.filterAndMap(filter, map, isLeaf);
+  if (isDict(value)) {
+    const out: Record<string, Tree<L>> = {};
+    for (const [k, v] of Object.entries(value)) {
+      const tk = `${key}.${k}`;
+      out[k] = filter(model, tk, v) ? unwrap(model, tk, v, filter, map, isLeaf) : {};
+    }
+    return out;
+  }
+  if (Array.isArray(value)) {
+    return value.map((v, i) => {
+      const tk = `${key}.${i}`;
+      return filter(model, tk, v) ? unwrap(model, tk, v, filter, map, isLeaf) : {};
+    });
+  }
+  throw new Error("Unexpected leaf found while traversing the module");
+}
+
+// ------------------------------------------------------------------ nn.value_and_grad, nn.checkpoint (utils.py)
+
+/** Runs fn with `params` swapped into the module (Python's inner_fn: module.update(params)), then restores. */
+function withParams<R>(module: Module, params: Tree, fn: () => R): R {
+  const before = module.trainableParameters();
+  module.update(params, true, false);
+  try {
+    return fn();
+  } finally {
+    module.update(before, false, false);
+  }
+}
+
+/**
+ * nn.value_and_grad(model, fn): a function returning [value, grads] where grads is keyed like
+ * model.trainableParameters(). fn runs with the parameters replaced by the transform's tracers
+ * (restored when it returns; Python leaves the tracers in, whose values are the same).
+ */
+export function valueAndGrad<A extends unknown[]>(model: Module, fn: (...args: A) => Tree): (...args: A) => [Tree<MlxArray>, Record<string, ParamTree>] {
+  const vg = mx.valueAndGrad((params: Tree, ...args: A) => withParams(model, params, () => fn(...args)));
+  return (...args: A) => {
+    const [value, grads] = vg(model.trainableParameters(), ...args);
+    return [value, grads as Record<string, ParamTree>];
+  };
+}
+
+/**
+ * nn.checkpoint(module, fn): fn (default: module.call) computed without keeping its intermediates
+ * for the backward pass, which recomputes them; the module's trainable parameters are inputs.
+ */
+export function checkpoint<A extends unknown[]>(module: Module, fn?: (...args: A) => Tree): (...args: A) => Tree<MlxArray> {
+  const body = fn ?? ((...args: A) => (module as unknown as { call: (...a: A) => Tree }).call(...args));
+  const ck = mx.checkpoint((params: Tree, ...args: A) => withParams(module, params, () => body(...args)));
+  return (...args: A) => ck(module.trainableParameters(), ...args);
 }
 
 /** A lazy placeholder of the shape the Python constructor creates (never evaluated). */
@@ -224,6 +467,7 @@ export class QuantizedLinear extends Module {
     this.scales = placeholder(s.scales);
     this.biases = s.biases ? placeholder(s.biases) : null;
     if (bias) this.bias = placeholder([output_dims]);
+    this.freeze(); // as Python's constructor: quantized parameters are not trainable
   }
 
   call(x: MlxArray): MlxArray {
@@ -287,6 +531,7 @@ export class QuantizedEmbedding extends Module {
     this.weight = placeholder(s.weight, "uint32");
     this.scales = placeholder(s.scales);
     this.biases = s.biases ? placeholder(s.biases) : null;
+    this.freeze(); // as Python's constructor: quantized parameters are not trainable
   }
 
   call(x: MlxArray): MlxArray {

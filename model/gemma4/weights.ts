@@ -301,6 +301,7 @@ export function loadModel(dir: string, { lazy = false }: { lazy?: boolean } = {}
     const model = buildModel(config);
     weights = model.sanitize(weights);
     quantizeModel(model, config, weights);
+    model.eval(); // as load_model: a loaded model is in eval mode (Dropout off until train())
     loadWeightsStrict(model, weights, dir);
     if (!lazy) {
       const ps = [...model.parameters().values()];

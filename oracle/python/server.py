@@ -37,10 +37,12 @@ os.dup2(2, 1)
 sys.stdout = sys.stderr
 
 import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
 import mlx_lm  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.models import base as mbase  # noqa: E402
 from mlx_lm.models import cache as mcache  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 
 import capture as cap  # noqa: E402
 import golden_io  # noqa: E402
@@ -312,6 +314,75 @@ class Server:
             r["meta"] = cap.cache_meta(caches[name]) if name in caches else None
             results.append(r)
         return {"results": results}
+
+    # ------------------------------------------------------------ training API (nn.Module, autodiff)
+    def fresh_model(self, req: dict):
+        """A newly loaded model of req["checkpoint"] (not the cached one: steps mutate it), with
+        req["steps"] applied: [{op: freeze|unfreeze|train|eval, path (named module, "" = root),
+        recurse, keys, strict, mode}]."""
+        model = cap.load(self.checkpoint_dir(req["checkpoint"]))
+        named = dict(model.named_modules())
+        for st in req.get("steps") or []:
+            target, op = named[st.get("path", "")], st["op"]
+            if op in ("freeze", "unfreeze"):
+                getattr(target, op)(**{k: st[k] for k in ("recurse", "keys", "strict") if k in st})
+            elif op == "train":
+                target.train(st.get("mode", True))
+            elif op == "eval":
+                target.eval()
+            else:
+                raise ValueError(f"unknown module step {op!r}")
+        return model
+
+    def cmd_module_api(self, req: dict) -> dict:
+        """The nn.Module structure after the steps: named_modules [[path, class, training]],
+        parameters / trainable_parameters / children trees (array leaves as "dtype[shape]",
+        module leaves as their class name), leaf_modules paths."""
+        model = self.fresh_model(req)
+
+        def show(t):
+            if isinstance(t, mx.array):
+                return f"{str(t.dtype).split('.')[-1]}{list(t.shape)}"
+            if isinstance(t, dict):
+                return {k: show(v) for k, v in t.items()}
+            if isinstance(t, (list, tuple)):
+                return [show(v) for v in t]
+            return type(t).__name__
+
+        def show_children(t):
+            if isinstance(t, nn.Module):
+                return type(t).__name__
+            if isinstance(t, dict):
+                return {k: show_children(v) for k, v in t.items()}
+            return [show_children(v) for v in t]
+
+        return {"named_modules": [[k, type(m).__name__, m.training] for k, m in model.named_modules()],
+                "parameters": show(model.parameters()),
+                "trainable_parameters": show(model.trainable_parameters()),
+                "children": show_children(model.children()),
+                "leaf_modules": [k for k, _ in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)]}
+
+    def cmd_module_grad(self, req: dict) -> dict:
+        """nn.value_and_grad(model, loss)(tokens) on a fresh model after the steps, with
+        loss = (model(tokens) * weights).sum(); the loss and every gradient, by parameter path.
+        `checkpoint_layers`: under mlx-lm's grad_checkpoint (a class-wide patch of the decoder
+        layer's __call__, undone afterwards)."""
+        from mlx_lm.tuner.trainer import grad_checkpoint
+
+        model = self.fresh_model(req)
+        w = self.in_array(req["weights"])
+        layer_cls = type(model.layers[0])
+        call = layer_cls.__call__
+        try:
+            if req.get("checkpoint_layers"):
+                grad_checkpoint(model.layers[0])
+            lvg = nn.value_and_grad(model, lambda x: (model(x) * w).sum())
+            loss, grads = lvg(mx.array(req["tokens"], dtype=mx.int32))
+            mx.eval(loss, grads)
+        finally:
+            layer_cls.__call__ = call
+        return {"loss": self.out_array(loss, "loss"),
+                "grads": [{"path": k, **self.out_array(g, "grad")} for k, g in tree_flatten(grads)]}
 
     def cmd_shutdown(self, req: dict) -> dict:
         return {"bye": True}

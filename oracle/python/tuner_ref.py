@@ -157,6 +157,118 @@ def permutation_job(job: dict) -> None:
     (out / "meta.json").write_text(json.dumps({"permutations": res}))
 
 
+def build_job_model(job: dict, out: Path):
+    """job["ckpt"] (load_model), or job["build"] = {"args", "seed", "dtype"}: gemma4_text.Model(args)
+    made under mx.random.seed(seed) (mlxlm-extras §4.1), saved to out/model for the TS side."""
+    if job.get("ckpt"):
+        model, _ = load_model(Path(job["ckpt"]))
+        return model
+    from mlx_lm.models import gemma4_text
+
+    b = job["build"]
+    mx.random.seed(b.get("seed", 0))
+    model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(b["args"]))
+    if b.get("dtype"):
+        model.set_dtype(getattr(mx, b["dtype"]))
+    mx.eval(model.parameters())
+    save_model(out / "model", model)
+    save_config(dict(b["args"]), config_path=out / "model" / "config.json")
+    return model
+
+
+def make_optimizer(spec: dict):
+    import mlx.optimizers as optim
+    from mlx_lm.tuner.utils import build_schedule
+
+    lr = build_schedule(spec["lr_schedule"]) if spec.get("lr_schedule") else spec["learning_rate"]
+    cls = {"adam": optim.Adam, "adamw": optim.AdamW, "sgd": optim.SGD}[spec["name"]]
+    return cls(learning_rate=lr, **spec.get("config", {}))
+
+
+def train_job(job: dict) -> None:
+    """The trainer's step (trainer.train, lines 236-261), eager or compiled, for job["steps"]
+    iterations, after mlx_lm.lora.train_model's setup (seed, freeze, linear_to_lora_layers or
+    unfreeze). Per step i it dumps {i}.loss, {i}.ntoks, and after the update every trainable
+    parameter ({i}.param.<path>) and every optimizer state tensor ({i}.opt.<path>); the eager
+    run also dumps the step's gradients ({i}.grad.<path>, before accumulation)."""
+    from functools import partial
+
+    import numpy as np
+    from mlx.nn.utils import average_gradients
+    from mlx.utils import tree_map
+    from mlx_lm.tuner.trainer import default_loss, grad_checkpoint, iterate_batches
+
+    out = Path(job["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_job_model(job, out)
+    mx.random.seed(job.get("seed", 0))
+    model.freeze()
+    ftype = job.get("fine_tune_type", "lora")
+    n = job["num_layers"]
+    if ftype == "full":
+        for l in model.layers[-max(n, 0):]:
+            l.unfreeze()
+    else:
+        linear_to_lora_layers(model, n, job["lora_parameters"], use_dora=(ftype == "dora"))
+    optimizer = make_optimizer(job["optimizer"])
+    if job.get("grad_checkpoint"):
+        grad_checkpoint(model.layers[0])
+    loss_value_and_grad = nn.value_and_grad(model, default_loss)
+    grad_accum_steps = job.get("grad_accumulation_steps", 1)
+    compiled = job.get("compiled", False)
+    state = [model.state, optimizer.state, mx.random.state]
+
+    def step(batch, prev_grad, do_update):
+        (lvalue, toks), grad = loss_value_and_grad(model, *batch)
+        raw = grad
+        if prev_grad is not None:
+            grad = tree_map(lambda x, y: x + y, grad, prev_grad)
+        if do_update:
+            grad = average_gradients(grad)
+            if grad_accum_steps > 1:
+                grad = tree_map(lambda x: x / grad_accum_steps, grad)
+            optimizer.update(model, grad)
+            grad = None
+        return lvalue, toks, grad, raw
+
+    if compiled:
+
+        @partial(mx.compile, inputs=state, outputs=state)
+        def run(batch, prev_grad, do_update):
+            lvalue, toks, grad, _ = step(batch, prev_grad, do_update)
+            return lvalue, toks, grad
+
+    if job.get("np_seed") is not None:
+        np.random.seed(job["np_seed"])
+    data = [(list(t), int(o)) for t, o in job["data"]]
+    batches = iterate_batches(data, job["batch_size"], job.get("max_seq_length", 2048), loop=True, seed=job.get("seed_batches"))
+    model.train()
+    grad_accum = None
+    tensors = {}
+    first = None
+    for it in range(1, job["steps"] + 1):
+        # "same_batch": every step on the first batch (the doc's reference run, mlxlm-extras §11)
+        batch = first if (job.get("same_batch") and first is not None) else next(batches)
+        first = batch
+        do_update = it % grad_accum_steps == 0
+        if compiled:
+            lvalue, toks, grad_accum = run(batch, grad_accum, do_update)
+        else:
+            lvalue, toks, grad_accum, raw = step(batch, grad_accum, do_update)
+            for k, v in tree_flatten(raw):
+                tensors[f"{it}.grad.{k}"] = v
+        mx.eval(state, lvalue, toks, grad_accum)
+        tensors[f"{it}.loss"] = lvalue
+        tensors[f"{it}.ntoks"] = toks
+        for k, v in tree_flatten(model.trainable_parameters()):
+            tensors[f"{it}.param.{k}"] = v
+        for k, v in tree_flatten(optimizer.state):
+            tensors[f"{it}.opt.{k}"] = v
+        mx.eval(tensors)
+    mx.save_safetensors(str(out / "train.safetensors"), tensors)
+    (out / "meta.json").write_text(json.dumps({"trainable": [k for k, _ in tree_flatten(model.trainable_parameters())]}))
+
+
 def main() -> int:
     jobs = json.load(sys.stdin)
     status = 0
@@ -168,6 +280,8 @@ def main() -> int:
                 load_fused_job(job)
             elif job["kind"] == "batches":
                 batches_job(job)
+            elif job["kind"] == "train":
+                train_job(job)
             elif job["kind"] == "permutation":
                 permutation_job(job)
             else:
