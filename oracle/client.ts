@@ -470,6 +470,33 @@ export class OracleClient {
     }
   }
 
+  /**
+   * mlx.optimizers over a parameter tree given flat ([path, array], tree_unflatten'ed):
+   * `optimizer` {name, args} (Python keyword arguments; a learning_rate may be a schedule spec),
+   * one gradient list per step. Per step: the parameters and the optimizer state, flattened.
+   */
+  async optimizerSteps(
+    optimizer: { name: string; args: Record<string, unknown> },
+    params: readonly (readonly [string, NpyRecord])[],
+    grads: readonly (readonly (readonly [string, NpyRecord])[])[],
+  ): Promise<{ params: [string, NpyRecord][]; state: [string, NpyRecord][] }[]> {
+    const written: string[] = [];
+    const wire = (items: readonly (readonly [string, NpyRecord])[]) =>
+      items.map(([path, rec]) => {
+        const w = this.writeInput(rec);
+        written.push(w.npy);
+        return { path, ...w };
+      });
+    try {
+      type Flat = (NpyRef & { path: string })[];
+      const r = await this.request<{ steps: { params: Flat; state: Flat }[] }>("optimizer", { optimizer, params: wire(params), grads: grads.map(wire) });
+      const read = (f: Flat): [string, NpyRecord][] => f.map((x) => [x.path, this.readArray(x)]);
+      return r.steps.map((st) => ({ params: read(st.params), state: read(st.state) }));
+    } finally {
+      for (const p of written) rmSync(p, { force: true });
+    }
+  }
+
   /** Ask the server to exit; waits for the process (kills it after `graceMs`). */
   async close(graceMs = 5000): Promise<void> {
     const proc = this.proc;

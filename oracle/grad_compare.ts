@@ -51,9 +51,9 @@ export function compareGrads(ts: Grads, reference: Iterable<readonly [string, Ra
   };
 }
 
-/** A short report: counts, missing/extra paths, the first divergent gradients. */
-export function formatGradComparison(c: GradComparison, limit = 5): string {
-  const lines = [`gradients: ${c.equal}/${c.diffs.length} bit-exact`];
+/** A short report: counts, missing/extra paths, the first divergent tensors (`what`: gradients, parameters, ...). */
+export function formatGradComparison(c: GradComparison, what = "gradients", limit = 5): string {
+  const lines = [`${what}: ${c.equal}/${c.diffs.length} bit-exact`];
   if (c.missing.length) lines.push(`missing on the TS side: ${c.missing.join(", ")}`);
   if (c.extra.length) lines.push(`not in the reference: ${c.extra.join(", ")}`);
   if (c.firstBackward) lines.push(`first divergent in backward order: ${formatDiff(c.firstBackward)}`);

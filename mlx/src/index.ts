@@ -14,3 +14,4 @@ export { pyFloat, pyInt, PyScalar, type Scalar } from "./scalar.ts";
 export * as graph from "./graph.ts";
 export { checkpoint, grad, jvp, liveTracedFunctions, valueAndGrad, vjp, type ArrayFunction, type ValueAndGradFunction } from "./autodiff.ts";
 export * as utils from "./utils.ts";
+export * as optimizers from "./optimizers/index.ts";

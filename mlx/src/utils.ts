@@ -59,7 +59,7 @@ export function treeUnflatten<L = unknown>(items: Iterable<readonly [string, L]>
   return out;
 }
 
-function child(r: unknown, key: string | number, where: string): unknown {
+function child(r: unknown, key: string | number, where: string | null): unknown {
   if (typeof key === "number" ? Array.isArray(r) && key < r.length : isDict(r) && key in r) return (r as Record<string | number, unknown>)[key];
   throw new MlxError("tree_map", `a tree in rest has no entry ${JSON.stringify(key)}${where ? ` under ${where}` : ""}`);
 }
@@ -69,9 +69,9 @@ export function treeMap<R>(fn: (leaf: any, ...rest: any[]) => R, tree: Tree, ...
   return treeMapWithPath((_, leaf, ...r) => fn(leaf, ...r), tree, ...rest);
 }
 
-/** tree_map_with_path(fn, tree, *rest): fn(path, leaf, ...rest leaves); paths are dotted keys. */
-export function treeMapWithPath<R>(fn: (path: string, leaf: any, ...rest: any[]) => R, tree: Tree, ...rest: Tree[]): Tree<R> {
-  const visit = (t: unknown, rs: unknown[], path: string): Tree<R> => {
+/** tree_map_with_path(fn, tree, *rest): fn(path, leaf, ...rest leaves); paths are dotted keys (null for a bare leaf, as Python's None). */
+export function treeMapWithPath<R>(fn: (path: string | null, leaf: any, ...rest: any[]) => R, tree: Tree, ...rest: Tree[]): Tree<R> {
+  const visit = (t: unknown, rs: unknown[], path: string | null): Tree<R> => {
     const pre = path ? `${path}.` : "";
     if (Array.isArray(t)) return t.map((v, i) => visit(v, rs.map((r) => child(r, i, path)), `${pre}${i}`));
     if (isDict(t)) {
@@ -81,7 +81,7 @@ export function treeMapWithPath<R>(fn: (path: string, leaf: any, ...rest: any[])
     }
     return fn(path, t, ...rs);
   };
-  return visit(tree, rest, "");
+  return visit(tree, rest, null);
 }
 
 /** tree_reduce(fn, tree, initializer): folds the leaves in visit order (no initializer: the first leaf). */

@@ -384,6 +384,41 @@ class Server:
         return {"loss": self.out_array(loss, "loss"),
                 "grads": [{"path": k, **self.out_array(g, "grad")} for k, g in tree_flatten(grads)]}
 
+    def cmd_optimizer(self, req: dict) -> dict:
+        """mlx.optimizers on a parameter tree: `optimizer` {name, args (keyword arguments; a
+        learning_rate may be a schedule spec {name, args} or {name: "join_schedules", schedules,
+        boundaries})}, `params` [{path, npy}] (tree_unflatten'ed), `grads` one such list per
+        step. Each step is params = opt.apply_gradients(grads, params), then mx.eval; the reply
+        has, per step, tree_flatten(params) and tree_flatten(opt.state) as [{path, npy}]."""
+        import mlx.optimizers as optim
+        from mlx.utils import tree_unflatten
+
+        def schedule(spec):
+            if not isinstance(spec, dict):
+                return spec
+            if spec["name"] == "join_schedules":
+                return optim.join_schedules([schedule(x) for x in spec["schedules"]], spec["boundaries"])
+            return getattr(optim, spec["name"])(*spec["args"])
+
+        def tree(items):
+            return tree_unflatten([(x["path"], self.in_array(x)) for x in items])
+
+        def out(t, tag):
+            return [{"path": k, **self.out_array(a, tag)} for k, a in tree_flatten(t)]
+
+        spec = req["optimizer"]
+        args = dict(spec.get("args") or {})
+        if "learning_rate" in args:
+            args["learning_rate"] = schedule(args["learning_rate"])
+        opt = getattr(optim, spec["name"])(**args)
+        params = tree(req["params"])
+        steps = []
+        for g in req["grads"]:
+            params = opt.apply_gradients(tree(g), params)
+            mx.eval(params, opt.state)
+            steps.append({"params": out(params, "p"), "state": out(opt.state, "s")})
+        return {"steps": steps}
+
     def cmd_shutdown(self, req: dict) -> dict:
         return {"bye": True}
 
