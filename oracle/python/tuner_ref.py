@@ -116,7 +116,16 @@ def batches_job(job: dict) -> None:
 
     out = Path(job["out"])
     out.mkdir(parents=True, exist_ok=True)
-    data = [(list(t), int(o)) for t, o in job["data"]]
+    if job.get("data_dir"):
+        import types
+
+        from mlx_lm.tokenizer_utils import load as load_tokenizer
+        from mlx_lm.tuner.datasets import CacheDataset, load_local_dataset
+
+        tokenizer = load_tokenizer(Path(job["tokenizer"]))
+        data = CacheDataset(load_local_dataset(Path(job["data_dir"]), tokenizer, types.SimpleNamespace(**job.get("config", {})))[0])
+    else:
+        data = [(list(t), int(o)) for t, o in job["data"]]
     if job.get("np_seed") is not None:
         np.random.seed(job["np_seed"])
     model = None
@@ -269,6 +278,72 @@ def train_job(job: dict) -> None:
     (out / "meta.json").write_text(json.dumps({"trainable": [k for k, _ in tree_flatten(model.trainable_parameters())]}))
 
 
+WORDS = (
+    "the a an of to in is was it for on that with as by at be this from or have not are but his they "
+    "which one you had her all she there would their we him been has when who will more no if out so "
+    "said what up its about into than them can only other new some could time these two may then do "
+    "first any my now such like our over man me even most made after also did many before must "
+    "through back years where much your way well down should because each just those people how too "
+    "little state good very make world still own see men work long get here between both life being "
+    "under never day same another know while last might us great old year off come since against go "
+    "came right used take three sky blue why cat dog red green tree water fire stone river hill"
+).split()
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def tokenizer_job(job: dict) -> None:
+    """A tiny word-level tokenizer (<= 256 ids, BOS added by the post-processor, a chat template),
+    written as tokenizer.json + tokenizer_config.json into job["out"] (next to a checkpoint)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    out = Path(job["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = {t: i for i, t in enumerate(SPECIALS + sorted(set(WORDS)) + list(".,?!\n"))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(SPECIALS)
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", 2)])
+    tok.save(str(out / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def datasets_job(job: dict) -> None:
+    """mlx-lm's load_local_dataset on job["data"] (a dir of {train,valid,test}.jsonl) with the
+    tokenizer of job["tokenizer"], wrapped in CacheDataset as train_model does: every example
+    (tokens, offset) and itemlen, per split."""
+    import types
+
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+    from mlx_lm.tuner.datasets import CacheDataset, load_local_dataset
+
+    out = Path(job["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(Path(job["tokenizer"]))
+    cfg = types.SimpleNamespace(**job.get("config", {}))
+    res = {}
+    try:
+        splits = load_local_dataset(Path(job["data"]), tokenizer, cfg)
+    except ValueError as e:
+        (out / "meta.json").write_text(json.dumps({"error": str(e)}))
+        return
+    for name, ds in zip(("train", "valid", "test"), splits):
+        cd = CacheDataset(ds)
+        res[name] = [{"tokens": list(cd[i][0]), "offset": int(cd[i][1]), "itemlen": cd.itemlen(i)} for i in range(len(cd))]
+    (out / "meta.json").write_text(json.dumps({"splits": res, "eos_token_id": tokenizer.eos_token_id}))
+
+
 def main() -> int:
     jobs = json.load(sys.stdin)
     status = 0
@@ -282,6 +357,10 @@ def main() -> int:
                 batches_job(job)
             elif job["kind"] == "train":
                 train_job(job)
+            elif job["kind"] == "tokenizer":
+                tokenizer_job(job)
+            elif job["kind"] == "datasets":
+                datasets_job(job)
             elif job["kind"] == "permutation":
                 permutation_job(job)
             else:

@@ -18,7 +18,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { loadModel } from "../../model/gemma4/index.ts";
-import { fuse_model, loadWithAdapters } from "../../model/tuner/fuse.ts";
+import { fuse_model, loadWithAdapters } from "../../model/fuse.ts";
 import { linear_to_lora_layers, load_adapters, type LoraParameters } from "../../model/tuner/utils.ts";
 import { loadRawConfig, saveSafetensorsAtomic, save_config, save_model } from "../../model/utils.ts";
 import { PyFloat } from "../../model/pyjson.ts";

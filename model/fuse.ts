@@ -9,11 +9,11 @@
 
 import { copyFileSync, existsSync, readdirSync } from "node:fs";
 import { join } from "node:path";
-import type { AnyModel, LoadedModel } from "../gemma4/weights.ts";
-import { loadModel } from "../gemma4/weights.ts";
-import type { Module } from "../gemma4/nn.ts";
-import { dequantize_model, loadRawConfig, save_config, save_model } from "../utils.ts";
-import { load_adapters } from "./utils.ts";
+import type { AnyModel, LoadedModel } from "./gemma4/weights.ts";
+import { loadModel } from "./gemma4/weights.ts";
+import type { Module } from "./gemma4/nn.ts";
+import { dequantize_model, loadRawConfig, save_config, save_model } from "./utils.ts";
+import { load_adapters } from "./tuner/utils.ts";
 
 interface Fusable extends Module {
   fuse(dequantize: boolean): Module;
