@@ -3,6 +3,10 @@
 // parity must catch each and name the first divergent tensor. Production code never adds to the
 // set, so every check is a failed Set lookup.
 
+import * as mx from "@mlx-bun/mlx";
+import type { MlxArray } from "@mlx-bun/mlx";
+import { Adam, AdamW, type ParamState } from "@mlx-bun/mlx/optimizers";
+
 export const TUNER_MUTATIONS = [
   "lora_add_swapped", // LoRALinear returns (scale*z).astype + y instead of y + (scale*z).astype
   "lora_scale_twice", // the LoRA branch multiplied by scale twice
@@ -28,5 +32,20 @@ export async function withTunerMutation<T>(name: TunerMutation, fn: () => T | Pr
     return await fn();
   } finally {
     active.clear();
+  }
+}
+
+/**
+ * The adamw_decay_after bug: Adam's update first, then the decay on its result,
+ * `Adam.apply_single(g, p, state) * (1 - lr * weight_decay)`, where mlx decays the parameter
+ * that enters the update.
+ */
+export class AdamWDecayAfter extends AdamW {
+  protected override applySingle(gradient: MlxArray, parameter: MlxArray, state: ParamState): MlxArray {
+    using updated = Adam.prototype["applySingle"].call(this, gradient, parameter, state) as MlxArray;
+    using lr = mx.astype(this.learningRate, gradient.dtype);
+    using lw = mx.multiply(lr, mx.pyFloat(this.weightDecay));
+    using f = mx.subtract(1, lw);
+    return mx.multiply(updated, f);
   }
 }

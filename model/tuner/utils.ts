@@ -1,4 +1,4 @@
-// mlx_lm/tuner/utils.py (mlx-lm 0.32.2): linear_to_lora_layers, load_adapters, remove_lora_layers.
+// mlx_lm/tuner/utils.py (mlx-lm 0.32.2): build_schedule, linear_to_lora_layers, load_adapters.
 //
 // Targeting and draw order are mlx-lm's (mlxlm-extras §2.5–2.7): with no `keys`, the key set is
 // every Linear / QuantizedLinear / SwitchLinear / QuantizedSwitchLinear / Embedding /
@@ -11,6 +11,7 @@
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
+import { cosineDecay, exponentialDecay, joinSchedules, linearSchedule, type Schedule, stepDecay } from "@mlx-bun/mlx/optimizers";
 import { Embedding, Linear, type Module, QuantizedEmbedding, QuantizedLinear } from "../gemma4/nn.ts";
 import { QuantizedSwitchLinear, SwitchLinear } from "../gemma4/switch_layers.ts";
 import { DoRAEmbedding, DoRALinear } from "./dora.ts";
@@ -154,4 +155,32 @@ export function load_adapters<M extends LayeredModel>(model: M, adapter_path: st
   // model.load_weights(list(weights.items()), strict=False)
   for (const [name, w] of weights) model.setParameter(name, w);
   return model;
+}
+
+/** An lr_schedule entry of the config: {name, arguments, warmup?, warmup_init?}. */
+export interface ScheduleConfig {
+  name: string;
+  arguments: number[];
+  warmup?: number;
+  warmup_init?: number;
+}
+
+const SCHEDULES: Record<string, (...a: number[]) => Schedule> = {
+  cosine_decay: (init, steps, end) => cosineDecay(init!, steps!, end),
+  exponential_decay: (init, rate) => exponentialDecay(init!, rate!),
+  step_decay: (init, rate, size) => stepDecay(init!, rate!, size!),
+  linear_schedule: (init, end, steps) => linearSchedule(init!, end!, steps!),
+};
+
+/** build_schedule(schedule_config): the named schedule, after a linear warmup when `warmup` is set. */
+export function build_schedule(config: ScheduleConfig): Schedule {
+  const make = SCHEDULES[config.name];
+  if (!make) throw new AdapterError(`lr_schedule.name: unknown schedule ${JSON.stringify(config.name)} (one of ${Object.keys(SCHEDULES).join(", ")})`);
+  const args = config.arguments;
+  const initial_lr = args[0]!;
+  const bound = make(...args);
+  const warmup = config.warmup ?? 0;
+  if (!warmup) return bound;
+  const warmup_fn = linearSchedule(config.warmup_init ?? 0.0, initial_lr, warmup);
+  return joinSchedules([warmup_fn, bound], [warmup + 1]);
 }

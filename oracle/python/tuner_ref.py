@@ -344,6 +344,17 @@ def datasets_job(job: dict) -> None:
     (out / "meta.json").write_text(json.dumps({"splits": res, "eos_token_id": tokenizer.eos_token_id}))
 
 
+def randint_job(job: dict) -> None:
+    """np.random.RandomState(seed).randint(low, high, size=L) for each L (the doc's token lists)."""
+    import numpy as np
+
+    out = Path(job["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.RandomState(job["seed"])
+    arrays = [rng.randint(job["low"], job["high"], size=n).tolist() for n in job["sizes"]]
+    (out / "meta.json").write_text(json.dumps({"arrays": arrays}))
+
+
 def main() -> int:
     jobs = json.load(sys.stdin)
     status = 0
@@ -361,6 +372,8 @@ def main() -> int:
                 tokenizer_job(job)
             elif job["kind"] == "datasets":
                 datasets_job(job)
+            elif job["kind"] == "randint":
+                randint_job(job)
             elif job["kind"] == "permutation":
                 permutation_job(job)
             else:
