@@ -409,7 +409,7 @@ export function train(model: CausalLM & { layers: Module[] }, optimizer: TrainOp
           const val_loss = evaluate(model, val_dataset, { batch_size: args.batch_size, num_batches: args.val_batches, max_seq_length: args.max_seq_length, loss, iterate, progress: cb.onValStep, warn: opts.warn });
           model.train();
           const val_time = (performance.now() - tic) / 1000;
-          cb.onValLossReport?.({ iteration: it, val_loss, val_time });
+          cb.onValLossReport?.({ iteration: it - 1, val_loss, val_time }); // mlx-lm reports it - 1
           tic = performance.now();
         }
         const [lvalue, toks, g]: [MlxArray, MlxArray, Tree<MlxArray> | null] = step(batch, grad_accum, it % args.grad_accumulation_steps === 0);

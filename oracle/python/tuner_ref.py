@@ -355,6 +355,55 @@ def randint_job(job: dict) -> None:
     (out / "meta.json").write_text(json.dumps({"arrays": arrays}))
 
 
+def train_loop_job(job: dict) -> None:
+    """mlx-lm's own trainer.train() (compiled step, validation, reports, adapter saves) after
+    mlx_lm.lora's setup, with a training_callback recording every report; adapters are saved under
+    out/adapters. meta.json: {"train": [...], "val": [...]} (wall-clock fields left out)."""
+    import numpy as np
+    from mlx_lm.tuner.callbacks import TrainingCallback
+    from mlx_lm.tuner.trainer import TrainingArgs, train
+
+    out = Path(job["out"])
+    (out / "adapters").mkdir(parents=True, exist_ok=True)
+    model = build_job_model(job, out)
+    np.random.seed(job.get("np_seed", 0))
+    mx.random.seed(job.get("seed", 0))
+    model.freeze()
+    linear_to_lora_layers(model, job["num_layers"], job["lora_parameters"], use_dora=job.get("fine_tune_type") == "dora")
+    optimizer = make_optimizer(job["optimizer"])
+    reports = {"train": [], "val": []}
+
+    class Recorder(TrainingCallback):
+        def on_train_loss_report(self, info):
+            reports["train"].append({k: info[k] for k in ("iteration", "train_loss", "learning_rate", "trained_tokens")})
+
+        def on_val_loss_report(self, info):
+            reports["val"].append({k: info[k] for k in ("iteration", "val_loss")})
+
+    a = job["args"]
+    args = TrainingArgs(adapter_file=str(out / "adapters" / "adapters.safetensors"), **a)
+    train_set = [(list(t), int(o)) for t, o in job["data"]]
+    val_set = [(list(t), int(o)) for t, o in job["val_data"]]
+    train(model, optimizer, train_set, val_set, args=args, training_callback=Recorder())
+    (out / "meta.json").write_text(json.dumps(reports))
+
+
+def restoring_layer_call(fn):
+    """grad_checkpoint patches the decoder layer class for the whole process: each job starts from
+    (and leaves) the unpatched __call__."""
+
+    def run(job: dict) -> None:
+        from mlx_lm.models import gemma4_text
+
+        call = gemma4_text.DecoderLayer.__call__
+        try:
+            fn(job)
+        finally:
+            gemma4_text.DecoderLayer.__call__ = call
+
+    return run
+
+
 def main() -> int:
     jobs = json.load(sys.stdin)
     status = 0
@@ -367,11 +416,13 @@ def main() -> int:
             elif job["kind"] == "batches":
                 batches_job(job)
             elif job["kind"] == "train":
-                train_job(job)
+                restoring_layer_call(train_job)(job)
             elif job["kind"] == "tokenizer":
                 tokenizer_job(job)
             elif job["kind"] == "datasets":
                 datasets_job(job)
+            elif job["kind"] == "train_loop":
+                restoring_layer_call(train_loop_job)(job)
             elif job["kind"] == "randint":
                 randint_job(job)
             elif job["kind"] == "permutation":
