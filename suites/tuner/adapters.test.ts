@@ -10,7 +10,8 @@
 //    TS-fused directory and the TS side loads mlx-lm's, with bit-identical logits.
 // Cases: dense f32/bf16, k_eq_v, E2B-like (KV sharing, PLE), the gemma4 wrapper, MoE
 // (LoRASwitchLinear), 4-bit bases (QLoRA/QDoRA, re-quantized and de-quantized fuses), DoRA,
-// LoRA/DoRA on the tied embedding (top-level keys), and DoRA on MoE (the same error).
+// LoRA/DoRA on the tied embedding (top-level keys), and DoRA on MoE (the same error). The
+// default run takes 6 of the 14 cases; TUNER_FULL=1 runs all of them.
 
 import { afterAll, describe, expect, it } from "vitest";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -26,6 +27,8 @@ import { CKPT_ROOT, firstMismatch, readMeta, readTensors, runTunerRef } from "./
 
 interface Case {
   name: string;
+  /** In the default run (TUNER_FULL=1 runs every case). */
+  quick?: boolean;
   ckpt: string;
   type: "lora" | "dora";
   num_layers: number;
@@ -37,20 +40,21 @@ interface Case {
 
 const P = (extra: Partial<LoraParameters> = {}): LoraParameters => ({ rank: 4, scale: 20.0, dropout: 0.0, ...extra });
 
-const CASES: Case[] = [
+const CASES_ALL: Case[] = [
   { name: "dense f32 LoRA, last 4 layers", ckpt: "c1_dense/f32", type: "lora", num_layers: 4, lora: P(), fuse: { dequantize: false } },
   { name: "dense bf16 LoRA, all (-1)", ckpt: "c1_dense/bf16", type: "lora", num_layers: -1, lora: P({ rank: 8 }), fuse: { dequantize: false } },
-  { name: "dense bf16 DoRA (fuse writes float32)", ckpt: "c1_dense/bf16", type: "dora", num_layers: 2, lora: P(), fuse: { dequantize: false } },
+  { quick: true, name: "dense bf16 DoRA (fuse writes float32)", ckpt: "c1_dense/bf16", type: "dora", num_layers: 2, lora: P(), fuse: { dequantize: false } },
   { name: "k_eq_v f32 DoRA, all (0)", ckpt: "c2_keqv/f32", type: "dora", num_layers: 0, lora: P(), fuse: { dequantize: false } },
-  { name: "E2B-like f32 LoRA (KV sharing, PLE)", ckpt: "c3_e2b/f32", type: "lora", num_layers: 8, lora: P({ scale: 10.0 }), fuse: { dequantize: false } },
+  { quick: true, name: "E2B-like f32 LoRA (KV sharing, PLE)", ckpt: "c3_e2b/f32", type: "lora", num_layers: 8, lora: P({ scale: 10.0 }), fuse: { dequantize: false } },
   { name: "gemma4 wrapper bf16 LoRA", ckpt: "c3_e2b/wrap_bf16", type: "lora", num_layers: 3, lora: P(), fuse: { dequantize: false } },
-  { name: "MoE f32 LoRA (LoRASwitchLinear)", ckpt: "c5_moe/f32", type: "lora", num_layers: 2, lora: P(), fuse: { dequantize: false } },
-  { name: "MoE f32 DoRA is rejected", ckpt: "c5_moe/f32", type: "dora", num_layers: 1, lora: P(), error: /SwitchLinear doesn't support DoRA yet/ },
-  { name: "4-bit dense QLoRA, re-quantized fuse", ckpt: "c1_dense/q4g32", type: "lora", num_layers: 6, lora: P(), fuse: { dequantize: false } },
+  { quick: true, name: "MoE f32 LoRA (LoRASwitchLinear)", ckpt: "c5_moe/f32", type: "lora", num_layers: 2, lora: P(), fuse: { dequantize: false } },
+  { quick: true, name: "MoE f32 DoRA is rejected", ckpt: "c5_moe/f32", type: "dora", num_layers: 1, lora: P(), error: /SwitchLinear doesn't support DoRA yet/ },
+  { quick: true, name: "4-bit dense QLoRA, re-quantized fuse", ckpt: "c1_dense/q4g32", type: "lora", num_layers: 6, lora: P(), fuse: { dequantize: false } },
   { name: "4-bit dense QLoRA, de-quantized fuse", ckpt: "c1_dense/q4g32", type: "lora", num_layers: 3, lora: P(), fuse: { dequantize: true } },
   { name: "4-bit dense QDoRA, de-quantized fuse", ckpt: "c1_dense/q4g32", type: "dora", num_layers: 2, lora: P(), fuse: { dequantize: true } },
   { name: "4-bit MoE QLoRA (QuantizedSwitchLinear)", ckpt: "c5_moe/q4g32", type: "lora", num_layers: 2, lora: P(), fuse: { dequantize: false } },
   {
+    quick: true,
     name: "LoRA on explicit keys incl. the tied embedding (top-level pass)",
     ckpt: "c1_dense/f32",
     type: "lora",
@@ -60,6 +64,8 @@ const CASES: Case[] = [
   },
   { name: "DoRA on the tied embedding", ckpt: "c1_dense/f32", type: "dora", num_layers: 1, lora: P({ keys: ["self_attn.o_proj", "model.embed_tokens"] }), fuse: { dequantize: false } },
 ];
+
+const CASES = process.env.TUNER_FULL === "1" ? CASES_ALL : CASES_ALL.filter((c) => c.quick);
 
 const TOKENS = [
   [92, 35, 201, 117, 109, 58, 233, 71, 198, 75, 117, 114, 158],

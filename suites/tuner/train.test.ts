@@ -3,7 +3,7 @@
 // (eager), every trainable parameter after the update and every optimizer-state tensor compared
 // byte for byte; a failure names the first divergent step and tensor path. Each configuration
 // runs plain and with grad_checkpoint, eager and compiled (TS side and mlx-lm side alike).
-// Default run: four configurations, one variant each (about 20 s); TRAIN_FULL=1 runs all four
+// Default run: four configurations, one variant each (about 20 s); TUNER_FULL=1 runs all four
 // variants of all nine (36 runs, a few minutes). Also the reference run of mlxlm-extras §4 (3 AdamW steps on a
 // tiny Gemma 4 built by mlx-lm under seed 0): its three losses are the doc's.
 
@@ -32,7 +32,7 @@ const base = { seed: 42, data: DATA, batch_size: 2, seed_batches: 7, steps: 5 };
 type Variant = "eager" | "eager, checkpointed" | "compiled" | "compiled, checkpointed";
 type Config = Omit<TrainSpec, "name" | "steps" | "seed" | "data" | "batch_size"> & { label: string; quick?: Variant };
 
-// `quick`: the variant of the default run (TRAIN_FULL=1 runs all four of every configuration).
+// `quick`: the variant of the default run (TUNER_FULL=1 runs all four of every configuration).
 const CONFIGS: Config[] = [
   { label: "dense f32 LoRA", ckpt: "c1_dense/f32", fine_tune_type: "lora", num_layers: 4, lora_parameters: LORA, optimizer: ADAMW },
   { label: "dense bf16 LoRA", ckpt: "c1_dense/bf16", fine_tune_type: "lora", num_layers: -1, lora_parameters: LORA, optimizer: ADAMW },
@@ -45,7 +45,7 @@ const CONFIGS: Config[] = [
   { label: "dense f32 LoRA, grad accumulation 2", ckpt: "c1_dense/f32", fine_tune_type: "lora", num_layers: 2, lora_parameters: LORA, optimizer: ADAMW, grad_accumulation_steps: 2 },
 ];
 
-const FULL = process.env.TRAIN_FULL === "1";
+const FULL = process.env.TUNER_FULL === "1";
 const VARIANTS: Variant[] = ["eager", "eager, checkpointed", "compiled", "compiled, checkpointed"];
 
 const SPECS: TrainSpec[] = CONFIGS.flatMap(({ label, quick, ...c }) =>

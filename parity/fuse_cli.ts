@@ -1,0 +1,53 @@
+// `npm run fuse -- --model DIR --adapter-path DIR --save-path OUT [--dequantize]`: mlx_lm.fuse
+// with the TS port (model/fuse.ts): every adapter layer fused into its base layer (re-quantized
+// for a quantized base unless --dequantize), saved as mlx-lm saves a model.
+
+import { existsSync } from "node:fs";
+import { ConfigError } from "../model/gemma4/config.ts";
+import { WeightsError } from "../model/gemma4/weights.ts";
+import { fuse } from "../model/fuse.ts";
+import { AdapterError } from "../model/tuner/utils.ts";
+import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+
+const FLAGS: FlagSpec[] = [
+  { name: "model", kind: "string", valueName: "dir", help: "the local model directory", default: "mlx_model" },
+  { name: "save-path", kind: "string", valueName: "dir", help: "the path to save the fused model", default: "fused_model" },
+  { name: "adapter-path", kind: "string", valueName: "dir", help: "path to the trained adapter weights and config", default: "adapters" },
+  { name: "dequantize", kind: "bool", help: "generate a dequantized model" },
+  { name: "upload-repo", kind: "string", valueName: "repo", help: "not supported here (mlx_lm.fuse uploads to the Hugging Face hub)" },
+  { name: "export-gguf", kind: "bool", help: "not supported here (mlx_lm.fuse exports llama/mistral/mixtral only)" },
+  { name: "gguf-path", kind: "string", valueName: "file", help: "not supported here (see --export-gguf)" },
+  { name: "trust-remote-code", kind: "bool", help: "accepted for mlx_lm.fuse compatibility (no remote code runs here)" },
+  { name: "verbose", kind: "bool", help: "stack traces on errors" },
+  { name: "help", kind: "bool", help: "show this help" },
+];
+
+async function main(argv: string[]): Promise<number> {
+  const a = parseArgs(argv, FLAGS);
+  if (a.help) {
+    process.stdout.write(helpText("npm run fuse -- --model <dir> --adapter-path <dir> --save-path <dir> [--dequantize]", "Fuses fine-tuned adapters into the base model (mlx_lm.fuse's flags and files).", FLAGS));
+    return 0;
+  }
+  if (a["upload-repo"] !== undefined) throw new UsageError("--upload-repo is not supported by this command");
+  if (a["export-gguf"] || a["gguf-path"] !== undefined) throw new UsageError("--export-gguf is not supported for Gemma 4 (mlx_lm.fuse exports llama, mistral and mixtral only)");
+  const model = String(a.model);
+  if (!existsSync(model)) throw new UsageError(`--model: no such directory: ${model}`);
+  process.stdout.write("Loading pretrained model\n");
+  const fused = fuse({ model, adapter_path: String(a["adapter-path"]), save_path: String(a["save-path"]), dequantize: a.dequantize === true });
+  fused.dispose();
+  if (a.dequantize) process.stdout.write("Dequantizing model\n");
+  process.stdout.write(`Saved the fused model to ${String(a["save-path"])}\n`);
+  return 0;
+}
+
+const INPUT_ERRORS = [UsageError, AdapterError, ConfigError, WeightsError];
+const verbose = process.argv.includes("--verbose");
+main(process.argv.slice(2)).then(
+  (code) => process.exit(code),
+  (e: unknown) => {
+    const err = e as Error;
+    if (verbose) console.error(err);
+    else process.stderr.write(`error: ${err.message}\n`);
+    process.exit(INPUT_ERRORS.some((c) => err instanceof c) ? 2 : 1);
+  },
+);
