@@ -53,3 +53,20 @@ export function helpText(usage: string, summary: string, specs: readonly FlagSpe
   const w = Math.max(...rows.map(([l]) => l.length)) + 2;
   return [`Usage: ${usage}`, "", summary, "", "Options:", ...rows.map(([l, r]) => l.padEnd(w) + r), footer].join("\n").trimEnd() + "\n";
 }
+
+/**
+ * Runs a command's main and exits with its code; an error prints one line (the stack trace with
+ * --verbose) and exits 2 for bad usage or input (`inputErrors`), 1 otherwise.
+ */
+export function runCommand(main: (argv: string[]) => Promise<number>, inputErrors: (abstract new (...a: never[]) => Error)[] = []): void {
+  const verbose = process.argv.includes("--verbose");
+  main(process.argv.slice(2)).then(
+    (code) => process.exit(code),
+    (e: unknown) => {
+      const err = e as Error;
+      if (verbose) console.error(err);
+      else process.stderr.write(`error: ${err.message}\n`);
+      process.exit([UsageError, ...inputErrors].some((c) => err instanceof c) ? 2 : 1);
+    },
+  );
+}

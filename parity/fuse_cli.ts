@@ -7,7 +7,7 @@ import { ConfigError } from "../model/gemma4/config.ts";
 import { WeightsError } from "../model/gemma4/weights.ts";
 import { fuse } from "../model/fuse.ts";
 import { AdapterError } from "../model/tuner/utils.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, parseArgs, runCommand, UsageError } from "./args.ts";
 
 const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "the local model directory", default: "mlx_model" },
@@ -40,14 +40,4 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-const INPUT_ERRORS = [UsageError, AdapterError, ConfigError, WeightsError];
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`error: ${err.message}\n`);
-    process.exit(INPUT_ERRORS.some((c) => err instanceof c) ? 2 : 1);
-  },
-);
+runCommand(main, [AdapterError, ConfigError, WeightsError]);

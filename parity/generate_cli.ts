@@ -6,7 +6,7 @@ import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { generate } from "../model/generate.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, parseArgs, runCommand, UsageError } from "./args.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 
 const FLAGS: FlagSpec[] = [
@@ -107,13 +107,4 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`error: ${err.message}\n`);
-    process.exit(err instanceof UsageError ? 2 : 1);
-  },
-);
+runCommand(main);

@@ -11,7 +11,7 @@ import { WeightsError } from "../model/gemma4/weights.ts";
 import { CONFIG_DEFAULTS, type LoraArgs, run } from "../model/lora.ts";
 import { DatasetError } from "../model/tuner/datasets.ts";
 import { AdapterError } from "../model/tuner/utils.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, parseArgs, runCommand, UsageError } from "./args.ts";
 import { ProgressBar } from "./progress.ts";
 
 const FLAGS: FlagSpec[] = [
@@ -128,14 +128,4 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-const INPUT_ERRORS = [UsageError, AdapterError, DatasetError, ConfigError, WeightsError];
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`error: ${err.message}\n`);
-    process.exit(INPUT_ERRORS.some((c) => err instanceof c) ? 2 : 1);
-  },
-);
+runCommand(main, [AdapterError, DatasetError, ConfigError, WeightsError]);

@@ -63,6 +63,21 @@ export function addScaled(y: MlxArray, z: MlxArray, scale: number, dtype: mx.Dty
   return tunerMutated("lora_add_swapped") ? mx.add(c, y) : mx.add(y, c);
 }
 
+/**
+ * `y + (scale * z).astype(dtype)` with z built by `lora()`; y (the base layer's output, taken over)
+ * is released if building z fails.
+ */
+function plusLora(y: MlxArray, lora: () => MlxArray, scale: number, dtype: mx.Dtype): MlxArray {
+  let z: MlxArray;
+  try {
+    z = lora();
+  } catch (e) {
+    y.dispose();
+    throw e;
+  }
+  return addScaled(y, z, scale, dtype);
+}
+
 /** `self.linear.weight.shape` of a Linear or QuantizedLinear, with from_base's input-dims rule. */
 function linearDims(linear: Linear | QuantizedLinear, packedInDims: (inDims: number, bits: number) => number): [number, number] {
   const [output_dims, input_dims] = linear.weight.shape as [number, number];
@@ -108,16 +123,16 @@ export class LoRALinear extends Module {
   }
 
   call(x: MlxArray): MlxArray {
-    const y = this.linear.call(x);
-    try {
-      using dx = this.dropout.call(x);
-      using xa = mx.matmul(dx, this.lora_a);
-      const z = mx.matmul(xa, this.lora_b);
-      return addScaled(y, z, this.scale, x.dtype);
-    } catch (e) {
-      if (!y.disposed) y.dispose();
-      throw e;
-    }
+    return plusLora(
+      this.linear.call(x),
+      () => {
+        using dx = this.dropout.call(x);
+        using xa = mx.matmul(dx, this.lora_a);
+        return mx.matmul(xa, this.lora_b);
+      },
+      this.scale,
+      x.dtype,
+    );
   }
 
   /** LoRALinear.fuse: W + ((scale * B.T) @ A.T).astype(W.dtype), re-quantized unless `dequantize`. */
@@ -212,18 +227,18 @@ export class LoRASwitchLinear extends Module {
   }
 
   call(x: MlxArray, indices: MlxArray, sorted_indices = false): MlxArray {
-    const y = this.linear.call(x, indices, sorted_indices);
-    try {
-      using dx = this.dropout.call(x);
-      using at = mx.swapaxes(this.lora_a, -1, -2);
-      using z0 = mx.gatherMm(dx, at, { rhsIndices: indices, sortedIndices: sorted_indices });
-      using bt = mx.swapaxes(this.lora_b, -1, -2);
-      const z = mx.gatherMm(z0, bt, { rhsIndices: indices, sortedIndices: sorted_indices });
-      return addScaled(y, z, this.scale, x.dtype);
-    } catch (e) {
-      if (!y.disposed) y.dispose();
-      throw e;
-    }
+    return plusLora(
+      this.linear.call(x, indices, sorted_indices),
+      () => {
+        using dx = this.dropout.call(x);
+        using at = mx.swapaxes(this.lora_a, -1, -2);
+        using z0 = mx.gatherMm(dx, at, { rhsIndices: indices, sortedIndices: sorted_indices });
+        using bt = mx.swapaxes(this.lora_b, -1, -2);
+        return mx.gatherMm(z0, bt, { rhsIndices: indices, sortedIndices: sorted_indices });
+      },
+      this.scale,
+      x.dtype,
+    );
   }
 
   /** LoRASwitchLinear.fuse: W + ((scale * B) @ A.reshape(E, -1, in)).astype(W.dtype). */
@@ -275,31 +290,32 @@ export class LoRAEmbedding extends Module {
   /** y = emb(x); z = dropout(lora_a[x] @ lora_b); y + (scale * z).astype(y.dtype). */
   call(x: MlxArray): MlxArray {
     const y = this.embedding.call(x);
-    try {
-      using ax = mx.take(this.lora_a, x, 0);
-      using z0 = mx.matmul(ax, this.lora_b);
-      const z = this.dropout.call(z0);
-      return addScaled(y, z, this.scale, y.dtype);
-    } catch (e) {
-      if (!y.disposed) y.dispose();
-      throw e;
-    }
+    return plusLora(
+      y,
+      () => {
+        using ax = mx.take(this.lora_a, x, 0);
+        using z0 = mx.matmul(ax, this.lora_b);
+        return this.dropout.call(z0);
+      },
+      this.scale,
+      y.dtype,
+    );
   }
 
   /** Tied logits: emb.as_linear(x) + (scale * ((dropout(x) @ lora_b.T) @ lora_a.T)).astype(x.dtype). */
   asLinear(x: MlxArray): MlxArray {
-    const y = this.embedding.asLinear(x);
-    try {
-      using dx = this.dropout.call(x);
-      using bt = mx.transpose(this.lora_b);
-      using xb = mx.matmul(dx, bt);
-      using at = mx.transpose(this.lora_a);
-      const z = mx.matmul(xb, at);
-      return addScaled(y, z, this.scale, x.dtype);
-    } catch (e) {
-      if (!y.disposed) y.dispose();
-      throw e;
-    }
+    return plusLora(
+      this.embedding.asLinear(x),
+      () => {
+        using dx = this.dropout.call(x);
+        using bt = mx.transpose(this.lora_b);
+        using xb = mx.matmul(dx, bt);
+        using at = mx.transpose(this.lora_a);
+        return mx.matmul(xb, at);
+      },
+      this.scale,
+      x.dtype,
+    );
   }
 
   /** LoRAEmbedding.fuse: W + ((scale * lora_a) @ lora_b).astype(W.dtype). */

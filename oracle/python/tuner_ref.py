@@ -16,6 +16,10 @@ kind "lora": load_model(ckpt) -> freeze -> mx.random.seed(seed) -> linear_to_lor
                           save_model, save_config), and fused_logits.safetensors = load_model(fused)(tokens)
   "load_fused": a fused directory (made by the TS side) -> load_model -> its logits in
   load_fused_logits.safetensors.
+kind "train": the trainer's step for N steps with per-step dumps; "train_loop": mlx-lm's own
+  trainer.train() with its reports; "batches", "permutation", "randint": iterate_batches (and
+  default_loss), numpy's permutation and randint; "tokenizer", "datasets": a tiny tokenizer
+  fixture and mlx-lm's datasets on it. Each function's docstring gives its fields.
 """
 
 from __future__ import annotations
@@ -404,31 +408,27 @@ def restoring_layer_call(fn):
     return run
 
 
+JOBS = {
+    "lora": lora_job,
+    "load_fused": load_fused_job,
+    "batches": batches_job,
+    "train": restoring_layer_call(train_job),
+    "train_loop": restoring_layer_call(train_loop_job),
+    "tokenizer": tokenizer_job,
+    "datasets": datasets_job,
+    "randint": randint_job,
+    "permutation": permutation_job,
+}
+
+
 def main() -> int:
     jobs = json.load(sys.stdin)
     status = 0
     for job in jobs:
         try:
-            if job["kind"] == "lora":
-                lora_job(job)
-            elif job["kind"] == "load_fused":
-                load_fused_job(job)
-            elif job["kind"] == "batches":
-                batches_job(job)
-            elif job["kind"] == "train":
-                restoring_layer_call(train_job)(job)
-            elif job["kind"] == "tokenizer":
-                tokenizer_job(job)
-            elif job["kind"] == "datasets":
-                datasets_job(job)
-            elif job["kind"] == "train_loop":
-                restoring_layer_call(train_loop_job)(job)
-            elif job["kind"] == "randint":
-                randint_job(job)
-            elif job["kind"] == "permutation":
-                permutation_job(job)
-            else:
+            if job["kind"] not in JOBS:
                 raise ValueError(f"unknown job kind {job['kind']!r}")
+            JOBS[job["kind"]](job)
         except Exception:  # noqa: BLE001 - reported per job, the others still run
             Path(job["out"]).mkdir(parents=True, exist_ok=True)
             (Path(job["out"]) / "meta.json").write_text(json.dumps({"crash": traceback.format_exc()}))
