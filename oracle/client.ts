@@ -37,6 +37,8 @@ export class OracleError extends Error {
     readonly command?: string,
     readonly pythonType?: string,
     readonly pythonTraceback?: string,
+    /** The Python exception's own message (for a failed command). */
+    readonly pythonMessage?: string,
   ) {
     super(message);
   }
@@ -272,6 +274,7 @@ export class OracleClient {
           p.cmd,
           err.type,
           err.traceback,
+          err.message,
         ),
       );
     } else {
@@ -494,6 +497,31 @@ export class OracleClient {
       return r.steps.map((st) => ({ params: read(st.params), state: read(st.state) }));
     } finally {
       for (const p of written) rmSync(p, { force: true });
+    }
+  }
+
+  /**
+   * `n` training steps on a fresh model (loss = (model(tokens) * weights).sum(), nn.value_and_grad,
+   * optimizer.update), eager or under mx.compile with the trainer's captured state: the losses,
+   * the trainable parameters and the optimizer state at the end (flat, tree order).
+   */
+  async trainSteps(args: {
+    checkpoint: string;
+    tokens: number[][];
+    weights: NpyRecord;
+    optimizer: { name: string; args: Record<string, unknown> };
+    n: number;
+    compiled: boolean;
+    steps?: object[];
+  }): Promise<{ losses: NpyRecord[]; params: [string, NpyRecord][]; state: [string, NpyRecord][] }> {
+    const w = this.writeInput(args.weights);
+    try {
+      type Flat = (NpyRef & { path: string })[];
+      const r = await this.request<{ losses: NpyRef[]; params: Flat; state: Flat }>("train_steps", { ...args, weights: w, steps: args.steps ?? [] });
+      const read = (f: Flat): [string, NpyRecord][] => f.map((x) => [x.path, this.readArray(x)]);
+      return { losses: r.losses.map((l) => this.readArray(l)), params: read(r.params), state: read(r.state) };
+    } finally {
+      rmSync(w.npy, { force: true });
     }
   }
 

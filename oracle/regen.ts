@@ -8,7 +8,7 @@
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { OracleClient, REPO_ROOT } from "./client.ts";
-import { GOLDEN_DIR, type GoldenEntry, type Manifest, readManifest, sha256 } from "./golden.ts";
+import { type BackendMeasurement, GOLDEN_DIR, type GoldenEntry, goldenFilesDigest, type Manifest, readManifest, sha256 } from "./golden.ts";
 import { diffGoldens } from "./golden_diff.ts";
 
 const PLAN_PATH = join(REPO_ROOT, "oracle", "golden_plan.json");
@@ -89,12 +89,17 @@ export function groupUnits(items: PlanItem[]): Unit[] {
   return units;
 }
 
-function parseArgs(argv: string[]): { only: string[]; dryRun: boolean } {
+function parseArgs(argv: string[]): { only: string[]; dryRun: boolean; crossBackend: string[] } {
   const only: string[] = [];
+  const crossBackend: string[] = [];
   let dryRun = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i] as string;
-    if (a === "--only") {
+    if (a === "--cross-backend") {
+      const f = argv[++i];
+      if (!f) throw new Error("--cross-backend needs the JSON file written by oracle/python/golden_distance.py");
+      crossBackend.push(f);
+    } else if (a === "--only") {
       const g = argv[++i];
       if (!g) throw new Error("--only needs a glob, e.g. --only 'c1_dense/*' or --only '*/fwd_L13'");
       only.push(g);
@@ -108,13 +113,18 @@ function parseArgs(argv: string[]): { only: string[]; dryRun: boolean } {
                 logits-only scenarios share one file, which is regenerated as a whole; the other
                 files are carried over from the current golden/ unchanged
   --dry-run     print the plan and exit
+  --cross-backend FILE
+                record a measured distance between these goldens and another backend (the JSON
+                that oracle/python/golden_distance.py writes there) as that backend's budget in
+                the manifest; measurements already in the manifest are kept while the goldens
+                and versions they were made with are unchanged
 Plan: oracle/golden_plan.json. Output: golden/manifest.json; full dumps as
 golden/<fixture>/<variant>/<scenario>.npz + .json; logits-only scenarios of a checkpoint in
 golden/<fixture>/<variant>/logits.npz + .json.`);
       process.exit(0);
     } else throw new Error(`unknown argument ${a} (see --help)`);
   }
-  return { only, dryRun };
+  return { only, dryRun, crossBackend };
 }
 
 class Progress {
@@ -172,6 +182,32 @@ function manifestText(m: Manifest): string {
   });
   lines.push("}");
   return `${lines.join("\n")}\n`;
+}
+
+/**
+ * The manifest's cross-platform section: measured backends (given now, or kept from the previous
+ * manifest while its goldens and versions are unchanged) and the unmeasured starting budget.
+ */
+function crossPlatform(old: Manifest | undefined, files: string[], versions: Record<string, string>, digest: string): Manifest["cross_platform"] {
+  const valid = (m: BackendMeasurement) => m.golden_files === digest && JSON.stringify(m.versions) === JSON.stringify(versions);
+  const backends: Record<string, BackendMeasurement> = {};
+  for (const [b, m] of Object.entries(old?.cross_platform.backends ?? {})) {
+    if (valid(m)) backends[b] = m;
+    else console.error(`cross-backend: dropping the ${b} measurement of ${m.measured} (made against other goldens or versions)`);
+  }
+  for (const f of files) {
+    const m = JSON.parse(readFileSync(f, "utf8")) as BackendMeasurement;
+    if (!m.per_dtype || !m.backend) throw new Error(`${f} is not a golden_distance.py result`);
+    if (!valid(m)) throw new Error(`${f} was measured against other goldens or versions than these (golden_files ${m.golden_files.slice(0, 12)} vs ${digest.slice(0, 12)}; versions ${JSON.stringify(m.versions)})`);
+    backends[m.backend] = m;
+    console.error(`cross-backend: ${m.backend} measured ${m.measured}: ${m.taps} taps, max ULP per dtype ${JSON.stringify(Object.fromEntries(Object.entries(m.per_dtype).map(([d, v]) => [d, v.max_ulp])))}`);
+  }
+  return {
+    ulp_budget: { float32: 64, float16: 2, bfloat16: 2 },
+    note:
+      "Same fingerprint: goldens must match bit for bit. Another backend with an entry in `backends` (measured by oracle/python/golden_distance.py there): compare within its measured per-dtype maximum ULP distance, reported as such. Any other fingerprint: within `ulp_budget`, a starting value that is not measured. The live oracle is always bit-exact.",
+    ...(Object.keys(backends).length ? { backends } : {}),
+  };
 }
 
 async function main(): Promise<number> {
@@ -287,10 +323,7 @@ async function main(): Promise<number> {
       generated_by: "npm run golden:regen (oracle/regen.ts)",
       versions,
       fingerprint,
-      cross_platform: {
-        ulp_budget: { float32: 64, float16: 2, bfloat16: 2 },
-        note: "Same fingerprint: goldens must match bit for bit. Another fingerprint: compare with this per-element ULP budget and report it as a cross-platform comparison. The live oracle is always bit-exact. The budget is a starting value, not yet measured across machines.",
-      },
+      cross_platform: crossPlatform(old, args.crossBackend, versions, goldenFilesDigest(sortedFiles)),
       taps_json_sha256: sha256(new Uint8Array(readFileSync(TAPS_PATH))),
       plan: planSpec,
       checkpoints,

@@ -8,8 +8,10 @@ import { basename, join, resolve } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
-import { coverage, runCases } from "../oracle/ops/runner.ts";
+import { runCasesIsolated } from "../oracle/ops/isolated.ts";
+import { coverage, groupUnsupported } from "../oracle/ops/runner.ts";
 import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "./device.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
 import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
 import { renderHtml } from "./html.ts";
@@ -31,6 +33,7 @@ const FLAGS: FlagSpec[] = [
   { name: "skip-ops", kind: "bool", help: "fixtures: skip the op-level section" },
   { name: "ulp", kind: "int", valueName: "N", help: "budget: a tap passes if its max ULP distance is at most N", default: 0 },
   { name: "atol", kind: "number", valueName: "X", help: "budget: a tap passes if its max abs difference is at most X", default: 0 },
+  DEVICE_FLAG,
   { name: "out", kind: "string", valueName: "dir", help: "where the reports go", default: "report" },
   { name: "verbose", kind: "bool", help: "stack traces on errors, oracle stderr" },
   { name: "help", kind: "bool", help: "show this help" },
@@ -59,14 +62,33 @@ function globRe(glob: string): RegExp {
   return new RegExp(`^${glob.split("*").map((s) => s.replace(/[.+?^${}()|[\]\\]/g, "\\$&")).join(".*")}$`);
 }
 
-async function opLevel(oracle: OracleClient): Promise<OpLevelSummary> {
+// The op table runs in worker processes of its own (oracle/ops/isolated.ts): a case that leaves a
+// sticky GPU error behind poisons only its worker, never the oracle of the model runs.
+async function opLevel(dev: DeviceInfo): Promise<OpLevelSummary> {
   const bar = new ProgressBar("[ops]");
   bar.update(0, `${CASES.length} cases`);
-  const results = await runCases(CASES, oracle);
-  const cov = coverage(exposedOps().filter((o) => !(o in NOT_OPS)), CASES, results);
-  bar.done(`${cov.bitExact}/${cov.cases} cases bit-exact, ${cov.tested.length}/${cov.exposed.length} ops tested`);
-  for (const f of cov.failures.slice(0, 10)) process.stderr.write(`  FAIL ${f.id}: ${f.detail}\n`);
-  return { opsExposed: cov.exposed.length, opsTested: cov.tested.length, cases: cov.cases, bitExact: cov.bitExact };
+  const run = await runCasesIsolated(CASES, (_r, done) => bar.update(done / CASES.length, `${done}/${CASES.length} cases`));
+  const cov = coverage(exposedOps().filter((o) => !(o in NOT_OPS)), CASES, run.results);
+  const unsup = cov.unsupported.length ? `, ${cov.unsupported.length} unsupported on ${dev.backend}` : "";
+  bar.done(`${cov.bitExact}/${cov.cases} cases bit-exact${unsup}, ${cov.failures.length} failed, ${cov.tested.length}/${cov.exposed.length} ops tested`);
+  for (const [msg, ids] of groupUnsupported(cov.unsupported)) process.stderr.write(`  unsupported on ${dev.backend} (${ids.length}): ${msg}\n    ${ids.join(", ")}\n`);
+  for (const f of cov.failures) process.stderr.write(`  FAIL ${f.id}: ${f.detail}\n`);
+  for (const p of run.poisoners) process.stderr.write(`  ${p.id} left a sticky error behind (binding: ${p.ts ?? "ok"}; oracle: ${p.py ?? "ok"}); the rest ran in fresh processes\n`);
+  const nonExact = run.results
+    .filter((r) => r.status !== "exact")
+    .map((r) => ({ id: r.id, op: r.op, status: r.status as "unsupported" | "fail", detail: r.detail ?? "", sticky: r.sticky === true }));
+  return {
+    opsExposed: cov.exposed.length,
+    opsTested: cov.tested.length,
+    cases: cov.cases,
+    bitExact: cov.bitExact,
+    unsupported: cov.unsupported.length,
+    failed: cov.failures.length,
+    backend: dev.backend,
+    device: dev.device,
+    workers: run.workers,
+    nonExact,
+  };
 }
 
 interface ScenarioEntry {
@@ -165,8 +187,14 @@ function printSummary(rep: ParityReport): void {
   const lines: string[] = [""];
   if (rep.opLevel) {
     const o = rep.opLevel;
-    lines.push("Op-level parity (@mlx-bun/mlx vs Python MLX)");
-    lines.push(textTable(["ops exposed", "ops parity-tested", "cases", "bit-exact cases"], [[String(o.opsExposed), `${o.opsTested} (${pct(o.opsTested, o.opsExposed)})`, String(o.cases), `${o.bitExact} (${pct(o.bitExact, o.cases)})`]]), "");
+    lines.push(`Op-level parity (@mlx-bun/mlx vs Python MLX, ${o.backend} backend, device ${o.device})`);
+    lines.push(
+      textTable(
+        ["ops exposed", "ops parity-tested", "cases", "bit-exact cases", `unsupported on ${o.backend}`, "failed"],
+        [[String(o.opsExposed), `${o.opsTested} (${pct(o.opsTested, o.opsExposed)})`, String(o.cases), `${o.bitExact} (${pct(o.bitExact, o.cases)})`, String(o.unsupported), String(o.failed)]],
+      ),
+      "",
+    );
   }
   if (rep.runs.length) {
     lines.push("Model parity (TS vs mlx-lm, every tap of every generate_step call)");
@@ -198,19 +226,20 @@ async function main(argv: string[]): Promise<number> {
   if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
   if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
-  // Validate the checkpoint and prompt before starting the oracle, so bad input fails fast.
+  // Validate the device, the checkpoint and the prompt before starting the oracle, so bad input fails fast.
+  const dev = applyDeviceFlag(a.device);
   const spec = a.model === undefined ? null : await modelSpec(a, budget);
 
   // ORACLE_PYTHON: another interpreter for the oracle (default: the repo's .venv).
   const oracle = await OracleClient.start({ python: process.env.ORACLE_PYTHON || undefined, onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
   let rep: ParityReport;
   try {
-    const opLevelSummary = a.model === undefined && !a["skip-ops"] ? await opLevel(oracle) : null;
+    const opLevelSummary = a.model === undefined && !a["skip-ops"] ? await opLevel(dev) : null;
     const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await runOne(oracle, spec!)];
     rep = {
       schema: SCHEMA_ID,
       createdAt: new Date().toISOString(),
-      versions: { libmlx: mx.version(), ...(oracle.versions ?? {}), bun: Bun.version, platform: `${process.platform}-${process.arch}` },
+      versions: { libmlx: mx.version(), ...(oracle.versions ?? {}), bun: Bun.version, platform: `${process.platform}-${process.arch}`, backend: dev.backend, device: dev.device, ...(dev.gpu ? { gpu: dev.gpu } : {}) },
       budget,
       opLevel: opLevelSummary,
       runs,

@@ -7,6 +7,7 @@ import * as mx from "@mlx-bun/mlx";
 import { generate } from "../model/generate.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
 import { type FlagSpec, helpText, parseArgs, runCommand, UsageError } from "./args.ts";
+import { applyDeviceFlag, DEVICE_FLAG } from "./device.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 
 const FLAGS: FlagSpec[] = [
@@ -21,6 +22,7 @@ const FLAGS: FlagSpec[] = [
   { name: "min-p", kind: "number", valueName: "P", help: "min-p sampling (0 = off)", default: 0 },
   { name: "seed", kind: "int", valueName: "S", help: "random seed (mx.random.seed)" },
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "prefill chunk size", default: 2048 },
+  DEVICE_FLAG,
   { name: "verbose", kind: "bool", help: "stack traces on errors" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -56,6 +58,7 @@ async function main(argv: string[]): Promise<number> {
     return 0;
   }
   if (a.model === undefined) throw new UsageError("--model <dir> is required (see --help)");
+  const dev = applyDeviceFlag(a.device);
   const dir = resolve(String(a.model));
   const info = inspectCheckpoint(dir);
   const prompt = await resolvePrompt(dir, a);
@@ -104,6 +107,7 @@ async function main(argv: string[]): Promise<number> {
   process.stdout.write(`Prompt: ${prompt.length} tokens, ${promptTps.toFixed(3)} tokens-per-sec\n`);
   process.stdout.write(`Generation: ${n + 1} tokens, ${genTps.toFixed(3)} tokens-per-sec\n`);
   process.stdout.write(`Peak memory: ${(mx.getPeakMemory() / 1e9).toFixed(3)} GB\n`);
+  process.stdout.write(`Device: ${dev.device} (${dev.backend} backend${dev.gpu ? `, ${dev.gpu}` : ""})\n`);
   return 0;
 }
 

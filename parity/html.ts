@@ -119,8 +119,12 @@ function runSection(r: RunResult, open: boolean): string {
 
 export function renderHtml(rep: ParityReport): string {
   const rows = rep.runs.map((r) => `<tr class="${runOk(r) ? "ok" : "bad"}">${summaryRow(r).map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`).join("");
-  const op = rep.opLevel
-    ? `<h2>Op-level parity (binding vs Python MLX)</h2><table id="ops"><tr><th>ops exposed</th><th>ops parity-tested</th><th>cases</th><th>bit-exact cases</th></tr><tr><td>${rep.opLevel.opsExposed}</td><td>${rep.opLevel.opsTested} (${pct(rep.opLevel.opsTested, rep.opLevel.opsExposed)})</td><td>${rep.opLevel.cases}</td><td>${rep.opLevel.bitExact} (${pct(rep.opLevel.bitExact, rep.opLevel.cases)})</td></tr></table>`
+  const o = rep.opLevel;
+  const nonExact = o?.nonExact.length
+    ? `<table id="ops-nonexact"><tr><th>case</th><th>status</th><th>detail</th></tr>${o.nonExact.map((c) => `<tr class="${c.status === "fail" ? "bad" : ""}"><td>${esc(c.id)}</td><td>${c.status}${c.sticky ? " (sticky)" : ""}</td><td>${esc(c.detail)}</td></tr>`).join("")}</table>`
+    : "";
+  const op = o
+    ? `<h2>Op-level parity (binding vs Python MLX, ${esc(o.backend)} backend, ${esc(o.device)})</h2><table id="ops"><tr><th>ops exposed</th><th>ops parity-tested</th><th>cases</th><th>bit-exact cases</th><th>unsupported on ${esc(o.backend)}</th><th>failed</th></tr><tr><td>${o.opsExposed}</td><td>${o.opsTested} (${pct(o.opsTested, o.opsExposed)})</td><td>${o.cases}</td><td>${o.bitExact} (${pct(o.bitExact, o.cases)})</td><td>${o.unsupported}</td><td>${o.failed}</td></tr></table>${nonExact}`
     : "";
   const versions = Object.entries(rep.versions).map(([k, v]) => `<span><b>${esc(k)}</b> ${esc(v)}</span>`).join(" ");
   // Plots: every diverging run opens; with none diverging, the first run opens.

@@ -13,8 +13,14 @@ export function renderMarkdown(rep: ParityReport): string {
   if (rep.opLevel) {
     const o = rep.opLevel;
     out.push("## Op-level parity (binding vs Python MLX)", "");
-    out.push("| ops exposed | ops parity-tested | cases | bit-exact cases |", "|---|---|---|---|");
-    out.push(`| ${o.opsExposed} | ${o.opsTested} (${pct(o.opsTested, o.opsExposed)}) | ${o.cases} | ${o.bitExact} (${pct(o.bitExact, o.cases)}) |`, "");
+    out.push(`Backend ${o.backend}, device ${o.device}.`, "");
+    out.push(`| ops exposed | ops parity-tested | cases | bit-exact cases | unsupported on ${o.backend} | failed |`, "|---|---|---|---|---|---|");
+    out.push(`| ${o.opsExposed} | ${o.opsTested} (${pct(o.opsTested, o.opsExposed)}) | ${o.cases} | ${o.bitExact} (${pct(o.bitExact, o.cases)}) | ${o.unsupported} | ${o.failed} |`, "");
+    if (o.nonExact.length) {
+      out.push("Every case that is not bit-exact (unsupported: both sides raised this same MLX error):", "", "| case | status | detail |", "|---|---|---|");
+      for (const c of o.nonExact) out.push(`| ${esc(c.id)} | ${c.status}${c.sticky ? " (sticky)" : ""} | ${esc(c.detail)} |`);
+      out.push("");
+    }
   }
   if (rep.runs.length) {
     out.push("## Models", "");

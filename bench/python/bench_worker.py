@@ -9,7 +9,8 @@ Requests (one JSON object per line on stdin), replies on stdout:
       -> {"ok": true, "prompt_tps", "generation_tps", "prompt_seconds", "peak_memory", "tokens"}
   {"cmd": "graph_build", "prompt": [ids], "reps": R}
       prefill the prompt, then R times: build one decode step's graph (timed, no eval), then
-      evaluate it (untimed) -> {"ok": true, "seconds": [per-rep build times]}
+      evaluate it synchronously (timed apart)
+      -> {"ok": true, "seconds": [per-rep build times], "eval_seconds": [per-rep eval times]}
   {"cmd": "train_setup", "path": DIR, "tokens": [[ids]], "lengths": [[offset, length]], "compiled": bool,
    "grad_checkpoint": bool}
       mlx_lm.lora's setup (seed 0, freeze, LoRA rank 8 on all layers, AdamW 1e-5) and the
@@ -26,6 +27,8 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "oracle" / "python"))
+import device_env  # noqa: E402,F401  (MLX_DEVICE: the run's device, as on the TS side)
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
@@ -74,14 +77,16 @@ def cmd_graph_build(req):
     logits = model(prompt[None], cache=cache)
     y = mx.argmax(logits[:, -1, :], axis=-1)
     mx.eval(y, [c.state for c in cache])
-    times = []
+    times, evals = [], []
     for _ in range(int(req["reps"])):
         tic = time.perf_counter()
         logits = model(y[None], cache=cache)
-        times.append(time.perf_counter() - tic)
+        toc = time.perf_counter()
+        times.append(toc - tic)
         y = mx.argmax(logits[:, -1, :], axis=-1)
         mx.eval(y, [c.state for c in cache])
-    return {"seconds": times}
+        evals.append(time.perf_counter() - toc)
+    return {"seconds": times, "eval_seconds": evals}
 
 
 trainer = None

@@ -25,6 +25,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "mlx/backend/cuda/cuda.h"
+#include "mlx/backend/gpu/device_info.h"
+#include "mlx/backend/metal/metal.h"
 #include "mlx/compile_impl.h"
 #include "mlx/primitives.h"
 #include "mlx/mlx.h"
@@ -309,6 +312,17 @@ array reduce_all(int op, const array& a, bool keepdims, int ddof) {
     case kStd: return mx::std(a, keepdims, ddof);
   }
   throw std::invalid_argument("unknown reduction " + std::to_string(op));
+}
+
+// The arrays a JS callback returned (a vector it built with mlxb_vec_new, freed here); NULL
+// means the JS function threw (the TS side holds the exception).
+std::vector<array> take_js_outputs(Vec* out) {
+  if (out == nullptr) throw std::runtime_error("the traced JS function failed");
+  if (out->magic != kVecLive) throw std::runtime_error("the traced JS function returned an invalid vector");
+  std::vector<array> result = std::move(out->items);
+  out->magic = kDead;
+  delete out;
+  return result;
 }
 
 // Compiled closures: a JS trace callback wrapped into the std::function MLX compiles.
@@ -928,12 +942,7 @@ Compiled* mlxb_compile(TraceFn trace, int shapeless) {
       Vec* out = trace(in);
       in->magic = kDead;
       delete in;
-      if (out == nullptr) throw std::runtime_error("the traced JS function failed");
-      if (out->magic != kVecLive) throw std::runtime_error("the traced JS function returned an invalid vector");
-      std::vector<array> result = std::move(out->items);
-      out->magic = kDead;
-      delete out;
-      return result;
+      return take_js_outputs(out);
     };
     c->fn = mx::detail::compile(body, c->id, shapeless != 0);
     return c;
@@ -1003,12 +1012,7 @@ ArrayFn js_function(double id) {
     in->items = inputs;
     Vec* out = g_trampoline(fn->id, in.get());
     in->magic = kDead;
-    if (out == nullptr) throw std::runtime_error("the JS function failed");
-    if (out->magic != kVecLive) throw std::runtime_error("the JS function returned an invalid vector");
-    std::vector<array> result = std::move(out->items);
-    out->magic = kDead;
-    delete out;
-    return result;
+    return take_js_outputs(out);
   };
 }
 
@@ -1146,6 +1150,32 @@ double mlxb_set_limit(int which, double bytes) {
     set_error("set_limit", e.what());
   }
   return -1;
+}
+
+// The GPU backend this libmlx was built with and can use here: 0 none (CPU only), 1 Metal, 2 CUDA.
+// A CUDA wheel on a machine without a usable NVIDIA GPU answers 0.
+int mlxb_gpu_backend() {
+  GUARD_INT("gpu_backend", {
+    if (mx::metal::is_available()) return 1;
+    if (mx::cu::is_available()) return 2;
+    return 0;
+  })
+}
+// The GPU's name (gpu::device_info "device_name"), or "" when there is none.
+const char* mlxb_gpu_name() {
+  static std::string name;
+  try {
+    name.clear();
+    if (mx::gpu::is_available()) {
+      const auto& info = mx::gpu::device_info(0);
+      auto it = info.find("device_name");
+      if (it != info.end() && std::holds_alternative<std::string>(it->second)) name = std::get<std::string>(it->second);
+    }
+  } catch (const std::exception& e) {
+    set_error("gpu_name", e.what());
+    return nullptr;
+  }
+  return name.c_str();
 }
 
 // device type: 0 cpu, 1 gpu.

@@ -1,5 +1,5 @@
 // Devices and streams.
-import { checkStatus } from "./errors.ts";
+import { checkPtr, checkStatus, MlxError } from "./errors.ts";
 import { cstring, lib } from "./native.ts";
 
 export type DeviceType = "cpu" | "gpu";
@@ -34,5 +34,36 @@ export function withStream<T>(t: DeviceType, index: number, fn: () => T): T {
     setDefaultStream(t, prev);
   }
 }
+/** The GPU backend libmlx can use here: "metal", "cuda", or "cpu" when it has no usable GPU. */
+export type Backend = "cpu" | "metal" | "cuda";
+const BACKENDS: readonly Backend[] = ["cpu", "metal", "cuda"];
+export const backend = (): Backend => BACKENDS[checkStatus(lib.mlxb_gpu_backend(), "gpu_backend")]!;
+/** The GPU's name as MLX reports it (gpu::device_info "device_name"), or "" without a GPU. */
+export const gpuName = (): string => cstring(checkPtr(lib.mlxb_gpu_name(), "gpu_name"));
+
+/**
+ * Makes `name` ("cpu" or "gpu") the default device, as mx.set_default_device does, after
+ * checking it exists; a GPU request where libmlx has none fails with one message saying which
+ * backend this is. Used by the faces' --device flag and by MLX_DEVICE (applyDeviceEnv).
+ */
+export function selectDevice(name: string, source = "device"): DeviceType {
+  if (name !== "cpu" && name !== "gpu") throw new MlxError(source, `unknown device '${name}' (expected cpu or gpu)`);
+  if (name === "gpu" && !isAvailable("gpu")) {
+    throw new MlxError(source, "no GPU is available to MLX here: this libmlx has the CPU backend only (on Linux, MLX_BACKEND=cuda npm run setup installs mlx-cuda-13 on a machine with an NVIDIA GPU; on macOS, mlx-metal uses the Apple GPU)");
+  }
+  setDefaultDevice(name);
+  return name;
+}
+
+/**
+ * The one environment variable for the device of a test run: MLX_DEVICE=cpu|gpu makes it the
+ * default (the oracle server reads the same variable, so both sides run on one device). Unset:
+ * MLX's own default device. Returns the device in use.
+ */
+export function applyDeviceEnv(env: Record<string, string | undefined> = process.env): DeviceType {
+  const want = env.MLX_DEVICE;
+  return want ? selectDevice(want, "MLX_DEVICE") : defaultDevice();
+}
+
 /** libmlx's version string, e.g. "0.32.4". */
 export const version = (): string => cstring(lib.mlxb_version());

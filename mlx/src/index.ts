@@ -7,7 +7,7 @@ export * as fast from "./fast.ts";
 export * as random from "./random.ts";
 export * from "./io.ts";
 export * from "./transforms.ts";
-export { type CompiledFunction, compile, setCompileMode } from "./compile.ts";
+export { combineStates, type CompiledFunction, type CompileState, compile, setCompileMode } from "./compile.ts";
 export * from "./memory.ts";
 export * from "./device.ts";
 export { pyFloat, pyInt, PyScalar, type Scalar } from "./scalar.ts";

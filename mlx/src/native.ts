@@ -121,6 +121,8 @@ const symbols = {
   mlxb_reset_peak_memory: { args: [], returns: i32 },
   mlxb_clear_cache: { args: [], returns: i32 },
   mlxb_set_limit: { args: [i32, f64], returns: f64 },
+  mlxb_gpu_backend: { args: [], returns: i32 },
+  mlxb_gpu_name: { args: [], returns: ptr },
   mlxb_default_device: { args: [], returns: i32 },
   mlxb_set_default_device: { args: [i32], returns: i32 },
   mlxb_is_available: { args: [i32], returns: i32 },

@@ -16,7 +16,7 @@
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { tunerMutated } from "../tuner/mutations.ts";
-import { isDict, type Tree, treeFlatten } from "@mlx-bun/mlx/utils";
+import { isDict, type Tree, treeArrays, treeFill, treeFlatten } from "@mlx-bun/mlx/utils";
 
 export type QuantMode = "affine" | "mxfp4" | "nvfp4" | "mxfp8";
 
@@ -169,69 +169,22 @@ export abstract class Module {
    * is stored again); `release = false` keeps them (a temporary swap the caller undoes).
    */
   update(parameters: Tree, strict = true, release = true): Module {
-    const set = (dst: Record<string, unknown> | unknown[], key: string | number, cur: unknown, value: unknown) => {
+    walkMembers(this, parameters, strict, "parameter", (cur, value, put, descend) => {
+      if (!(cur instanceof mx.MlxArray)) return descend();
       if (strict && !(value instanceof mx.MlxArray)) throw new Error(`Received invalid type: ${typeName(value)}.`);
-      (dst as Record<string | number, unknown>)[key] = value;
-      if (release && cur !== value && cur instanceof mx.MlxArray) cur.dispose();
-    };
-    const apply = (dst: Record<string, unknown> | unknown[], params: unknown) => {
-      if (isDict(params)) {
-        for (const [k, value] of Object.entries(params)) {
-          const present = dst instanceof Module ? dst.has(k) : !Array.isArray(dst) && k in dst;
-          if (!present) {
-            if (strict) throw new Error(`Module does not have parameter named "${k}".`);
-            continue;
-          }
-          const cur = (dst as Record<string, unknown>)[k];
-          if (cur instanceof mx.MlxArray) set(dst, k, cur, value);
-          else apply(cur as Record<string, unknown>, value);
-        }
-      } else if (Array.isArray(params)) {
-        const list = dst as unknown[];
-        for (let i = 0; i < params.length; i++) {
-          if (i >= list.length) {
-            if (strict) throw new Error(`List index ${i} is out of bounds for destination of length ${list.length}.`);
-            continue;
-          }
-          const cur = list[i];
-          if (cur instanceof mx.MlxArray) set(list, i, cur, params[i]);
-          else apply(cur as Record<string, unknown>, params[i]);
-        }
-      } else if (strict) throw new Error(`Received invalid type: ${typeName(params)}.`);
-    };
-    apply(this as unknown as Record<string, unknown>, parameters);
+      put();
+      if (release && cur !== value) cur.dispose();
+    });
     return this;
   }
 
   /** update_modules(modules, strict): replaces child modules at the tree's paths (nothing is disposed). */
   updateModules(modules: Tree<Module>, strict = true): Module {
-    const apply = (dst: Record<string, unknown> | unknown[], mods: unknown) => {
-      const one = (cur: unknown, value: unknown, put: () => void) => {
-        if (cur instanceof Module && value instanceof Module) put();
-        else if (Array.isArray(cur) || isDict(cur)) apply(cur as Record<string, unknown>, value);
-        else if (strict && !(isDict(value) && Object.keys(value).length === 0)) throw new Error(`Received invalid type: ${typeName(value)}.`);
-      };
-      if (isDict(mods)) {
-        for (const [k, value] of Object.entries(mods)) {
-          const present = dst instanceof Module ? dst.has(k) : !Array.isArray(dst) && k in dst;
-          if (!present) {
-            if (strict) throw new Error(`Module does not have sub-module named "${k}".`);
-            continue;
-          }
-          one((dst as Record<string, unknown>)[k], value, () => ((dst as Record<string, unknown>)[k] = value));
-        }
-      } else if (Array.isArray(mods)) {
-        const list = dst as unknown[];
-        for (let i = 0; i < mods.length; i++) {
-          if (i >= list.length) {
-            if (strict) throw new Error(`List index ${i} is out of bounds for destination of length ${list.length}.`);
-            continue;
-          }
-          one(list[i], mods[i], () => (list[i] = mods[i]));
-        }
-      } else if (strict) throw new Error(`Received invalid type: ${typeName(mods)}.`);
-    };
-    apply(this as unknown as Record<string, unknown>, modules);
+    walkMembers(this, modules, strict, "sub-module", (cur, value, put, descend) => {
+      if (cur instanceof Module && value instanceof Module) put();
+      else if (cur instanceof Module || Array.isArray(cur) || isDict(cur)) descend(); // a Python Module is a dict
+      else if (strict && !(isDict(value) && Object.keys(value).length === 0)) throw new Error(`Received invalid type: ${typeName(value)}.`);
+    });
     return this;
   }
 
@@ -299,6 +252,18 @@ export abstract class Module {
     return this;
   }
 
+  /**
+   * The parameters as compile state (Python's `mx.compile(step, inputs=model.state,
+   * outputs=model.state)`): every parameter in tree order; set() stores the arrays through
+   * update() (which disposes the ones they replace).
+   */
+  compileState(): mx.CompileState {
+    return {
+      get: () => treeArrays(this.parameterTree()).map(mx.alias),
+      set: (arrays) => void this.update(treeFill(this.parameterTree(), arrays)),
+    };
+  }
+
   get training(): boolean {
     return this._training;
   }
@@ -321,6 +286,35 @@ function typeName(v: unknown): string {
   if (isDict(v)) return "dict";
   if (v instanceof mx.MlxArray) return "array";
   return typeof v === "object" ? (v as object).constructor.name : typeof v;
+}
+
+/**
+ * The walk Module.update and update_modules share: `tree` over the members of `dst` (modules by
+ * member name, lists by index); visit(current, new, put, descend) decides at each entry.
+ */
+function walkMembers(dst: Module, tree: unknown, strict: boolean, noun: string, visit: (cur: unknown, value: unknown, put: () => void, descend: () => void) => void): void {
+  const step = (d: unknown, t: unknown) => {
+    if (isDict(t)) {
+      for (const [k, value] of Object.entries(t)) {
+        if (!(d instanceof Module ? d.has(k) : isDict(d) && k in d)) {
+          if (strict) throw new Error(`Module does not have ${noun} named "${k}".`);
+          continue;
+        }
+        const rec = d as Record<string, unknown>;
+        visit(rec[k], value, () => (rec[k] = value), () => step(rec[k], value));
+      }
+    } else if (Array.isArray(t)) {
+      const list = d as unknown[];
+      for (let i = 0; i < t.length; i++) {
+        if (i >= list.length) {
+          if (strict) throw new Error(`List index ${i} is out of bounds for destination of length ${list.length}.`);
+          continue;
+        }
+        visit(list[i], t[i], () => (list[i] = t[i]), () => step(list[i], t[i]));
+      }
+    } else if (strict) throw new Error(`Received invalid type: ${typeName(t)}.`);
+  };
+  step(dst, tree);
 }
 
 /** base.py _unwrap. */

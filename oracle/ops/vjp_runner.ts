@@ -2,14 +2,14 @@
 // case with the same inputs: its floating inputs are the primals (the others stay constants), and
 // one seeded cotangent per output (same shape and dtype) is appended as extra inputs. Both sides
 // return the op's outputs, then one vjp per primal; the forward runner (runner.ts) runs and
-// compares them, so the results have its shape (and its backend-aware treatment). Python side:
-// the `_vjp` parameter of oracle/python/ops_table.py run_op.
+// compares them, in worker processes (isolated.ts, table "vjp"), so the results have its shape
+// and its backend-aware treatment. Python side: the `_vjp` parameter of ops_table.py run_op.
 import * as mx from "@mlx-bun/mlx";
 import type { Dtype, MlxArray } from "@mlx-bun/mlx";
 import type { Operand } from "@mlx-bun/mlx/ops";
-import type { OracleClient } from "../client.ts";
 import { type ArraySpec, CASES, type InputSpec, type OpCase, type Params } from "./cases.ts";
-import { applyView, type CaseResult, coverage, type Coverage, runCases } from "./runner.ts";
+import { type IsolatedRun, runCasesIsolated, WORKER_SCRIPT } from "./isolated.ts";
+import { applyView, type CaseResult, coverage, type Coverage } from "./runner.ts";
 
 const FLOAT: ReadonlySet<Dtype> = new Set(["float32", "float16", "bfloat16", "float64"]);
 
@@ -21,10 +21,10 @@ export const NOT_DIFFERENTIABLE: Record<string, string> = {
   ...Object.fromEntries(["bitwiseAnd", "bitwiseOr", "bitwiseXor", "bitwiseInvert", "leftShift", "rightShift"].map((o) => [o, "bitwise: integer inputs and output"])),
   ...Object.fromEntries(["argmax", "argmin", "argsort", "argpartition"].map((o) => [o, "index output (uint32)"])),
   ...Object.fromEntries(["zeros", "ones", "eye", "tri", "arange", "linspace"].map((o) => [o, "creation: no array input"])),
-  ...Object.fromEntries(["random.key", "random.seed", "random.split", "random.uniform", "random.normal"].map((o) => [o, "random: the only array input is a uint32 key"])),
+  ...Object.fromEntries(["random.key", "random.seed", "random.split", "random.uniform", "random.normal"].map((o) => [o, "random: no floating input (a seed or a uint32 key)"])),
   ...Object.fromEntries(["all", "any"].map((o) => [o, "reduction to bool"])),
   "random.categorical": "random: integer samples",
-  view: "reinterprets the bits: no floating input and output of one value",
+  view: "reinterprets the bits; MLX has no vjp for View ('[Primitive::vjp] Not implemented for View')",
 };
 
 /** Inputs that are floating but not differentiable (MLX raises for a gradient w.r.t. them). */
@@ -112,8 +112,9 @@ export function vjpCases(): readonly VjpCase[] {
   return cached;
 }
 
-export function runVjpCases(cases: readonly VjpCase[], oracle: OracleClient, window?: number): Promise<CaseResult[]> {
-  return runCases(cases, oracle, window);
+/** Runs gradient cases in worker processes (isolated.ts), as the forward table runs. */
+export function runVjpCasesIsolated(cases: readonly VjpCase[], onResult?: (r: CaseResult, done: number) => void): Promise<IsolatedRun> {
+  return runCasesIsolated(cases, onResult, WORKER_SCRIPT, "vjp");
 }
 
 /** Coverage over the differentiable exposed ops (exposed minus NOT_DIFFERENTIABLE). */

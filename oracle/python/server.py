@@ -45,6 +45,7 @@ from mlx_lm.models import cache as mcache  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 import capture as cap  # noqa: E402
+import device_env  # noqa: E402
 import golden_io  # noqa: E402
 import make_checkpoints as mkc  # noqa: E402
 from common import (  # noqa: E402
@@ -390,37 +391,73 @@ class Server:
         boundaries})}, `params` [{path, npy}] (tree_unflatten'ed), `grads` one such list per
         step. Each step is params = opt.apply_gradients(grads, params), then mx.eval; the reply
         has, per step, tree_flatten(params) and tree_flatten(opt.state) as [{path, npy}]."""
-        import mlx.optimizers as optim
         from mlx.utils import tree_unflatten
-
-        def schedule(spec):
-            if not isinstance(spec, dict):
-                return spec
-            if spec["name"] == "join_schedules":
-                return optim.join_schedules([schedule(x) for x in spec["schedules"]], spec["boundaries"])
-            return getattr(optim, spec["name"])(*spec["args"])
 
         def tree(items):
             return tree_unflatten([(x["path"], self.in_array(x)) for x in items])
 
-        def out(t, tag):
-            return [{"path": k, **self.out_array(a, tag)} for k, a in tree_flatten(t)]
-
-        spec = req["optimizer"]
-        args = dict(spec.get("args") or {})
-        if "learning_rate" in args:
-            args["learning_rate"] = schedule(args["learning_rate"])
-        opt = getattr(optim, spec["name"])(**args)
+        opt = make_optimizer(req["optimizer"])
         params = tree(req["params"])
         steps = []
         for g in req["grads"]:
             params = opt.apply_gradients(tree(g), params)
             mx.eval(params, opt.state)
-            steps.append({"params": out(params, "p"), "state": out(opt.state, "s")})
+            steps.append({"params": self.out_flat(params, "p"), "state": self.out_flat(opt.state, "s")})
         return {"steps": steps}
+
+    def out_flat(self, tree, tag: str) -> list:
+        return [{"path": k, **self.out_array(a, tag)} for k, a in tree_flatten(tree)]
+
+    def cmd_train_steps(self, req: dict) -> dict:
+        """`n` training steps on a fresh model after the module steps: loss = (model(tokens) *
+        weights).sum(), nn.value_and_grad, optimizer.update(model, grads) with `optimizer` (as in
+        cmd_optimizer); `compiled`: the step under mx.compile with inputs = outputs =
+        [model.state, optimizer.state, mx.random.state], as mlx-lm's trainer. Every step's loss,
+        then tree_flatten of the trainable parameters and of the optimizer state."""
+        from functools import partial
+
+        model = self.fresh_model(req)
+        w = self.in_array(req["weights"])
+        x = mx.array(req["tokens"], dtype=mx.int32)
+        opt = make_optimizer(req["optimizer"])
+        lvg = nn.value_and_grad(model, lambda t: (model(t) * w).sum())
+
+        def step(t):
+            loss, grads = lvg(t)
+            opt.update(model, grads)
+            return loss
+
+        if req.get("compiled"):
+            state = [model.state, opt.state, mx.random.state]
+            step = partial(mx.compile, inputs=state, outputs=state)(step)
+        losses = []
+        for _ in range(int(req["n"])):
+            loss = step(x)
+            mx.eval(loss, model.parameters(), opt.state)
+            losses.append(self.out_array(loss, "loss"))
+        return {"losses": losses, "params": self.out_flat(model.trainable_parameters(), "p"),
+                "state": self.out_flat(opt.state, "s")}
 
     def cmd_shutdown(self, req: dict) -> dict:
         return {"bye": True}
+
+
+def make_optimizer(spec: dict):
+    """mlx.optimizers.<name>(**args); a learning_rate may be a schedule spec {name, args} or
+    {name: "join_schedules", schedules, boundaries}."""
+    import mlx.optimizers as optim
+
+    def schedule(s):
+        if not isinstance(s, dict):
+            return s
+        if s["name"] == "join_schedules":
+            return optim.join_schedules([schedule(x) for x in s["schedules"]], s["boundaries"])
+        return getattr(optim, s["name"])(*s["args"])
+
+    args = dict(spec.get("args") or {})
+    if "learning_rate" in args:
+        args["learning_rate"] = schedule(args["learning_rate"])
+    return getattr(optim, spec["name"])(**args)
 
 
 def same_work_key(scn: dict) -> list:
@@ -500,6 +537,8 @@ def fingerprint() -> dict:
             compiler = cxx
     return {"os": platform.system(), "os_release": platform.release(), "libc": "-".join(platform.libc_ver()),
             "machine": platform.machine(), "cpu_model": cpu, "backend": str(mx.default_device()),
+            "mlx_backend": device_env.backend(), "device": device_env.DEVICE,
+            "gpu": mx.device_info(mx.gpu).get("device_name") if mx.is_available(mx.gpu) else None,
             "metal": bool(mx.metal.is_available()) if hasattr(mx, "metal") else False,
             "compiler": compiler, "compile_enabled": not bool(os.environ.get("MLX_DISABLE_COMPILE"))}
 

@@ -8,6 +8,7 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
+import * as optim from "@mlx-bun/mlx/optimizers";
 import { sharedOracle } from "../../oracle/client.ts";
 import { compareGrads, formatGradComparison } from "../../oracle/grad_compare.ts";
 import { inputBytes } from "../../oracle/ops/runner.ts";
@@ -85,4 +86,36 @@ describe("model gradients vs mlx-lm (nn.value_and_grad)", () => {
       model.dispose();
     }
   }, 120_000);
+});
+
+describe("training ownership", () => {
+  it("20 steps of nn.valueAndGrad + AdamW on checkpointed layers: live handles and traced functions stay flat", () => {
+    const { model } = loadModel(join(CKPT_ROOT, "c1_dense/f32"));
+    try {
+      model.freeze();
+      model.unfreeze({ keys: ["weight"] });
+      checkpointLayers(model);
+      using x = mx.array(TOKENS.flat(), [TOKENS.length, TOKENS[0]!.length], "int32");
+      const opt = new optim.AdamW(optim.cosineDecay(1e-2, 20));
+      const lvg = valueAndGrad(model, (t: MlxArray) => {
+        using logits = model.call(t);
+        return mx.mean(logits);
+      });
+      const step = () => {
+        const [loss, grads] = lvg(x);
+        opt.update(model, grads);
+        mx.evaluate(loss as MlxArray, [...model.parameters().values()], mx.utils.treeFlatten<MlxArray>(opt.state).map(([, a]) => a));
+        (loss as MlxArray).dispose();
+        for (const [, g] of mx.utils.treeFlatten<MlxArray>(grads)) g.dispose();
+      };
+      step();
+      const h0 = mx.liveHandles();
+      for (let i = 0; i < 19; i++) step();
+      expect(mx.liveHandles()).toBe(h0);
+      expect(mx.liveTracedFunctions()).toBe(0);
+      opt.state = {};
+    } finally {
+      model.dispose();
+    }
+  }, 60_000);
 });

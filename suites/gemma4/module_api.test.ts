@@ -6,7 +6,7 @@ import { describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import { isDict, treeFlatten } from "@mlx-bun/mlx/utils";
 import { sharedOracle } from "../../oracle/client.ts";
-import { Module } from "../../model/gemma4/nn.ts";
+import { Linear, Module } from "../../model/gemma4/nn.ts";
 import { loadModel } from "../../model/gemma4/weights.ts";
 import { applySteps, type ModuleStep } from "./module_steps.ts";
 import { CKPT_ROOT } from "./run.ts";
@@ -84,6 +84,48 @@ describe("nn.Module training API vs mlx.nn.Module", () => {
     const { model } = loadModel(join(CKPT_ROOT, "c1_dense/f32"), { lazy: true });
     try {
       expect(() => applySteps(model, steps)).toThrow("Module doesn't contain member no_such_key.");
+    } finally {
+      model.dispose();
+    }
+  });
+});
+
+describe("update and update_modules", () => {
+  it("update replaces parameters at the tree's paths, disposing the replaced arrays; strict mode checks paths and types", () => {
+    const { model, text } = loadModel(join(CKPT_ROOT, "c1_dense/f32"), { lazy: true });
+    try {
+      const old = text.model.norm.weight;
+      const fresh = mx.onesLike(old);
+      model.update({ model: { norm: { weight: fresh } } });
+      expect(text.model.norm.weight).toBe(fresh);
+      expect(old.disposed).toBe(true);
+      expect(() => model.update({ model: { norm: { bias: fresh } } })).toThrow('Module does not have parameter named "bias".');
+      expect(() => model.update({ model: { norm: { weight: 3 } } })).toThrow("Received invalid type: number.");
+      expect(() => model.update({ model: { layers: new Array(7).fill({}) } })).toThrow("List index 6 is out of bounds for destination of length 6.");
+      model.update({ model: { norm: { bias: fresh } } }, false); // not strict: unknown paths are skipped
+      // release = false keeps the replaced array (a swap the caller undoes)
+      const swapped = mx.zerosLike(fresh);
+      model.update({ model: { norm: { weight: swapped } } }, true, false);
+      expect(fresh.disposed).toBe(false);
+      model.update({ model: { norm: { weight: fresh } } });
+      expect(swapped.disposed).toBe(true);
+    } finally {
+      model.dispose();
+    }
+  });
+
+  it("update_modules swaps modules (nothing disposed) and named_modules sees the new ones", () => {
+    const { model, text } = loadModel(join(CKPT_ROOT, "c1_dense/f32"), { lazy: true });
+    try {
+      const old = text.model.layers[2]!.mlp.up_proj;
+      const lin = new Linear(old.input_dims, old.output_dims);
+      model.updateModules({ model: { layers: [{}, {}, { mlp: { up_proj: lin } }] } });
+      expect(text.model.layers[2]!.mlp.up_proj).toBe(lin);
+      expect(old.weight.disposed).toBe(false);
+      expect(new Map(model.namedModules()).get("model.layers.2.mlp.up_proj")).toBe(lin);
+      expect(() => model.updateModules({ model: { nope: lin } })).toThrow('Module does not have sub-module named "nope".');
+      expect(() => model.updateModules({ model: { norm: { weight: lin } } })).toThrow("Received invalid type: Linear.");
+      old.weight.dispose();
     } finally {
       model.dispose();
     }

@@ -4,7 +4,7 @@
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { type CallRecord, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
-import { loadGolden, readManifest } from "../../oracle/golden.ts";
+import { goldenRule, loadGolden, readManifest } from "../../oracle/golden.ts";
 import { KVCache, type KVCacheLike, RotatingKVCache } from "../../model/cache/index.ts";
 import { type AnyModel, prefixed } from "../../model/gemma4/index.ts";
 import { fromOracle, TapCollector, type TapData, type UlpBudget } from "./tap_compare.ts";
@@ -62,18 +62,14 @@ export interface Reference {
 
 let platformCheck: Promise<UlpBudget | undefined> | undefined;
 
-/**
- * The manifest's rule for goldens: bit-exact on the platform fingerprint (and versions) they were
- * recorded on, else within cross_platform.ulp_budget.
- */
+/** The manifest's rule for goldens (oracle/golden.ts goldenRule): undefined means bit-exact. */
 export function goldenBudget(): Promise<UlpBudget | undefined> {
   platformCheck ??= (async () => {
     if (!manifest) return undefined;
-    const here = await (await sharedOracle()).fingerprint();
-    const same =
-      JSON.stringify(manifest.fingerprint) === JSON.stringify(here.fingerprint) &&
-      JSON.stringify(manifest.versions) === JSON.stringify(here.versions);
-    return same ? undefined : manifest.cross_platform.ulp_budget;
+    const rule = goldenRule(manifest, await (await sharedOracle()).fingerprint());
+    if (rule.mode === "exact") return undefined;
+    console.log(`[goldens] ${rule.what}`);
+    return rule.budget;
   })();
   return platformCheck;
 }

@@ -1,7 +1,8 @@
 // Bad input to `npm run parity`: one clear message, a non-zero exit, no stack trace.
 import { afterAll, describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import * as mx from "@mlx-bun/mlx";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { REPO_ROOT } from "../../oracle/client.ts";
@@ -76,6 +77,41 @@ describe("parity CLI bad input", { timeout: 120_000 }, () => {
   it("documents every flag in --help", () => {
     const r = cli(["--help"]);
     expect(r.code).toBe(0);
-    for (const f of ["--model", "--prompt", "--chat", "--tokens", "--steps", "--prefill-step-size", "--ulp", "--atol", "--bisect"]) expect(r.out).toContain(f);
+    for (const f of ["--model", "--prompt", "--chat", "--tokens", "--steps", "--prefill-step-size", "--ulp", "--atol", "--bisect", "--device"]) expect(r.out).toContain(f);
+  });
+
+  it("rejects an unknown device, and a GPU where libmlx has none, before the oracle starts", () => {
+    expectClean(cli(["--device", "tpu"]), 2, /--device must be cpu or gpu, got 'tpu'/);
+    // the oracle would fail to start (no venv): the device check comes first
+    const noVenv = { ORACLE_PYTHON: join(tmp, "no-venv", "bin", "python") };
+    if (!mx.isAvailable("gpu")) expectClean(cli(["--device", "gpu", "--skip-ops"], noVenv), 2, /--device gpu: no GPU is available to MLX here: this libmlx has the CPU backend only/);
+    expectClean(cli(["--device", "cpu", "--skip-ops", "--only", "c1_dense/f32"], noVenv), 1, /python interpreter not found/);
+  });
+});
+
+describe("setup bad input", { timeout: 120_000 }, () => {
+  const setup = (env: Record<string, string>) => {
+    const r = spawnSync("node", [join(REPO_ROOT, "scripts", "setup.mjs"), "--quiet"], { cwd: REPO_ROOT, encoding: "utf8", env: { ...process.env, ...env }, timeout: 120_000 });
+    return { code: r.status, out: `${r.stdout}${r.stderr}` };
+  };
+  it.skipIf(existsSync("/proc/driver/nvidia/version"))("refuses MLX_BACKEND=cuda on a machine without an NVIDIA driver, with one message", () => {
+    expectClean(setup({ MLX_BACKEND: "cuda" }), 1, /MLX_BACKEND=cuda, but this machine has no NVIDIA GPU driver/);
+  });
+  it("refuses an unknown backend and an unknown device", () => {
+    expectClean(setup({ MLX_BACKEND: "rocm" }), 1, /MLX_BACKEND=rocm is not a backend for/);
+    expectClean(setup({ MLX_DEVICE: "tpu" }), 1, /MLX_DEVICE=tpu is not a device/);
+  });
+  it("has one requirements file per backend, each pinning its wheel to mlx's version", () => {
+    const common = readFileSync(join(REPO_ROOT, "requirements.txt"), "utf8");
+    const mlxPin = common.match(/^mlx==(\S+)$/m)?.[1];
+    expect(mlxPin).toBeDefined();
+    for (const [backend, wheel] of [["cpu", "mlx-cpu"], ["cuda", "mlx-cuda-13"], ["metal", "mlx-metal"]]) {
+      const req = readFileSync(join(REPO_ROOT, "requirements", `${backend}.txt`), "utf8");
+      expect(req).toContain("-r ../requirements.txt");
+      expect(req.match(new RegExp(`^${wheel}==(\\S+)$`, "m"))?.[1]).toBe(mlxPin);
+    }
+  });
+  it.skipIf(mx.isAvailable("gpu"))("refuses MLX_DEVICE=gpu where libmlx has no GPU", () => {
+    expectClean(setup({ MLX_DEVICE: "gpu" }), 1, /MLX_DEVICE=gpu, but this libmlx has no GPU here/);
   });
 });
