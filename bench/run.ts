@@ -18,6 +18,7 @@ import { generate } from "../model/generate.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
 import type { KVCacheLike } from "../model/cache/index.ts";
 import { type TrainWorkload, trainBatch, trainWorkloads, tsTrainer } from "./train.ts";
+import { measureMtp } from "./mtp.ts";
 
 const ROOT = join(import.meta.dir, "..");
 const PY = join(ROOT, ".venv", "bin", "python");
@@ -25,7 +26,7 @@ const PY = join(ROOT, ".venv", "bin", "python");
 const FLAGS: FlagSpec[] = [
   { name: "quick", kind: "bool", help: "smoke mode: tiny fixtures only, 2 pairs, short prompts (< 3 minutes)" },
   { name: "pairs", kind: "int", help: "measured TS/mlx-lm pairs per row (after one warm-up each)", default: 5 },
-  { name: "only", kind: "string", valueName: "names", help: "comma-separated workload names (tiny-dense,tiny-e2b,tiny-moe,e2b,moe,train-dense,train-e2b; e4b and 31b run when named, or on a GPU)" },
+  { name: "only", kind: "string", valueName: "names", help: "comma-separated workload names (tiny-dense,tiny-e2b,tiny-moe,mtp,e2b,moe,train-dense,train-e2b; e4b and 31b run when named, or on a GPU)" },
   { name: "e2b-layers", kind: "int", help: "layers of the E2B-shaped checkpoint (35 = the real model)", default: 35 },
   { name: "e4b-layers", kind: "int", help: "layers of the E4B-shaped checkpoint (42 = the real model)", default: 42 },
   { name: "moe-layers", kind: "int", help: "layers of the 26B-A4B-shaped MoE slice (30 = the real model)", default: 4 },
@@ -49,6 +50,8 @@ interface Workload {
   decode: number;
   /** The warm-up run's [prompt length, tokens]; default: the measured run itself. */
   warmup?: [number, number];
+  /** An MTP workload: the gemma4_assistant drafter (bench/mtp.ts) instead of the prefill/decode rows. */
+  mtpDrafter?: string;
 }
 
 const plural = (n: number, word: string) => `${n} ${word}${n === 1 ? "" : "s"}`;
@@ -80,6 +83,11 @@ function workloads(o: Shapes): Workload[] {
     tiny("tiny-e2b", "c3_e2b", "q4g32", "fixture C3 (E2B-like, PLE + KV sharing), 4-bit g32"),
     tiny("tiny-moe", "c5_moe", "q4g32", "fixture C5 (MoE, k_eq_v), 4-bit g32"),
   ];
+  list.push({
+    name: "mtp", what: "fixture C1 (dense), float32, with its gemma4_assistant MTP drafter (random weights) vs plain decode",
+    dir: fx("c1_dense", "f32"), build: ["oracle/python/make_checkpoints.py", "--only", "c1_dense/f32"], prompts: [o.quick ? 8 : 32], decode: o.quick ? 16 : 64,
+    mtpDrafter: join(ROOT, ".cache", "checkpoints", "speculative", "c1_dense_assistant"),
+  });
   if (o.quick) return list;
   const tag = o.bigDtype === "bfloat16" ? "" : `-${o.bigDtype}`;
   const big = (name: string, shapeName: string, layers: number, what: string): Workload => {
@@ -363,6 +371,16 @@ async function main(): Promise<void> {
       console.error(`[bench] ${w.name}: loading on both sides`);
       await py.call({ cmd: "load", path: w.dir });
       const { loaded, model } = loadGenerationModel(w.dir);
+      if (w.mtpDrafter) {
+        const m = await measureMtp(w.dir, w.mtpDrafter, loaded, model, py, promptOf(w.prompts[0]!, vocab), w.decode, pairs);
+        rows.push(row(w.name, `MTP decode ${w.decode} tok (vs mlx-vlm)`, "tok/s", "higher", m.mtp[0], m.mtp[1], "≥ 1.0"));
+        rows.push(row(w.name, `plain decode ${w.decode} tok (vs mlx-lm)`, "tok/s", "higher", m.plain[0], m.plain[1], "≥ 1.0"));
+        for (const text of m.notes) notes.push({ workload: w.name, text });
+        done.push({ ...w, measured: started, mode });
+        writeResults(quick, dev, done, rows, notes, null);
+        loaded.model.dispose();
+        continue;
+      }
       for (const [k, plen] of w.prompts.entries()) {
         const prompt = promptOf(plen, vocab);
         const maxTokens = k === 0 ? w.decode : 2;
@@ -467,7 +485,7 @@ function writeResults(quick: boolean, dev: DeviceInfo, done: MeasuredWorkload[],
   }
   const now = new Set(done.map((w) => w.name));
   const keep = (name: string) => !now.has(name);
-  const order = ["tiny-dense", "tiny-e2b", "tiny-moe", "e2b", "e4b", "moe", "31b", "train-dense", "train-e2b"];
+  const order = ["tiny-dense", "tiny-e2b", "tiny-moe", "mtp", "e2b", "e4b", "moe", "31b", "train-dense", "train-e2b"];
   const workloads = [...(prev?.workloads.filter((w) => keep(w.name)) ?? []), ...done].sort((x, y) => order.indexOf(x.name) - order.indexOf(y.name));
   const byWorkload = <T extends { workload: string }>(xs: T[]) => [...xs].sort((x, y) => order.indexOf(x.workload) - order.indexOf(y.workload));
   const allRows = byWorkload([...(prev?.rows.filter((r) => keep(r.workload)) ?? []), ...rows]);

@@ -68,12 +68,14 @@ export interface CrossPlatform {
 /** How goldens are compared on this platform (the manifest's rule, in one place). */
 export type GoldenRule =
   | { mode: "exact" }
-  | { mode: "budget"; budget: Record<string, number>; measured: boolean; what: string };
+  | { mode: "budget"; budget: Record<string, number>; measured: boolean; what: string }
+  | { mode: "none"; what: string };
 
 /**
  * Same fingerprint and versions: bit for bit. Another backend with a measurement in the manifest:
- * within that backend's measured per-dtype maximum ULP distance. Anything else: within the
- * unmeasured starting budget, said as such.
+ * within that backend's measured per-dtype maximum ULP distance. Another backend without one:
+ * not compared (nothing says how far they may be), said as such; the live oracle stays the bar.
+ * Another machine of the same backend: within the unmeasured starting budget, said as such.
  */
 export function goldenRule(m: Manifest, here: { versions: Record<string, string>; fingerprint: Record<string, unknown> }): GoldenRule {
   if (JSON.stringify(m.fingerprint) === JSON.stringify(here.fingerprint) && JSON.stringify(m.versions) === JSON.stringify(here.versions)) return { mode: "exact" };
@@ -85,7 +87,8 @@ export function goldenRule(m: Manifest, here: { versions: Record<string, string>
     for (const [dt, v] of Object.entries(meas.per_dtype)) if (v.max_ulp >= 0) budget[dt] = v.max_ulp;
     return { mode: "budget", budget, measured: true, what: `goldens recorded on ${from} compared within the ${backend} distance measured ${meas.measured.slice(0, 10)} (max ULP per dtype ${JSON.stringify(budget)})` };
   }
-  return { mode: "budget", budget: m.cross_platform.ulp_budget, measured: false, what: `goldens recorded on another platform (${from}) compared within the unmeasured starting budget ${JSON.stringify(m.cross_platform.ulp_budget)}` };
+  if (backend !== from) return { mode: "none", what: `goldens recorded on ${from} not compared on ${backend}: the manifest has no distance measured there (oracle/python/golden_distance.py); the live oracle is compared bit for bit` };
+  return { mode: "budget", budget: m.cross_platform.ulp_budget, measured: false, what: `goldens recorded on another ${from} machine compared within the unmeasured starting budget ${JSON.stringify(m.cross_platform.ulp_budget)}` };
 }
 
 /** Identifies a golden set: sha256 over "path:sha256" lines of the manifest's files, sorted by path. */

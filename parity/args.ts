@@ -55,18 +55,15 @@ export function helpText(usage: string, summary: string, specs: readonly FlagSpe
 }
 
 /**
- * Runs a command's main and exits with its code; an error prints one line (the stack trace with
- * --verbose) and exits 2 for bad usage or input (`inputErrors`), 1 otherwise.
+ * Runs a command's main(argv) and exits with its code; an error prints one line (a stack trace
+ * with --verbose) and exits 2 for a UsageError, 1 otherwise.
  */
-export function runCommand(main: (argv: string[]) => Promise<number>, inputErrors: (abstract new (...a: never[]) => Error)[] = []): void {
+export function runMain(main: (argv: string[]) => Promise<number>, message: (err: Error) => string = (err) => `error: ${err.message}\n`): void {
   const verbose = process.argv.includes("--verbose");
-  main(process.argv.slice(2)).then(
-    (code) => process.exit(code),
-    (e: unknown) => {
-      const err = e as Error;
-      if (verbose) console.error(err);
-      else process.stderr.write(`error: ${err.message}\n`);
-      process.exit([UsageError, ...inputErrors].some((c) => err instanceof c) ? 2 : 1);
-    },
-  );
+  const fail = (e: unknown): never => {
+    if (verbose) console.error(e);
+    else process.stderr.write(message(e as Error));
+    process.exit(e instanceof UsageError ? 2 : 1);
+  };
+  main(process.argv.slice(2)).then((code) => process.exit(code), fail);
 }

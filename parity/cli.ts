@@ -8,9 +8,10 @@ import { basename, join, resolve } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
-import { runCasesIsolated } from "../oracle/ops/isolated.ts";
-import { coverage, groupUnsupported } from "../oracle/ops/runner.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { type IsolatedRun, runCasesIsolated } from "../oracle/ops/isolated.ts";
+import { type CaseResult, type Coverage, coverage, groupUnsupported } from "../oracle/ops/runner.ts";
+import { runVjpCasesIsolated, vjpCases, vjpCoverage } from "../oracle/ops/vjp_runner.ts";
+import { type FlagSpec, helpText, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
 import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "./device.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
 import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
@@ -19,6 +20,10 @@ import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts
 import { renderMarkdown } from "./markdown.ts";
 import { ProgressBar } from "./progress.ts";
 import { type OpLevelSummary, type ParityReport, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
+import { SPECULATIVE_MODES } from "./speculative_modes.ts";
+
+// --mode NAME: one decoding mode against its oracle (each feature adds its runners here).
+const MODES: Record<string, (oracle: OracleClient, a: Parsed) => Promise<boolean>> = { ...SPECULATIVE_MODES };
 
 const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (gemma4, gemma4_text or gemma4_unified; flat, wrapper or raw HF layout; quantized or not)" },
@@ -35,6 +40,7 @@ const FLAGS: FlagSpec[] = [
   { name: "atol", kind: "number", valueName: "X", help: "budget: a tap passes if its max abs difference is at most X", default: 0 },
   DEVICE_FLAG,
   { name: "out", kind: "string", valueName: "dir", help: "where the reports go", default: "report" },
+  { name: "mode", kind: "string", valueName: "name", help: `run one decoding mode against its oracle on the fixtures instead (${Object.keys(MODES).join(", ")}); --only filters fixtures` },
   { name: "verbose", kind: "bool", help: "stack traces on errors, oracle stderr" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -64,29 +70,55 @@ function globRe(glob: string): RegExp {
 
 // The op table runs in worker processes of its own (oracle/ops/isolated.ts): a case that leaves a
 // sticky GPU error behind poisons only its worker, never the oracle of the model runs.
-async function opLevel(dev: DeviceInfo): Promise<OpLevelSummary> {
-  const bar = new ProgressBar("[ops]");
-  bar.update(0, `${CASES.length} cases`);
-  const run = await runCasesIsolated(CASES, (_r, done) => bar.update(done / CASES.length, `${done}/${CASES.length} cases`));
-  const cov = coverage(exposedOps().filter((o) => !(o in NOT_OPS)), CASES, run.results);
+/** Runs one case table in its worker processes, with a progress bar and every non-exact case printed. */
+async function runTable<C extends { id: string; op: string }>(
+  label: string,
+  prefix: string,
+  cases: readonly C[],
+  run: (cs: readonly C[], onResult: (r: CaseResult, done: number) => void) => Promise<IsolatedRun>,
+  cover: (rs: CaseResult[]) => Coverage,
+  dev: DeviceInfo,
+): Promise<{ cov: Coverage; run: IsolatedRun }> {
+  const bar = new ProgressBar(`[${label}]`);
+  bar.update(0, `${cases.length} cases`);
+  const r = await run(cases, (_r, done) => bar.update(done / cases.length, `${done}/${cases.length} cases`));
+  const cov = cover(r.results);
   const unsup = cov.unsupported.length ? `, ${cov.unsupported.length} unsupported on ${dev.backend}` : "";
   bar.done(`${cov.bitExact}/${cov.cases} cases bit-exact${unsup}, ${cov.failures.length} failed, ${cov.tested.length}/${cov.exposed.length} ops tested`);
   for (const [msg, ids] of groupUnsupported(cov.unsupported)) process.stderr.write(`  unsupported on ${dev.backend} (${ids.length}): ${msg}\n    ${ids.join(", ")}\n`);
-  for (const f of cov.failures) process.stderr.write(`  FAIL ${f.id}: ${f.detail}\n`);
-  for (const p of run.poisoners) process.stderr.write(`  ${p.id} left a sticky error behind (binding: ${p.ts ?? "ok"}; oracle: ${p.py ?? "ok"}); the rest ran in fresh processes\n`);
-  const nonExact = run.results
-    .filter((r) => r.status !== "exact")
-    .map((r) => ({ id: r.id, op: r.op, status: r.status as "unsupported" | "fail", detail: r.detail ?? "", sticky: r.sticky === true }));
+  for (const f of cov.failures) process.stderr.write(`  FAIL ${prefix}${f.id}: ${f.detail}\n`);
+  for (const p of r.poisoners) process.stderr.write(`  ${prefix}${p.id} left a sticky error behind (binding: ${p.ts ?? "ok"}; oracle: ${p.py ?? "ok"}); the rest ran in fresh processes\n`);
+  return { cov, run: r };
+}
+
+async function opLevel(dev: DeviceInfo): Promise<OpLevelSummary> {
+  const exposed = exposedOps().filter((o) => !(o in NOT_OPS));
+  const grads = vjpCases();
+  const fwd = await runTable("ops", "", CASES, (cs, on) => runCasesIsolated(cs, on), (rs) => coverage(exposed, CASES, rs), dev);
+  const grad = await runTable("vjp", "vjp:", grads, (cs, on) => runVjpCasesIsolated(cs, on), (rs) => vjpCoverage(exposed, grads, rs), dev);
+  const nonExact = ([[fwd, ""], [grad, "vjp:"]] as const).flatMap(([{ run }, prefix]) =>
+    run.results
+      .filter((r) => r.status !== "exact")
+      .map((r) => ({ id: `${prefix}${r.id}`, op: r.op, status: r.status as "unsupported" | "fail", detail: r.detail ?? "", sticky: r.sticky === true })),
+  );
   return {
-    opsExposed: cov.exposed.length,
-    opsTested: cov.tested.length,
-    cases: cov.cases,
-    bitExact: cov.bitExact,
-    unsupported: cov.unsupported.length,
-    failed: cov.failures.length,
+    opsExposed: fwd.cov.exposed.length,
+    opsTested: fwd.cov.tested.length,
+    cases: fwd.cov.cases,
+    bitExact: fwd.cov.bitExact,
+    unsupported: fwd.cov.unsupported.length,
+    failed: fwd.cov.failures.length,
     backend: dev.backend,
     device: dev.device,
-    workers: run.workers,
+    workers: fwd.run.workers + grad.run.workers,
+    vjp: {
+      opsDifferentiable: grad.cov.exposed.length,
+      opsTested: grad.cov.tested.length,
+      cases: grad.cov.cases,
+      bitExact: grad.cov.bitExact,
+      unsupported: grad.cov.unsupported.length,
+      failed: grad.cov.failures.length,
+    },
     nonExact,
   };
 }
@@ -190,8 +222,11 @@ function printSummary(rep: ParityReport): void {
     lines.push(`Op-level parity (@mlx-bun/mlx vs Python MLX, ${o.backend} backend, device ${o.device})`);
     lines.push(
       textTable(
-        ["ops exposed", "ops parity-tested", "cases", "bit-exact cases", `unsupported on ${o.backend}`, "failed"],
-        [[String(o.opsExposed), `${o.opsTested} (${pct(o.opsTested, o.opsExposed)})`, String(o.cases), `${o.bitExact} (${pct(o.bitExact, o.cases)})`, String(o.unsupported), String(o.failed)]],
+        ["table", "ops exposed", "ops parity-tested", "cases", "bit-exact cases", `unsupported on ${o.backend}`, "failed"],
+        [
+          ["forward", String(o.opsExposed), `${o.opsTested} (${pct(o.opsTested, o.opsExposed)})`, String(o.cases), `${o.bitExact} (${pct(o.bitExact, o.cases)})`, String(o.unsupported), String(o.failed)],
+          ["vjp", `${o.vjp.opsDifferentiable} differentiable`, `${o.vjp.opsTested} (${pct(o.vjp.opsTested, o.vjp.opsDifferentiable)})`, String(o.vjp.cases), `${o.vjp.bitExact} (${pct(o.vjp.bitExact, o.vjp.cases)})`, String(o.vjp.unsupported), String(o.vjp.failed)],
+        ],
       ),
       "",
     );
@@ -224,10 +259,22 @@ async function main(argv: string[]): Promise<number> {
   }
   for (const k of ["prompt", "chat", "tokens", "oracle-model"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
   if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
+  // The device first: it applies to every mode, and a missing GPU fails before any oracle starts.
+  const dev = applyDeviceFlag(a.device);
+  if (a.mode !== undefined) {
+    const run = MODES[String(a.mode)];
+    if (!run) throw new UsageError(`unknown --mode ${a.mode} (modes: ${Object.keys(MODES).join(", ")})`);
+    if (a.model !== undefined) throw new UsageError("--mode runs on the fixtures; it does not take --model");
+    const oracle = await OracleClient.start({ python: process.env.ORACLE_PYTHON || undefined, onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
+    try {
+      return (await run(oracle, a)) ? 0 : 1;
+    } finally {
+      await oracle.close();
+    }
+  }
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
   if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
-  // Validate the device, the checkpoint and the prompt before starting the oracle, so bad input fails fast.
-  const dev = applyDeviceFlag(a.device);
+  // Validate the checkpoint and the prompt before starting the oracle, so bad input fails fast.
   const spec = a.model === undefined ? null : await modelSpec(a, budget);
 
   // ORACLE_PYTHON: another interpreter for the oracle (default: the repo's .venv).
@@ -254,13 +301,4 @@ async function main(argv: string[]): Promise<number> {
   return rep.ok ? 0 : 1;
 }
 
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${err instanceof UsageError ? "" : "(run with --verbose for details)\n"}`);
-    process.exit(err instanceof UsageError ? 2 : 1);
-  },
-);
+runMain(main, (err) => `\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${err instanceof UsageError ? "" : "(run with --verbose for details)\n"}`);

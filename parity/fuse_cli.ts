@@ -7,7 +7,7 @@ import { ConfigError } from "../model/gemma4/config.ts";
 import { WeightsError } from "../model/gemma4/weights.ts";
 import { fuse } from "../model/fuse.ts";
 import { AdapterError } from "../model/tuner/utils.ts";
-import { type FlagSpec, helpText, parseArgs, runCommand, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
 
 const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "the local model directory", default: "mlx_model" },
@@ -40,4 +40,10 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-runCommand(main, [AdapterError, ConfigError, WeightsError]);
+// a problem with the checkpoint, adapters or data is bad input: exit 2, as a usage error
+const INPUT_ERRORS = [AdapterError, ConfigError, WeightsError];
+runMain((argv) =>
+  main(argv).catch((e: unknown) => {
+    throw INPUT_ERRORS.some((c) => e instanceof c) ? new UsageError((e as Error).message, { cause: e }) : e;
+  }),
+);

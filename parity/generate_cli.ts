@@ -1,14 +1,14 @@
 // `npm run generate -- --model <dir> --prompt "..."`: streams text from the TS model alone and
 // ends with mlx_lm.generate's statistics (prompt and generation tok/s, peak memory).
-import { resolve } from "node:path";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { generate } from "../model/generate.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
-import { type FlagSpec, helpText, parseArgs, runCommand, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
 import { applyDeviceFlag, DEVICE_FLAG } from "./device.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
+import { checkSpeculativeFlags, faceLoadPromptCache, modelDirOf, SPECULATIVE_FLAGS, speculativeFaceStream } from "./speculative_face.ts";
 
 const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (required)" },
@@ -23,6 +23,7 @@ const FLAGS: FlagSpec[] = [
   { name: "seed", kind: "int", valueName: "S", help: "random seed (mx.random.seed)" },
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "prefill chunk size", default: 2048 },
   DEVICE_FLAG,
+  ...SPECULATIVE_FLAGS,
   { name: "verbose", kind: "bool", help: "stack traces on errors" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -57,9 +58,9 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(helpText("npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [options]", "Generates text with the TypeScript Gemma 4 model (mlx-lm's generate_step, no oracle).", FLAGS));
     return 0;
   }
-  if (a.model === undefined) throw new UsageError("--model <dir> is required (see --help)");
+  checkSpeculativeFlags(a);
   const dev = applyDeviceFlag(a.device);
-  const dir = resolve(String(a.model));
+  const dir = modelDirOf(a);
   const info = inspectCheckpoint(dir);
   const prompt = await resolvePrompt(dir, a);
   const maxTokens = Number(a["max-tokens"]);
@@ -69,7 +70,8 @@ async function main(argv: string[]): Promise<number> {
   checkPromptLength(prompt, maxTokens, info);
 
   const tokenizer = typeof a.prompt === "string" ? await loadTokenizer(dir) : null;
-  const { model } = loadGenerationModel(dir);
+  const { loaded, model } = loadGenerationModel(dir);
+  const promptCache = typeof a["prompt-cache-file"] === "string" ? faceLoadPromptCache(a["prompt-cache-file"], dir, loaded) : undefined;
   const rootCfg = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
   const eos = eosIds(dir, { ...info.text, ...rootCfg });
 
@@ -85,9 +87,11 @@ async function main(argv: string[]): Promise<number> {
     eosTokenIds: eos,
     samplerOptions: { temp, topP: Number(a["top-p"]), topK: Number(a["top-k"]), minP: Number(a["min-p"]) },
     seed: typeof a.seed === "number" ? a.seed : undefined,
+    promptCache,
   };
+  const face = speculativeFaceStream(a, dir, loaded, model, prompt, opts);
   process.stdout.write("==========\n");
-  for await (const t of generate(model, prompt, opts)) {
+  for await (const t of face ? face.tokens : generate(model, prompt, opts)) {
     if (t.n === 0) {
       promptTps = prompt.length / ((performance.now() - tic) / 1000);
       tic = performance.now();
@@ -106,9 +110,13 @@ async function main(argv: string[]): Promise<number> {
   process.stdout.write("\n==========\n");
   process.stdout.write(`Prompt: ${prompt.length} tokens, ${promptTps.toFixed(3)} tokens-per-sec\n`);
   process.stdout.write(`Generation: ${n + 1} tokens, ${genTps.toFixed(3)} tokens-per-sec\n`);
+  const stats = face?.stats();
+  if (stats) process.stdout.write(`${stats}\n`);
   process.stdout.write(`Peak memory: ${(mx.getPeakMemory() / 1e9).toFixed(3)} GB\n`);
   process.stdout.write(`Device: ${dev.device} (${dev.backend} backend${dev.gpu ? `, ${dev.gpu}` : ""})\n`);
+  face?.dispose();
+  for (const c of promptCache ?? []) c.dispose();
   return 0;
 }
 
-runCommand(main);
+runMain(main);

@@ -84,6 +84,9 @@ export interface OpLevelSummary {
   device: string;
   /** Worker processes used (more than one after a case poisoned a process). */
   workers: number;
+  /** The gradient table: each differentiable op's vjp against Python's mx.vjp. */
+  vjp: { opsDifferentiable: number; opsTested: number; cases: number; bitExact: number; unsupported: number; failed: number };
+  /** Forward and vjp cases ("vjp:" ids) that are not bit-exact. */
   nonExact: NonExactCase[];
 }
 
@@ -103,6 +106,8 @@ export function runOk(r: RunResult): boolean {
 }
 
 export function reportOk(runs: RunResult[], op: OpLevelSummary | null): boolean {
-  const opOk = op === null || (op.failed === 0 && op.bitExact + op.unsupported === op.cases && op.opsTested === op.opsExposed);
+  const opOk =
+    op === null ||
+    (op.failed === 0 && op.bitExact + op.unsupported === op.cases && op.opsTested === op.opsExposed && op.vjp.failed === 0 && op.vjp.bitExact + op.vjp.unsupported === op.vjp.cases && op.vjp.opsTested === op.vjp.opsDifferentiable);
   return opOk && runs.every(runOk);
 }

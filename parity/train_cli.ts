@@ -11,7 +11,7 @@ import { WeightsError } from "../model/gemma4/weights.ts";
 import { CONFIG_DEFAULTS, type LoraArgs, run } from "../model/lora.ts";
 import { DatasetError } from "../model/tuner/datasets.ts";
 import { AdapterError } from "../model/tuner/utils.ts";
-import { type FlagSpec, helpText, parseArgs, runCommand, UsageError } from "./args.ts";
+import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
 import { ProgressBar } from "./progress.ts";
 
 const FLAGS: FlagSpec[] = [
@@ -128,4 +128,10 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-runCommand(main, [AdapterError, DatasetError, ConfigError, WeightsError]);
+// a problem with the checkpoint, adapters or data is bad input: exit 2, as a usage error
+const INPUT_ERRORS = [AdapterError, DatasetError, ConfigError, WeightsError];
+runMain((argv) =>
+  main(argv).catch((e: unknown) => {
+    throw INPUT_ERRORS.some((c) => e instanceof c) ? new UsageError((e as Error).message, { cause: e }) : e;
+  }),
+);

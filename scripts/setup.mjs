@@ -170,6 +170,18 @@ function checkpoints(py) {
   if (built) log(`built ${built} fixture checkpoints with mlx-lm`);
 }
 
+// 6. The speculative-decoding fixtures (perturbed drafts, window-64 copies, gemma4_assistant MTP
+// drafters built with mlx-vlm's classes) from the fixture checkpoints; skipped when up to date.
+function speculativeFixtures(py) {
+  const r = spawnSync(py, [join(root, "oracle", "python", "make_speculative_fixtures.py")], { cwd: root, encoding: "utf8" });
+  if (r.status !== 0) {
+    process.stderr.write(r.stdout + r.stderr);
+    fail("building the speculative-decoding fixtures failed", "See the output above (oracle/python/make_speculative_fixtures.py).");
+  }
+  const built = (r.stdout.match(/: built/g) ?? []).length;
+  if (built) log(`built ${built} speculative-decoding fixtures`);
+}
+
 npmDeps();
 const backend = backendChoice();
 const py = venv(backend);
@@ -177,4 +189,5 @@ checkDevice(py);
 shim(py, backend);
 chromium();
 checkpoints(py);
+speculativeFixtures(py);
 if (!which("g++") && !isMac) log("warning: g++ is not on PATH, so MLX compile() is a no-op in both Python and TS.");

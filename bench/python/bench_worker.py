@@ -18,6 +18,9 @@ Requests (one JSON object per line on stdin), replies on stdout:
       -> {"ok": true}
   {"cmd": "train_steps", "steps": N}
       N timed steps (step + one mx.eval of the state) -> {"ok": true, "seconds": median, "peak_memory"}
+  {"cmd": "mtp_generate", "target": DIR, "drafter": DIR, "prompt": [ids], "max_tokens": N}
+      mlx-vlm 0.7.10's MTP decoding (gemma4_assistant drafter, greedy) with the timing of
+      "generate", plus the rounds -> {... , "rounds", "accepted", "drafted"}
   {"cmd": "quit"}
 """
 
@@ -43,18 +46,17 @@ def cmd_load(req):
     return {"seconds": time.perf_counter() - tic}
 
 
-def cmd_generate(req):
-    prompt = mx.array(req["prompt"], dtype=mx.int32)
-    max_tokens = int(req["max_tokens"])
+def timed_generate(tokens_of, prompt_len, max_tokens):
+    """mlx-lm's stream_generate timing of a token generator: the prompt clock stops at the first
+    token, generation_tps = (n + 1) / (time since the first token), peak memory after a reset;
+    the loop leaves at the max_tokens-th token."""
     mx.clear_cache()
     mx.reset_peak_memory()
     tokens = []
     tic = time.perf_counter()
     prompt_time = None
     n = 0
-    for n, (token, _) in enumerate(
-        generate_step(prompt, model, max_tokens=max_tokens, prefill_step_size=int(req["prefill_step_size"]))
-    ):
+    for n, (token, _) in enumerate(tokens_of()):
         if n == 0:
             prompt_time = time.perf_counter() - tic
             tic = time.perf_counter()
@@ -64,11 +66,18 @@ def cmd_generate(req):
     gen_time = time.perf_counter() - tic
     return {
         "prompt_seconds": prompt_time,
-        "prompt_tps": prompt.size / prompt_time,
+        "prompt_tps": prompt_len / prompt_time,
         "generation_tps": (n + 1) / gen_time if gen_time > 0 else None,
         "peak_memory": mx.get_peak_memory(),
         "tokens": tokens,
     }
+
+
+def cmd_generate(req):
+    prompt = mx.array(req["prompt"], dtype=mx.int32)
+    max_tokens = int(req["max_tokens"])
+    return timed_generate(lambda: generate_step(prompt, model, max_tokens=max_tokens,
+                                                prefill_step_size=int(req["prefill_step_size"])), prompt.size, max_tokens)
 
 
 def cmd_graph_build(req):
@@ -87,6 +96,27 @@ def cmd_graph_build(req):
         mx.eval(y, [c.state for c in cache])
         evals.append(time.perf_counter() - toc)
     return {"seconds": times, "eval_seconds": evals}
+
+
+mtp_pair = {}
+
+
+def cmd_mtp_generate(req):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "oracle" / "python"))
+    import speculative  # oracle/python/speculative.py: mlx-vlm's target built from a text fixture
+    from mlx_vlm.generate.ar import generate_step as vlm_generate_step
+    from mlx_vlm.speculative.drafters import load_drafter
+
+    key = (req["target"], req["drafter"])
+    if mtp_pair.get("key") != key:
+        mtp_pair.update(key=key, target=speculative.vlm_target(Path(req["target"])), drafter=load_drafter(req["drafter"])[0])
+    target, drafter = mtp_pair["target"], mtp_pair["drafter"]
+    out = timed_generate(lambda: vlm_generate_step(mx.array([req["prompt"]], dtype=mx.int32), target, None, None,
+                                                   max_tokens=int(req["max_tokens"]), temperature=0.0,
+                                                   draft_model=drafter, draft_kind="mtp"), len(req["prompt"]),
+                         int(req["max_tokens"]))
+    out.update(rounds=len(drafter.accept_lens), accepted=int(sum(drafter.accept_lens)), drafted=int(sum(drafter.draft_lens)))
+    return out
 
 
 trainer = None
@@ -150,7 +180,7 @@ def _layer_call():
 
 TRAIN_LAYER_CALL = _layer_call()
 
-COMMANDS = {"load": cmd_load, "generate": cmd_generate, "graph_build": cmd_graph_build, "train_setup": cmd_train_setup, "train_steps": cmd_train_steps}
+COMMANDS = {"load": cmd_load, "generate": cmd_generate, "graph_build": cmd_graph_build, "mtp_generate": cmd_mtp_generate, "train_setup": cmd_train_setup, "train_steps": cmd_train_steps}
 
 
 def main():

@@ -5,8 +5,14 @@ import { cstring, lib } from "./native.ts";
 export type DeviceType = "cpu" | "gpu";
 const code = (t: DeviceType): number => (t === "cpu" ? 0 : 1);
 
-export const defaultDevice = (): DeviceType => (checkStatus(lib.mlxb_default_device(), "default_device") === 0 ? "cpu" : "gpu");
-export const setDefaultDevice = (t: DeviceType): void => void checkStatus(lib.mlxb_set_default_device(code(t)), "set_default_device");
+// The default device is set through this module only (in this process), so it is read from MLX
+// once and then kept here: hot paths (the model's choice of decode route) ask for it per call.
+let current: DeviceType | undefined;
+export const defaultDevice = (): DeviceType => (current ??= checkStatus(lib.mlxb_default_device(), "default_device") === 0 ? "cpu" : "gpu");
+export function setDefaultDevice(t: DeviceType): void {
+  checkStatus(lib.mlxb_set_default_device(code(t)), "set_default_device");
+  current = t;
+}
 export const isAvailable = (t: DeviceType): boolean => checkStatus(lib.mlxb_is_available(code(t)), "is_available") === 1;
 /** Creates a new stream on the device; returns its index. */
 export const newStream = (t: DeviceType): number => checkStatus(lib.mlxb_new_stream(code(t)), "new_stream");

@@ -299,7 +299,7 @@ export class RotatingKVCache extends BufferedCache implements KVCacheLike {
   }
 
   /** _temporal_order(v): rearrange into temporal order, slicing off the unused end. */
-  private temporalOrder(v: MlxArray): MlxArray {
+  temporalOrder(v: MlxArray): MlxArray {
     const len = v.shape[2]!;
     if (this.idx === len) return mx.alias(v);
     if (this.idx < this.offset) {

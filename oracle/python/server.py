@@ -50,6 +50,7 @@ import golden_io  # noqa: E402
 import make_checkpoints as mkc  # noqa: E402
 from common import (  # noqa: E402
     DEFAULT_CKPT_ROOT,
+    NP_DTYPES,
     REPO,
     from_numpy,
     load_scenarios,
@@ -316,6 +317,20 @@ class Server:
             results.append(r)
         return {"results": results}
 
+    # ------------------------------------------------------------ media (mlx-vlm preprocessing)
+    def cmd_media(self, req: dict) -> dict:
+        """`fn` of oracle/python/media.py with `args`; .npy inputs in, numpy results out."""
+        import media  # lazy: imports mlx_vlm / PIL only when asked
+
+        fn = media.FUNCTIONS.get(req.get("fn"))
+        if fn is None:
+            raise LookupError(f"unknown media function {req.get('fn')!r} (have {sorted(media.FUNCTIONS)})")
+        args = {k: np.load(v["npy"], allow_pickle=False) if isinstance(v, dict) and "npy" in v else v
+                for k, v in (req.get("args") or {}).items()}
+        out = fn(**args)
+        names = {np.dtype(t): n for n, t in NP_DTYPES.items() if n != "bfloat16"}
+        return {k: self.out_numpy(v, names[v.dtype], k) if isinstance(v, np.ndarray) else v for k, v in out.items()}
+
     # ------------------------------------------------------------ training API (nn.Module, autodiff)
     def fresh_model(self, req: dict):
         """A newly loaded model of req["checkpoint"] (not the cached one: steps mutate it), with
@@ -437,6 +452,52 @@ class Server:
             losses.append(self.out_array(loss, "loss"))
         return {"losses": losses, "params": self.out_flat(model.trainable_parameters(), "p"),
                 "state": self.out_flat(opt.state, "s")}
+
+    # ------------------------------------------------------------ speculative decoding, prompt caches
+    def out_tree(self, v: Any) -> Any:
+        """Every mx.array inside dicts/lists becomes an .npy reference."""
+        if isinstance(v, mx.array):
+            return self.out_array(v)
+        if isinstance(v, dict):
+            return {k: self.out_tree(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [self.out_tree(x) for x in v]
+        return v
+
+    def cmd_speculative(self, req: dict) -> dict:
+        """mlx-lm speculative_generate_step (greedy, fresh caches): tokens, logprobs, from_draft, caches."""
+        import speculative as spec
+        r = spec.run_speculative(self.model(req["checkpoint"]), self.model(req["draft"]), req["prompt"],
+                                 int(req.get("num_draft_tokens", 2)), int(req.get("max_tokens", 20)),
+                                 int(req.get("prefill_step_size", 512)))
+        return self.out_tree(r)
+
+    def cmd_prompt_cache_save(self, req: dict) -> dict:
+        """mlx_lm.cache_prompt's prefill + save_prompt_cache(file, cache, metadata)."""
+        import speculative as spec
+        r = spec.prompt_cache_save(self.model(req["checkpoint"]), req["prompt"], req["file"],
+                                   req.get("metadata") or {}, int(req.get("prefill_step_size", 2048)))
+        return self.out_tree(r)
+
+    def cmd_prompt_cache_continue(self, req: dict) -> dict:
+        """load_prompt_cache(file) + generate_step(suffix, prompt_cache=...) (greedy)."""
+        import speculative as spec
+        r = spec.prompt_cache_continue(self.model(req["checkpoint"]), req["file"], req["suffix"],
+                                       int(req.get("max_tokens", 8)), int(req.get("prefill_step_size", 2048)))
+        return self.out_tree(r)
+
+    def cmd_mtp(self, req: dict) -> dict:
+        """mlx-vlm's MTP speculative decoding (gemma4_assistant drafter), recorded round by round."""
+        import speculative as spec
+        r = spec.run_mtp(self.checkpoint_dir(req["checkpoint"]), Path(req["drafter"]), req["prompt"],
+                         int(req.get("max_tokens", 20)), req.get("draft_block_size"),
+                         int(req.get("prefill_step_size", 2048)))
+        return self.out_tree(r)
+
+    def cmd_exact_verify(self, req: dict) -> dict:
+        """mlx-vlm's Gemma4ExactSpeculativeVerifier on a block after a prefilled prompt."""
+        import speculative as spec
+        return self.out_tree(spec.run_exact_verify(self.checkpoint_dir(req["checkpoint"]), req["prompt"], req["block"]))
 
     def cmd_shutdown(self, req: dict) -> dict:
         return {"bye": True}

@@ -130,9 +130,17 @@ describe("the goldens' cross-platform rule (goldenRule)", () => {
     expect(r).toMatchObject({ mode: "budget", measured: true, budget: { float32: 12 } });
     expect(r.mode === "budget" && r.what).toMatch(/recorded on cpu compared within the cuda distance measured 2026-12-01/);
   });
-  it("falls back to the unmeasured starting budget elsewhere, and says so", () => {
-    expect(goldenRule(m({ cuda: meas }), { versions, fingerprint: { ...cpu, os: "Darwin", mlx_backend: "metal" } })).toMatchObject({ mode: "budget", measured: false, budget: { float32: 64 } });
-    expect(goldenRule(m({ cuda: meas }), { versions: { mlx: "0.33.0" }, fingerprint: cuda })).toMatchObject({ measured: false });
+  it("does not compare on another backend without a measurement there, and says so", () => {
+    const r = goldenRule(m({ cuda: meas }), { versions, fingerprint: { ...cpu, os: "Darwin", mlx_backend: "metal" } });
+    expect(r).toMatchObject({ mode: "none" });
+    expect(r.mode === "none" && r.what).toMatch(/not compared on metal: the manifest has no distance measured there/);
+    // a measurement made with other versions does not count
+    expect(goldenRule(m({ cuda: meas }), { versions: { mlx: "0.33.0" }, fingerprint: cuda })).toMatchObject({ mode: "none" });
+  });
+  it("uses the unmeasured starting budget on another machine of the recording backend, and says so", () => {
+    const r = goldenRule(m({ cuda: meas }), { versions, fingerprint: { ...cpu, os: "Linux-other" } });
+    expect(r).toMatchObject({ mode: "budget", measured: false, budget: { float32: 64 } });
+    expect(r.mode === "budget" && r.what).toMatch(/unmeasured starting budget/);
   });
   it("identifies a golden set by its files", () => {
     const files = { "b.npz": { sha256: "2", bytes: 1 }, "a.npz": { sha256: "1", bytes: 1 } };
