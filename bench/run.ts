@@ -10,7 +10,7 @@ import { spawn, spawnSync } from "node:child_process";
 import { existsSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, totalmem } from "node:os";
 import { createInterface } from "node:readline";
-import { join } from "node:path";
+import { join, relative } from "node:path";
 import { helpText, parseArgs, UsageError, type FlagSpec } from "../parity/args.ts";
 import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "../parity/device.ts";
 import { decodeBytesPerToken } from "./weights_read.ts";
@@ -445,7 +445,7 @@ async function main(): Promise<void> {
     }
     for (const w of twl) {
       await benchTrain(w, py, pairs, quick, rows, notes);
-      done.push({ name: w.name, what: w.what, dir: w.ckpt, build: [], prompts: [w.length], decode: 0, measured: started, mode });
+      done.push({ name: w.name, what: w.what, dir: relative(ROOT, w.ckpt), build: [], prompts: [w.length], decode: 0, measured: started, mode });
       writeResults(quick, dev, done, rows, notes, null);
     }
   } finally {
