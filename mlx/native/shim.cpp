@@ -1195,6 +1195,18 @@ int mlxb_loaded_key_length(const Loaded* l, int which, int i) {
   return i >= 0 && i < static_cast<int>(l->meta.size()) ? static_cast<int>(l->meta[i].first.size()) : -1;
 }
 
+// ---------------------------------------------------------------- tuner (mlx_lm/tuner)
+
+// mx.random.bernoulli(p, shape, key) (nn.Dropout's mask): bits(shape) < p * nextafter(2^32 - 1).
+Arr* mlxb_random_bernoulli(const Arr* p, const int32_t* shape, int ndim, const Arr* key) {
+  GUARD_PTR("random.bernoulli", { return wrap(mx::random::bernoulli(A(p), shape_of(shape, ndim), opt(key))); })
+}
+
+// mx.fast.cross_entropy(logits, targets): nn.losses.cross_entropy's GPU path.
+Arr* mlxb_fast_cross_entropy(const Arr* logits, const Arr* targets) {
+  GUARD_PTR("fast.cross_entropy", { return wrap(mx::fast::cross_entropy(A(logits), A(targets))); })
+}
+
 // ---------------------------------------------------------------- benchmark support
 
 // The bench/ffi.ts chain built natively (the floor both bindings pay: MLX's own graph

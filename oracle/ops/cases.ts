@@ -791,6 +791,20 @@ for (const k of [[0, 0], [0, 42], [7, 123456]]) {
   }
 }
 
+// ---------------------------------------------------------------- tuner (nn.Dropout's mask, nn.losses' GPU cross-entropy)
+
+for (const k of [[0, 0], [7, 123456]]) {
+  const b = (xs: Operand[], p: Params) => mx.random.bernoulli(p.p as number, { shape: p.shape as number[], key: A(xs) });
+  add("random.bernoulli", "random.bernoulli", [KEY(k)], { p: 0.9, shape: [4, 8] }, b);
+  add("random.bernoulli", "random.bernoulli", [KEY(k)], { p: 0.5, shape: [3, 5] }, b);
+  add("random.bernoulli", "random.bernoulli", [arr([3, 5], "float32", "unit"), KEY(k)], {}, (xs) => mx.random.bernoulli(A(xs), { key: A(xs, 1) }));
+}
+for (const dt of FLOATS) {
+  const ce = (xs: Operand[]) => mx.fast.crossEntropy(A(xs), A(xs, 1));
+  add("fast.crossEntropy", "fast.cross_entropy", [arr([2, 5, 16], dt, "wide"), arr([2, 5], "int32", { index: 16 })], {}, ce);
+  add("fast.crossEntropy", "fast.cross_entropy", [arr([7, 33], dt), arr([7], "uint32", { index: 33 })], {}, ce);
+}
+
 // ---------------------------------------------------------------- exports
 
 export const CASES: readonly OpCase[] = cases;

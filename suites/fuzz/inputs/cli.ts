@@ -15,7 +15,9 @@ import type { FlagSpec } from "../../../parity/args.ts";
 import { cachePromptPlan, FLAGS as CACHE_PROMPT_FLAGS } from "../../../parity/cache_prompt_cli.ts";
 import { FLAGS as PARITY_FLAGS, parityPlan } from "../../../parity/cli.ts";
 import { FLAGS as GENERATE_FLAGS, generatePlan } from "../../../parity/generate_cli.ts";
+import { FLAGS as FUSE_FLAGS, fusePlan } from "../../../parity/fuse_cli.ts";
 import { FLAGS as OPS_FLAGS, opsReportArgs } from "../../../parity/ops_report.ts";
+import { FLAGS as TRAIN_FLAGS, trainPlan } from "../../../parity/train_cli.ts";
 
 export interface CliCommand {
   /** The npm script name. */
@@ -37,6 +39,8 @@ export const COMMANDS: CliCommand[] = [
   { name: "parity:ops", script: "parity/ops_report.ts", flags: OPS_FLAGS, validate: opsReportArgs, positionals: ["add", "fast.rope", "no_such_op", "add add"] },
   { name: "reference:export", script: "oracle/reference_export.ts", flags: REFERENCE_FLAGS, validate: referencePlan },
   { name: "cache-prompt", script: "parity/cache_prompt_cli.ts", flags: CACHE_PROMPT_FLAGS, validate: cachePromptPlan },
+  { name: "train", script: "parity/train_cli.ts", flags: TRAIN_FLAGS, validate: trainPlan },
+  { name: "fuse", script: "parity/fuse_cli.ts", flags: FUSE_FLAGS, validate: fusePlan },
 ];
 
 // Directory placeholders, made in the input's scratch directory by `materialise`.
@@ -53,6 +57,12 @@ const BY_NAME: Record<string, string[]> = {
   out: ["$SCRATCH/out", ""],
   "prompt-cache-file": ["$SCRATCH/cache.safetensors", "$SCRATCH/cache.txt", "$MISSING/x.safetensors", "$FILE", ""],
   "draft-model": DIRS,
+  data: DIRS,
+  "adapter-path": DIRS,
+  "save-path": ["$SCRATCH/fused", "$FILE", ""],
+  "fine-tune-type": ["lora", "dora", "full", "qlora", ""],
+  optimizer: ["adam", "adamw", "sgd", "muon", "lion", ""],
+  device: ["cpu", "gpu", "tpu", ""],
 };
 const INTS = ["0", "1", "2", "-1", "8", "1.5", "1e3", "NaN", "Infinity", "-Infinity", "0x10", "", " ", "99999999999999999999", "2147483648", "abc"];
 const NUMBERS = ["0", "-0.5", "0.5", "1", "1e-3", "NaN", "Infinity", "abc", "", "1e400"];
