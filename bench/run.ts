@@ -468,6 +468,14 @@ async function main(): Promise<void> {
   process.stdout.write(writeResults(quick, dev, done, rows, notes, suite));
 }
 
+/** Paths in the results as the repository sees them (.cache/…), never this machine's. */
+function repoRelative(w: MeasuredWorkload): MeasuredWorkload {
+  const rel = (p: string) => p.replace(/^\/.*?\/(\.cache\/)/, "$1");
+  const out = { ...w, dir: rel(w.dir), build: w.build.map(rel) };
+  if (typeof (w as { mtpDrafter?: string }).mtpDrafter === "string") Object.assign(out, { mtpDrafter: rel((w as { mtpDrafter: string }).mtpDrafter) });
+  return out;
+}
+
 interface ResultsFile {
   meta: Record<string, string>;
   workloads: MeasuredWorkload[];
@@ -494,7 +502,7 @@ function writeResults(quick: boolean, dev: DeviceInfo, done: MeasuredWorkload[],
   const now = new Set(done.map((w) => w.name));
   const keep = (name: string) => !now.has(name);
   const order = ["tiny-dense", "tiny-e2b", "tiny-moe", "mtp", "e2b", "e4b", "moe", "31b", "train-dense", "train-e2b"];
-  const workloads = [...(prev?.workloads.filter((w) => keep(w.name)) ?? []), ...done].sort((x, y) => order.indexOf(x.name) - order.indexOf(y.name));
+  const workloads = [...(prev?.workloads.filter((w) => keep(w.name)) ?? []), ...done].map(repoRelative).sort((x, y) => order.indexOf(x.name) - order.indexOf(y.name));
   const byWorkload = <T extends { workload: string }>(xs: T[]) => [...xs].sort((x, y) => order.indexOf(x.workload) - order.indexOf(y.workload));
   const allRows = byWorkload([...(prev?.rows.filter((r) => keep(r.workload)) ?? []), ...rows]);
   const allNotes = byWorkload([...(prev?.notes.filter((n) => keep(n.workload)) ?? []), ...notes]);
