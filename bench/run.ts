@@ -8,24 +8,25 @@
 import * as mx from "@mlx-bun/mlx";
 import { spawn, spawnSync } from "node:child_process";
 import { existsSync, readFileSync, renameSync, writeFileSync } from "node:fs";
-import { cpus, totalmem } from "node:os";
+import { cpus, loadavg, totalmem } from "node:os";
 import { createInterface } from "node:readline";
-import { join } from "node:path";
+import { join, relative } from "node:path";
 import { helpText, parseArgs, UsageError, type FlagSpec } from "../parity/args.ts";
 import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "../parity/device.ts";
 import { decodeBytesPerToken } from "./weights_read.ts";
 import { generate } from "../model/generate.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
 import type { KVCacheLike } from "../model/cache/index.ts";
+import { type TrainWorkload, trainBatch, trainWorkloads, tsTrainer } from "./train.ts";
 import { measureMtp } from "./mtp.ts";
 
 const ROOT = join(import.meta.dir, "..");
 const PY = join(ROOT, ".venv", "bin", "python");
 
-const FLAGS: FlagSpec[] = [
+export const FLAGS: FlagSpec[] = [
   { name: "quick", kind: "bool", help: "smoke mode: tiny fixtures only, 2 pairs, short prompts (< 3 minutes)" },
   { name: "pairs", kind: "int", help: "measured TS/mlx-lm pairs per row (after one warm-up each)", default: 5 },
-  { name: "only", kind: "string", valueName: "names", help: "comma-separated workload names (tiny-dense,tiny-e2b,tiny-moe,mtp,e2b,moe; e4b and 31b run when named, or on a GPU)" },
+  { name: "only", kind: "string", valueName: "names", help: "comma-separated workload names (tiny-dense,tiny-e2b,tiny-moe,mtp,e2b,moe,train-dense,train-e2b; e4b and 31b run when named, or on a GPU)" },
   { name: "e2b-layers", kind: "int", help: "layers of the E2B-shaped checkpoint (35 = the real model)", default: 35 },
   { name: "e4b-layers", kind: "int", help: "layers of the E4B-shaped checkpoint (42 = the real model)", default: 42 },
   { name: "moe-layers", kind: "int", help: "layers of the 26B-A4B-shaped MoE slice (30 = the real model)", default: 4 },
@@ -231,7 +232,8 @@ function markdown(meta: Record<string, string>, wl: MeasuredWorkload[], rows: Ro
   out.push("## Workloads", "");
   for (const w of wl) {
     const warm = w.warmup ? `; warm-up ${w.warmup[0]}-token prompt, ${w.warmup[1]} tokens` : "";
-    out.push(`- **${w.name}**: ${w.what} (prompts ${w.prompts.join(" and ")} tokens, ${w.decode} decode tokens${warm}; measured ${w.measured}, ${w.mode})`);
+    if (w.name.startsWith("train-")) out.push(`- **${w.name}**: ${w.what} (batch 4 × ${w.prompts[0]} tokens; a sample is the median of 10 steps; measured ${w.measured}, ${w.mode})`);
+    else out.push(`- **${w.name}**: ${w.what} (prompts ${w.prompts.join(" and ")} tokens, ${w.decode} decode tokens${warm}; measured ${w.measured}, ${w.mode})`);
   }
   out.push("", "## Results", "", "| workload | metric | TS median (min–max) | mlx-lm median (min–max) | ratio TS/mlx-lm median (min–max) | per-pair ratios | target |", "|---|---|---|---|---|---|---|");
   for (const r of rows) {
@@ -293,12 +295,38 @@ function timeCommand(cmd: string, args: string[]): number {
   return (performance.now() - t0) / 1000;
 }
 
-async function main(): Promise<void> {
-  const a = parseArgs(process.argv.slice(2), FLAGS);
-  if (a.help) {
-    process.stdout.write(helpText("npm run bench -- [options]", "Benchmarks the TS Gemma 4 model against mlx-lm, alternating the two sides in one run.", FLAGS));
-    return;
+/** Train-step rows of one workload: compiled (the trainer's step) and eager, alternating sides. */
+async function benchTrain(w: TrainWorkload, py: PyWorker, pairs: number, quick: boolean, rows: Row[], notes: Note[]): Promise<void> {
+  const load0 = loadavg()[0]!;
+  const vocab = Number((JSON.parse(readFileSync(join(w.ckpt, "config.json"), "utf8")) as { vocab_size?: number }).vocab_size ?? 256);
+  const { tokens, lengths } = trainBatch(w, vocab);
+  const steps = quick ? 5 : 10;
+  for (const compiled of [true, false]) {
+    console.error(`[bench] ${w.name}: ${compiled ? "compiled" : "eager"} step, setting up both sides`);
+    const ts = tsTrainer(w, vocab, compiled);
+    try {
+      await py.call({ cmd: "train_setup", path: w.ckpt, tokens, lengths, compiled, grad_checkpoint: w.grad_checkpoint });
+      const tsS: { seconds: number; peak_memory: number }[] = [];
+      const pyS: { seconds: number; peak_memory: number }[] = [];
+      for (let i = 0; i < pairs; i++) {
+        console.error(`[bench] ${w.name}: ${compiled ? "compiled" : "eager"}, pair ${i + 1}/${pairs}`);
+        tsS.push(ts.run(steps));
+        pyS.push(await py.call<{ seconds: number; peak_memory: number }>({ cmd: "train_steps", steps }));
+      }
+      const tag = compiled ? "compiled (the trainer's)" : "eager";
+      rows.push(row(w.name, `train step, ${tag}`, "ms", "lower", tsS.map((x) => x.seconds), pyS.map((x) => x.seconds), "≤ 1.0"));
+      if (compiled) rows.push(row(w.name, "train peak memory", "GB", "lower", tsS.map((x) => x.peak_memory), pyS.map((x) => x.peak_memory), "≤ 1.05"));
+    } finally {
+      ts.dispose();
+    }
   }
+  notes.push({ workload: w.name, text: `${w.name}: 1-minute load average ${load0.toFixed(1)} at the start, ${loadavg()[0]!.toFixed(1)} at the end (${cpus().length} cores; the step times scale with it, the per-pair ratios less so).` });
+}
+
+/** Every flag check, before any checkpoint is built or process started (null for --help). */
+export function benchPlan(argv: readonly string[]) {
+  const a = parseArgs(argv, FLAGS);
+  if (a.help) return null;
   const quick = a.quick === true;
   const pairs = quick ? 2 : Number(a.pairs);
   if (!quick && pairs < 5) throw new UsageError("--pairs must be at least 5 (use --quick for a smoke run)");
@@ -320,11 +348,23 @@ async function main(): Promise<void> {
     if (!a["suite-cost"]) throw new UsageError("--no-workloads needs --suite-cost");
     wl = [];
   }
+  let twl: TrainWorkload[] = a["no-workloads"] ? [] : trainWorkloads(ROOT);
   if (typeof a.only === "string") {
     const names = new Set(a.only.split(","));
     wl = wl.filter((w) => names.has(w.name));
-    if (wl.length === 0) throw new UsageError(`--only matched no workload`);
+    twl = twl.filter((w) => names.has(w.name));
+    if (wl.length === 0 && twl.length === 0) throw new UsageError(`--only matched no workload`);
   } else if (dev.device === "cpu") wl = wl.filter((w) => DEFAULT_ON_CPU.has(w.name));
+  return { a, quick, pairs, wl, twl, dev, hbm };
+}
+
+async function main(): Promise<void> {
+  const plan = benchPlan(process.argv.slice(2));
+  if (plan === null) {
+    process.stdout.write(helpText("npm run bench -- [options]", "Benchmarks the TS Gemma 4 model against mlx-lm, alternating the two sides in one run.", FLAGS));
+    return;
+  }
+  const { a, quick, pairs, wl, twl, dev, hbm } = plan;
   const rows: Row[] = [];
   const notes: Note[] = [];
   const done: MeasuredWorkload[] = [];
@@ -411,6 +451,11 @@ async function main(): Promise<void> {
       loaded.model.dispose();
       mx.clearCache();
     }
+    for (const w of twl) {
+      await benchTrain(w, py, pairs, quick, rows, notes);
+      done.push({ name: w.name, what: w.what, dir: relative(ROOT, w.ckpt), build: [], prompts: [w.length], decode: 0, measured: started, mode });
+      writeResults(quick, dev, done, rows, notes, null);
+    }
   } finally {
     py.close();
   }
@@ -421,6 +466,14 @@ async function main(): Promise<void> {
     suite = { measured: new Date().toISOString(), npmTestSeconds, goldenRegenSeconds: timeCommand("npm", ["run", "golden:regen"]) };
   }
   process.stdout.write(writeResults(quick, dev, done, rows, notes, suite));
+}
+
+/** Paths in the results as the repository sees them (.cache/…), never this machine's. */
+function repoRelative(w: MeasuredWorkload): MeasuredWorkload {
+  const rel = (p: string) => p.replace(/^\/.*?\/(\.cache\/)/, "$1");
+  const out = { ...w, dir: rel(w.dir), build: w.build.map(rel) };
+  if (typeof (w as { mtpDrafter?: string }).mtpDrafter === "string") Object.assign(out, { mtpDrafter: rel((w as { mtpDrafter: string }).mtpDrafter) });
+  return out;
 }
 
 interface ResultsFile {
@@ -448,8 +501,8 @@ function writeResults(quick: boolean, dev: DeviceInfo, done: MeasuredWorkload[],
   }
   const now = new Set(done.map((w) => w.name));
   const keep = (name: string) => !now.has(name);
-  const order = ["tiny-dense", "tiny-e2b", "tiny-moe", "mtp", "e2b", "e4b", "moe", "31b"];
-  const workloads = [...(prev?.workloads.filter((w) => keep(w.name)) ?? []), ...done].sort((x, y) => order.indexOf(x.name) - order.indexOf(y.name));
+  const order = ["tiny-dense", "tiny-e2b", "tiny-moe", "mtp", "e2b", "e4b", "moe", "31b", "train-dense", "train-e2b"];
+  const workloads = [...(prev?.workloads.filter((w) => keep(w.name)) ?? []), ...done].map(repoRelative).sort((x, y) => order.indexOf(x.name) - order.indexOf(y.name));
   const byWorkload = <T extends { workload: string }>(xs: T[]) => [...xs].sort((x, y) => order.indexOf(x.workload) - order.indexOf(y.workload));
   const allRows = byWorkload([...(prev?.rows.filter((r) => keep(r.workload)) ?? []), ...rows]);
   const allNotes = byWorkload([...(prev?.notes.filter((n) => keep(n.workload)) ?? []), ...notes]);
@@ -469,7 +522,9 @@ function writeResults(quick: boolean, dev: DeviceInfo, done: MeasuredWorkload[],
   return md;
 }
 
-main().catch((e) => {
-  console.error(e instanceof UsageError ? `error: ${e.message}` : e);
-  process.exit(e instanceof UsageError ? 2 : 1);
-});
+if (import.meta.main) {
+  main().catch((e) => {
+    console.error(e instanceof UsageError ? `error: ${e.message}` : e);
+    process.exit(e instanceof UsageError ? 2 : 1);
+  });
+}

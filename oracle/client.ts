@@ -2,7 +2,7 @@
 // JSON lines on stdio with request ids, arrays as .npy files in the server's per-run temp dir.
 // Independent of the mlx binding: arrays are plain { dtype, shape, data } records.
 
-import { existsSync, mkdtempSync, readFileSync, rmSync, unlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -174,7 +174,8 @@ export class OracleClient {
   }
 
   private spawn(): Promise<void> {
-    const python = this.opts.python ?? DEFAULT_PYTHON;
+    // ORACLE_PYTHON: another interpreter for every oracle process (default: the repo's .venv).
+    const python = this.opts.python ?? (process.env.ORACLE_PYTHON || DEFAULT_PYTHON);
     const script = this.opts.script ?? SERVER_SCRIPT;
     if (!existsSync(python)) {
       return Promise.reject(new OracleError(`python interpreter not found: ${python} (run npm run setup)`));
@@ -341,10 +342,21 @@ export class OracleClient {
     return { npy: p, dtype: rec.dtype };
   }
 
-  /** Read (and delete) a server output .npy. */
+  /** Read (and delete) a server output .npy; a missing or unreadable one is an OracleError. */
   readArray(ref: NpyRef, keep = false): NpyRecord {
-    const rec = parseNpy(new Uint8Array(readFileSync(ref.npy)), ref.dtype);
-    if (!keep) unlinkSync(ref.npy);
+    if (ref === null || typeof ref !== "object" || typeof ref.npy !== "string" || typeof ref.dtype !== "string") {
+      throw new OracleError(`malformed array reference from the oracle: ${JSON.stringify(ref)?.slice(0, 200)}`);
+    }
+    let rec: NpyRecord;
+    try {
+      rec = parseNpy(new Uint8Array(readFileSync(ref.npy)), ref.dtype);
+    } catch (e) {
+      throw new OracleError(`unreadable array from the oracle (${ref.npy}): ${(e as Error).message}`);
+    }
+    if (ref.shape !== undefined && JSON.stringify(ref.shape) !== JSON.stringify(rec.shape)) {
+      throw new OracleError(`array from the oracle (${ref.npy}) has shape [${rec.shape}], its reply says [${ref.shape}]`);
+    }
+    if (!keep) rmSync(ref.npy, { force: true });
     return rec;
   }
 
@@ -368,6 +380,7 @@ export class OracleClient {
     const wire = inputs.map((x) => ("data" in x ? this.writeInput(x) : { scalar: x.scalar, kind: x.kind }));
     try {
       const r = await this.request<{ outputs: NpyRef[] }>("op", { name, inputs: wire, params });
+      expectReply("op", r, { outputs: "array" });
       return r.outputs.map((o) => this.readArray(o));
     } finally {
       for (const w of wire) if ("npy" in w) rmSync(w.npy, { force: true });
@@ -377,6 +390,7 @@ export class OracleClient {
   /** Single forward without cache: logits (B,L,V). `checkpoint`: matrix id ("c1_dense/f32") or a dir. */
   async forward(checkpoint: string, tokens: number[][]): Promise<NpyRecord> {
     const r = await this.request<{ logits: NpyRef }>("forward", { checkpoint, tokens });
+    expectReply("forward", r, { logits: "object" });
     return this.readArray(r.logits);
   }
 
@@ -392,6 +406,8 @@ export class OracleClient {
       prefill_step_size: opts.prefillStepSize ?? 2048,
       max_tokens: opts.maxTokens ?? 20,
     });
+    expectReply("generate", r, { tokens: "array", logprobs: "array", cache: "array" });
+    if (!r.tokens.every((t) => Number.isSafeInteger(t))) throw new OracleError(`malformed reply from oracle to generate: tokens ${JSON.stringify(r.tokens).slice(0, 200)}`, "generate");
     return { tokens: r.tokens, logprobs: r.logprobs.map((x) => this.readArray(x)), cache: r.cache };
   }
 
@@ -405,7 +421,9 @@ export class OracleClient {
       "capture",
       { checkpoint, scenario, mode: opts.mode ?? "full", only: opts.only ?? null },
     );
+    expectReply("capture", r, { meta: "object", calls: "array", taps: "array" });
     const taps = r.taps.map((t) => {
+      if (t === null || typeof t !== "object" || typeof t.name !== "string") throw new OracleError(`malformed reply from oracle to capture: tap ${JSON.stringify(t)?.slice(0, 200)}`, "capture");
       const { npy, ...rest } = t;
       return npy ? { ...rest, array: this.readArray({ npy, dtype: String(t.dtype) }) } : rest;
     });
@@ -424,7 +442,9 @@ export class OracleClient {
     });
     try {
       const r = await this.request<{ results: Record<string, unknown>[] }>("cache_ops", { ops: wire });
+      expectReply("cache_ops", r, { results: "array" });
       return r.results.map((x) => {
+        if (x === null || typeof x !== "object") throw new OracleError(`malformed reply from oracle to cache_ops: ${JSON.stringify(x)?.slice(0, 200)}`, "cache_ops");
         const out: CacheOpResult = { op: String(x.op), meta: (x.meta as Record<string, unknown>) ?? null };
         if (x.keys) out.keys = this.readArray(x.keys as NpyRef);
         if (x.values) out.values = this.readArray(x.values as NpyRef);
@@ -456,6 +476,8 @@ export class OracleClient {
     cache?: { type: "KVCache" | "RotatingKVCache"; offset?: number; max_size?: number; keep?: number; idx?: number } | null;
   }): Promise<MaskResult> {
     const r = await this.request<{ mask: { kind: string } & Partial<NpyRef> }>("make_mask", args);
+    expectReply("make_mask", r, { mask: "object" });
+    if (!["none", "causal", "array"].includes(r.mask.kind)) throw new OracleError(`malformed reply from oracle to make_mask: mask kind ${JSON.stringify(r.mask.kind)}`, "make_mask");
     return this.readMask(r.mask);
   }
 
@@ -569,6 +591,15 @@ export class OracleClient {
   /** Kill the process without a shutdown request (tests of crash handling). */
   kill(signal: NodeJS.Signals = "SIGKILL"): void {
     this.proc?.kill(signal);
+  }
+}
+
+/** A reply's fields must have the types the command's result is read with. */
+export function expectReply(cmd: string, r: unknown, fields: Record<string, "array" | "object">): void {
+  for (const [k, kind] of Object.entries(fields)) {
+    const v = (r as Record<string, unknown>)[k];
+    const ok = kind === "array" ? Array.isArray(v) : v !== null && typeof v === "object" && !Array.isArray(v);
+    if (!ok) throw new OracleError(`malformed reply from oracle to ${cmd}: ${k} should be an ${kind}, got ${JSON.stringify(v)?.slice(0, 200) ?? "nothing"}`, cmd);
   }
 }
 

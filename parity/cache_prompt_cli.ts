@@ -6,10 +6,11 @@ import { resolve } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { cachePrompt, savePromptCache } from "../model/cache/prompt_cache.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
+import { checkCheckpoint } from "../model/gemma4/index.ts";
 import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
 import { inspectCheckpoint, parseTokenList, tokenizePrompt } from "./inputs.ts";
 
-const FLAGS: FlagSpec[] = [
+export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (required)" },
   { name: "prompt", kind: "string", valueName: "text", help: "the prompt to cache, tokenized with the checkpoint's tokenizer.json" },
   { name: "tokens", kind: "string", valueName: "1,2,3", help: "prompt token ids instead of --prompt" },
@@ -19,12 +20,10 @@ const FLAGS: FlagSpec[] = [
   { name: "help", kind: "bool", help: "show this help" },
 ];
 
-async function main(argv: string[]): Promise<number> {
+/** Everything checked before the model is loaded (flags, checkpoint without its weights, prompt); null for --help. */
+export async function cachePromptPlan(argv: readonly string[]) {
   const a = parseArgs(argv, FLAGS);
-  if (a.help) {
-    process.stdout.write(helpText("npm run cache-prompt -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) --prompt-cache-file F", "Caches a prompt for later generation (mlx_lm.cache_prompt).", FLAGS));
-    return 0;
-  }
+  if (a.help) return null;
   if (a.model === undefined) throw new UsageError("--model <dir> is required (see --help)");
   if (typeof a["prompt-cache-file"] !== "string") throw new UsageError("--prompt-cache-file <file> is required (see --help)");
   const file = resolve(a["prompt-cache-file"]);
@@ -34,6 +33,17 @@ async function main(argv: string[]): Promise<number> {
   inspectCheckpoint(dir);
   if ((a.prompt === undefined) === (a.tokens === undefined)) throw new UsageError('give exactly one of --prompt "text" or --tokens 1,2,3');
   const prompt = typeof a.tokens === "string" ? parseTokenList(a.tokens) : await tokenizePrompt(dir, String(a.prompt), false);
+  checkCheckpoint(dir);
+  return { a, dir, file, prompt };
+}
+
+async function main(argv: string[]): Promise<number> {
+  const plan = await cachePromptPlan(argv);
+  if (plan === null) {
+    process.stdout.write(helpText("npm run cache-prompt -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) --prompt-cache-file F", "Caches a prompt for later generation (mlx_lm.cache_prompt).", FLAGS));
+    return 0;
+  }
+  const { a, dir, file, prompt } = plan;
   const { loaded, model } = loadGenerationModel(dir);
   const cache = model.makeCache();
   try {
@@ -50,4 +60,4 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-runMain(main);
+if (import.meta.main) runMain(main);

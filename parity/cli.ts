@@ -11,23 +11,25 @@ import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
 import { type IsolatedRun, runCasesIsolated } from "../oracle/ops/isolated.ts";
 import { type CaseResult, type Coverage, coverage, groupUnsupported } from "../oracle/ops/runner.ts";
 import { runVjpCasesIsolated, vjpCases, vjpCoverage } from "../oracle/ops/vjp_runner.ts";
-import { type FlagSpec, helpText, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
+import { checkCheckpoint, loadModel } from "../model/gemma4/index.ts";
+import { type FlagSpec, helpText, isInputError, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
 import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "./device.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
-import { checkpointTowers, MEDIA_FLAGS, type MediaRequest, mediaRequest, prepareMedia, wantsMedia } from "./media.ts";
+import { checkMediaCheckpoint, checkpointTowers, MEDIA_FLAGS, type MediaRequest, mediaRequest, prepareMedia, wantsMedia } from "./media.ts";
 import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
-import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
+import { fmtDivergence, fmtNum, pct, REFERENCE_HEADER, referenceRow, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
+import { compareWithReference, readReferenceManifest, REFERENCE_BOUND, relDiff } from "../oracle/reference.ts";
 import { renderHtml } from "./html.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 import { renderMarkdown } from "./markdown.ts";
 import { ProgressBar } from "./progress.ts";
-import { type OpLevelSummary, type ParityReport, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
+import { type OpLevelSummary, type ParityReport, type ReferenceRow, type ReferenceSummary, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
 import { SPECULATIVE_MODES } from "./speculative_modes.ts";
 
 // --mode NAME: one decoding mode against its oracle (each feature adds its runners here).
 const MODES: Record<string, (oracle: OracleClient, a: Parsed) => Promise<boolean>> = { ...SPECULATIVE_MODES };
 
-const FLAGS: FlagSpec[] = [
+export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (gemma4, gemma4_text or gemma4_unified; flat, wrapper or raw HF layout; quantized or not)" },
   { name: "prompt", kind: "string", valueName: "text", help: "with --model: prompt text, tokenized with the checkpoint's tokenizer.json" },
   { name: "chat", kind: "bool", help: "with --prompt: apply the checkpoint's chat template first" },
@@ -35,12 +37,12 @@ const FLAGS: FlagSpec[] = [
   { name: "steps", kind: "int", valueName: "N", help: "with --model: greedy decode steps", default: 8 },
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "with --model: prefill chunk size (generate_step's prefill_step_size)", default: 2048 },
   { name: "oracle-model", kind: "string", valueName: "dir", help: "with --model: let mlx-lm load this copy instead (e.g. the original of a modified checkpoint)" },
+  ...MEDIA_FLAGS,
   { name: "bisect", kind: "bool", help: "on a divergence, re-run the block of the first divergent tap op by op and name the first MLX op that differs" },
   { name: "only", kind: "string", valueName: "glob", help: "fixtures: only checkpoints whose id (e.g. c3_e2b/bf16) matches; '*' wildcards" },
   { name: "skip-ops", kind: "bool", help: "fixtures: skip the op-level section" },
   { name: "ulp", kind: "int", valueName: "N", help: "budget: a tap passes if its max ULP distance is at most N", default: 0 },
   { name: "atol", kind: "number", valueName: "X", help: "budget: a tap passes if its max abs difference is at most X", default: 0 },
-  ...MEDIA_FLAGS,
   DEVICE_FLAG,
   { name: "out", kind: "string", valueName: "dir", help: "where the reports go", default: "report" },
   { name: "mode", kind: "string", valueName: "name", help: `run one decoding mode against its oracle on the fixtures instead (${Object.keys(MODES).join(", ")}); --only filters fixtures` },
@@ -59,14 +61,18 @@ Examples:
   npm run parity
   npm run parity -- --only 'c5_moe/*'
   npm run parity -- --model ~/models/gemma-4-e4b-it-4bit --prompt "Why is the sky blue?" --chat --steps 16
-  npm run parity -- --model ./ckpt --tokens 2,105,2364 --prefill-step-size 512
   npm run parity -- --model ~/models/gemma-4-e2b-it --image cat.png --audio note.wav --prompt "Describe both." --chat
+  npm run parity -- --model ./ckpt --tokens 2,105,2364 --prefill-step-size 512
 `;
 
 // The fixture scenarios the report runs: a ring-buffer-wrapping generation for every
 // checkpoint (prompt 9 > window 8, chunks of 5, 20 decode steps), plus, for MoE checkpoints,
 // a prefill chunk of 36 tokens so SwitchGLU's sorted gather path runs.
 const FIXTURE_SCENARIOS = { all: "gen_P9_S5", moe: "gen_P40_S36" };
+
+// The multimodal fixtures (mlx-vlm) run 20 decode steps after an image prompt; those with an
+// audio tower also a chunked image + audio prefill.
+const MM_FIXTURE_SCENARIOS = { all: "mm_gen_image", audio: "mm_gen_chunked_av" };
 
 function globRe(glob: string): RegExp {
   return new RegExp(`^${glob.split("*").map((s) => s.replace(/[.+?^${}()|[\]\\]/g, "\\$&")).join(".*")}$`);
@@ -134,10 +140,6 @@ interface ScenarioEntry {
   max_tokens?: number;
 }
 
-// The multimodal fixtures (mlx-vlm) run 20 decode steps after an image prompt; those with an
-// audio tower also a chunked image + audio prefill.
-const MM_FIXTURE_SCENARIOS = { all: "mm_gen_image", audio: "mm_gen_chunked_av" };
-
 async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | undefined, bisectOn: boolean): Promise<RunResult[]> {
   const plan = await oracle.request<{
     checkpoints: { id: string; moe: boolean }[];
@@ -193,6 +195,71 @@ function fixtureSpec(id: string, s: ScenarioEntry, budget: Budget, rest: Pick<Ru
   return { tsDir, oracleCheckpoint: id, model: fixture, variant, prefillStepSize: s.prefill_step_size!, steps: s.max_tokens!, budget, ...rest };
 }
 
+/**
+ * The three-way check on the float32 fixtures: the TS model and mlx-lm on the exported
+ * reference's tokens, TS = mlx-lm byte for byte, and both within the recorded bound of
+ * transformers (oracle/reference.ts).
+ */
+async function referenceSection(oracle: OracleClient, only: string | undefined): Promise<ReferenceSummary | null> {
+  const manifest = readReferenceManifest();
+  if (manifest === null) return null;
+  const re = only ? globRe(only) : null;
+  const fixtures = Object.values(manifest.fixtures).filter((e) => !re || re.test(e.checkpoint));
+  if (fixtures.length === 0) return null;
+  const bar = new ProgressBar("[reference]");
+  const rows: ReferenceRow[] = [];
+  for (const [k, e] of fixtures.entries()) {
+    bar.update(k / fixtures.length, `${e.checkpoint} against transformers`);
+    const { model, text } = loadModel(join(REPO_ROOT, ".cache", "checkpoints", e.checkpoint));
+    let d;
+    try {
+      d = compareWithReference(e.checkpoint, e, model, text.args.num_hidden_layers);
+    } finally {
+      model.dispose();
+    }
+    const theirs = await oracle.forward(e.checkpoint, [d.tokens]);
+    const mlxLogits = new Float32Array(theirs.data.slice().buffer);
+    const same = theirs.dtype === "float32" && Buffer.compare(Buffer.from(theirs.data), Buffer.from(new Uint8Array(d.logits.buffer))) === 0;
+    const mlx = relDiff(mlxLogits, d.referenceLogits).rel;
+    rows.push({
+      checkpoint: e.checkpoint,
+      tsEqualsMlxLm: same,
+      tsVsTransformers: { logits: d.logitsRel, hidden: d.hiddenRel },
+      mlxLmVsTransformers: { logits: mlx },
+      ok: same && d.ok && mlx <= REFERENCE_BOUND.relative,
+    });
+  }
+  bar.done(`${rows.filter((r) => r.ok).length}/${rows.length} float32 fixtures: TS = mlx-lm bit for bit, both within ${REFERENCE_BOUND.relative} of transformers`);
+  return { bound: REFERENCE_BOUND.relative, versions: manifest.versions, rows };
+}
+
+/**
+ * --prompt: the prompt's token ids from mlx-lm's tokenizer (and chat template, with --chat) must
+ * equal the TS tokenizer's before the models are compared on them.
+ */
+async function compareTokenization(oracle: OracleClient, dir: string, prompt: string, chat: boolean, ours: readonly number[], content: unknown = prompt): Promise<void> {
+  const r = await oracle.request<{ with_special: number[][]; chats: number[][] }>(
+    "tokenize",
+    chat ? { dir, chats: [{ messages: [{ role: "user", content }], add_generation_prompt: true }] } : { dir, strings: [prompt] },
+  );
+  const theirs = chat ? r.chats[0] : r.with_special[0];
+  if (!theirs || theirs.length !== ours.length || theirs.some((t, i) => t !== ours[i])) {
+    throw new Error(`the prompt tokenizes differently: TS [${ours.join(",")}] vs mlx-lm [${(theirs ?? []).join(",")}]`);
+  }
+  process.stderr.write(`[tokenizer] ${ours.length} prompt tokens${chat ? " (chat template)" : ""}: TS = mlx-lm\n`);
+}
+
+/** A --model run after its pre-flight: the prompt's tokenization against mlx-lm's, then the tap-by-tap run. */
+export async function modelRun(oracle: OracleClient, plan: { a: Parsed; spec: (RunSpec & { mediaRequest?: MediaRequest }) | null }): Promise<RunResult> {
+  const { a, spec } = plan;
+  if (!spec) throw new UsageError("modelRun needs a --model plan");
+  // a media prompt: its text tokens (before the placeholders are expanded), the media's
+  // typed parts in the user message when --chat placed them
+  const tok = spec.mediaRequest?.tokenized;
+  if (typeof a.prompt === "string") await compareTokenization(oracle, spec.oracleCheckpoint, a.prompt, a.chat === true, tok?.ids ?? spec.prompt, tok?.content);
+  return runOne(oracle, spec);
+}
+
 async function runOne(oracle: OracleClient, spec: RunSpec, capture?: Promise<Capture>): Promise<RunResult> {
   const bar = new ProgressBar(`[${spec.model} ${spec.variant}${spec.media ? " media" : ""}]`);
   bar.update(0, `${spec.media ? "mlx-vlm" : "mlx-lm"} capturing`);
@@ -216,6 +283,7 @@ async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<Ru
     const prefill = Number(a["prefill-step-size"]);
     if (steps < 1) throw new UsageError("--steps must be at least 1");
     if (prefill < 1) throw new UsageError("--prefill-step-size must be at least 1");
+    checkMediaCheckpoint(dir);
     const scenario = { id: "parity-cli-media", kind: "generate", prompt: req.prompt, media: req.media, prefill_step_size: prefill, max_tokens: steps };
     return { tsDir: dir, oracleCheckpoint: dir, model: basename(dir), variant: info.modelType, prompt: [], prefillStepSize: prefill, steps, budget, media: { scenario }, mediaRequest: req };
   }
@@ -229,7 +297,13 @@ async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<Ru
   if (bad !== undefined) throw new UsageError(`token id ${bad} is outside the vocabulary (vocab_size ${vocab})`);
   checkPromptLength(prompt, steps, info);
   const oracleDir = a["oracle-model"] === undefined ? dir : resolve(String(a["oracle-model"]));
-  if (oracleDir !== dir) inspectCheckpoint(oracleDir);
+  // Everything the TS loader would refuse (config, shapes, files), without reading the weights:
+  // a bad checkpoint gets our error naming file and key, and no oracle process is started for it.
+  checkCheckpoint(dir);
+  if (oracleDir !== dir) {
+    inspectCheckpoint(oracleDir);
+    checkCheckpoint(oracleDir);
+  }
   return { tsDir: dir, oracleCheckpoint: oracleDir, model: basename(dir), variant: info.modelType, prompt, prefillStepSize: prefill, steps, budget, bisect: a.bisect === true };
 }
 
@@ -274,34 +348,46 @@ function printSummary(rep: ParityReport): void {
     }
     lines.push(`${rep.runs.length} runs · ${taps} taps compared · ${exact} bit-exact (${pct(exact, taps)}) · budget ${rep.budget.ulp} ULP / atol ${fmtNum(rep.budget.atol)}`);
   }
+  if (rep.reference) {
+    const rf = rep.reference;
+    lines.push("", `Independent reference (transformers ${rf.versions.transformers}, torch ${rf.versions.torch}; float32; bound ${rf.bound} relative)`);
+    lines.push(textTable(REFERENCE_HEADER, rf.rows.map(referenceRow)), "");
+  }
   lines.push(`Verdict: ${rep.ok ? "PASS" : "FAIL"}`);
   process.stdout.write(`${lines.join("\n")}\n`);
 }
 
-async function main(argv: string[]): Promise<number> {
+type Mode = (oracle: OracleClient, a: Parsed) => Promise<boolean>;
+
+export interface ParityPlan {
+  a: Parsed;
+  dev: DeviceInfo;
+  /** --mode NAME: that decoding mode's runner (no tap-by-tap run then). */
+  mode: Mode | null;
+  budget: Budget;
+  spec: (RunSpec & { mediaRequest?: MediaRequest }) | null;
+}
+
+/**
+ * Everything checked before the oracle starts (flags, device, checkpoint, prompt): bad input
+ * fails fast with a UsageError, ConfigError or WeightsError, and no Python process is started
+ * for it. Null for --help.
+ */
+export async function parityPlan(argv: readonly string[]): Promise<ParityPlan | null> {
   const a = parseArgs(argv, FLAGS);
-  if (a.help) {
-    process.stdout.write(helpText("npm run parity -- [options]", "Compares the TypeScript Gemma 4 model with mlx-lm tap by tap, on the embedded fixtures or on a local checkpoint.", FLAGS, FOOTER));
-    return 0;
-  }
+  if (a.help) return null;
   for (const k of ["prompt", "chat", "tokens", "oracle-model", "image", "audio"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
   if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
   // The device first: it applies to every mode, and a missing GPU fails before any oracle starts.
   const dev = applyDeviceFlag(a.device);
+  let mode: Mode | null = null;
   if (a.mode !== undefined) {
-    const run = MODES[String(a.mode)];
-    if (!run) throw new UsageError(`unknown --mode ${a.mode} (modes: ${Object.keys(MODES).join(", ")})`);
+    mode = MODES[String(a.mode)] ?? null;
+    if (!mode) throw new UsageError(`unknown --mode ${a.mode} (modes: ${Object.keys(MODES).join(", ")})`);
     if (a.model !== undefined) throw new UsageError("--mode runs on the fixtures; it does not take --model");
-    const oracle = await OracleClient.start({ python: process.env.ORACLE_PYTHON || undefined, onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
-    try {
-      return (await run(oracle, a)) ? 0 : 1;
-    } finally {
-      await oracle.close();
-    }
   }
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
   if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
-  // Validate the checkpoint and the prompt before starting the oracle, so bad input fails fast.
   const spec = a.model === undefined ? null : await modelSpec(a, budget);
   if (spec?.mediaRequest) {
     // the TS processor's output, checked before the capture (mlx-vlm would silently wrap a
@@ -309,18 +395,36 @@ async function main(argv: string[]): Promise<number> {
     // on the same files, and the embed/inputs taps compare the two
     spec.media!.prepared = await prepareMedia(spec.tsDir, spec.mediaRequest, checkpointTowers(spec.tsDir));
   }
+  return { a, dev, mode, budget, spec };
+}
+
+async function main(argv: string[]): Promise<number> {
+  const plan = await parityPlan(argv);
+  if (plan === null) {
+    process.stdout.write(helpText("npm run parity -- [options]", "Compares the TypeScript Gemma 4 model with mlx-lm tap by tap, on the embedded fixtures or on a local checkpoint.", FLAGS, FOOTER));
+    return 0;
+  }
+  const { a, dev, mode, budget } = plan;
 
   // ORACLE_PYTHON: another interpreter for the oracle (default: the repo's .venv).
   const oracle = await OracleClient.start({ python: process.env.ORACLE_PYTHON || undefined, onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
+  if (mode) {
+    try {
+      return (await mode(oracle, a)) ? 0 : 1;
+    } finally {
+      await oracle.close();
+    }
+  }
   let rep: ParityReport;
   try {
     const opLevelSummary = a.model === undefined && !a["skip-ops"] ? await opLevel(dev) : null;
     let runs: RunResult[];
     try {
-      runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await runOne(oracle, spec!)];
+      runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await modelRun(oracle, plan)];
     } finally {
-      if (spec?.media?.prepared) disposeMediaInputs(spec.media.prepared.media);
+      if (plan.spec?.media?.prepared) disposeMediaInputs(plan.spec.media.prepared.media);
     }
+    const reference = a.model === undefined ? await referenceSection(oracle, a.only as string | undefined) : null;
     rep = {
       schema: SCHEMA_ID,
       createdAt: new Date().toISOString(),
@@ -328,7 +432,8 @@ async function main(argv: string[]): Promise<number> {
       budget,
       opLevel: opLevelSummary,
       runs,
-      ok: reportOk(runs, opLevelSummary),
+      reference,
+      ok: reportOk(runs, opLevelSummary, reference),
     };
   } finally {
     await oracle.close();
@@ -339,4 +444,4 @@ async function main(argv: string[]): Promise<number> {
   return rep.ok ? 0 : 1;
 }
 
-runMain(main, (err) => `\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${err instanceof UsageError ? "" : "(run with --verbose for details)\n"}`);
+if (import.meta.main) runMain(main, (err) => `\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${isInputError(err) ? "" : "(run with --verbose for details)\n"}`);

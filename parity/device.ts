@@ -2,7 +2,7 @@
 // process makes it MLX's default, and MLX_DEVICE carries it to every oracle process
 // (oracle/python/device_env.py), as the same variable does for `npm test`.
 import * as mx from "@mlx-bun/mlx";
-import { type FlagSpec, UsageError } from "./args.ts";
+import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
 
 export const DEVICE_FLAG: FlagSpec = {
   name: "device",
@@ -21,7 +21,7 @@ export interface DeviceInfo {
 }
 
 /** Applies --device (or MLX_DEVICE) before any oracle starts; a missing GPU is a usage error. */
-export function applyDeviceFlag(value: string | number | boolean | undefined): DeviceInfo {
+export function applyDeviceFlag(value: Parsed[string]): DeviceInfo {
   const want = value === undefined ? process.env.MLX_DEVICE : String(value);
   if (want !== undefined && want !== "") {
     if (want !== "cpu" && want !== "gpu") throw new UsageError(`--device must be cpu or gpu, got '${want}'`);

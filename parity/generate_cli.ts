@@ -5,15 +5,15 @@ import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { type GenerateModel, generate } from "../model/generate.ts";
 import { loadGenerationModel, mediaGenerationModel } from "../model/runtime.ts";
+import { checkCheckpoint, loadMultimodalModel, MediaError } from "../model/gemma4/index.ts";
+import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { type FlagSpec, helpText, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
-import { checkpointTowers, MEDIA_FLAGS, mediaRequest, prepareMedia, wantsMedia } from "./media.ts";
-import { disposeMediaInputs, MediaError } from "../model/gemma4/gemma4.ts";
-import { loadMultimodalModel } from "../model/gemma4/index.ts";
+import { checkMediaCheckpoint, MEDIA_FLAGS, mediaPlan, type PreparedMedia, wantsMedia } from "./media.ts";
 import { applyDeviceFlag, DEVICE_FLAG } from "./device.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 import { checkSpeculativeFlags, faceLoadPromptCache, modelDirOf, SPECULATIVE_FLAGS, speculativeFaceStream } from "./speculative_face.ts";
 
-const FLAGS: FlagSpec[] = [
+export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (required)" },
   { name: "prompt", kind: "string", valueName: "text", help: "prompt text, tokenized with the checkpoint's tokenizer.json" },
   { name: "chat", kind: "bool", help: "apply the checkpoint's chat template to --prompt" },
@@ -56,18 +56,41 @@ function eosIds(dir: string, info: Record<string, unknown>): number[] {
   return [...ids];
 }
 
-/**
- * --image / --audio: the TS Gemma4Processor (mlx-vlm's, ported) gives the expanded prompt and the
- * media arrays; the multimodal model runs from there.
- */
-async function mediaModel(dir: string, a: Parsed): Promise<{ ids: number[]; generate: GenerateModel; chunked: boolean }> {
-  for (const f of ["draft-model", "prompt-cache-file"]) if (a[f] !== undefined) throw new UsageError(`--${f} does not apply to --image / --audio runs`);
-  const req = await mediaRequest(dir, a);
-  const prepared = await prepareMedia(dir, req, checkpointTowers(dir));
+/** Everything checked before the model is loaded (flags, device, checkpoint without its weights, prompt). */
+export async function generatePlan(argv: readonly string[]) {
+  const a: Parsed = parseArgs(argv, FLAGS);
+  if (a.help) return null;
+  checkSpeculativeFlags(a);
+  const dev = applyDeviceFlag(a.device);
+  const dir = modelDirOf(a);
+  const info = inspectCheckpoint(dir);
+  // --image / --audio: the TS Gemma4Processor (mlx-vlm's, ported) gives the expanded prompt and
+  // the media arrays, checked against the model's rules
+  if (wantsMedia(a)) for (const f of ["draft-model", "prompt-cache-file"]) if (a[f] !== undefined) throw new UsageError(`--${f} does not apply to --image / --audio runs`);
+  const media = wantsMedia(a) ? await mediaPlan(dir, a) : null;
+  const prompt = media ? media.ids : await resolvePrompt(dir, a);
+  const maxTokens = Number(a["max-tokens"]);
+  if (maxTokens < 1) throw new UsageError("--max-tokens must be at least 1");
+  const temp = Number(a.temp);
+  if (temp < 0) throw new UsageError("--temp must be >= 0");
+  for (const k of ["top-p", "min-p"] as const) if (Number(a[k]) < 0 || Number(a[k]) > 1) throw new UsageError(`--${k} must be between 0 and 1`);
+  if (Number(a["top-k"]) < 0) throw new UsageError("--top-k must be >= 0");
+  if (Number(a["prefill-step-size"]) < 1) throw new UsageError("--prefill-step-size must be at least 1");
+  if (a.seed !== undefined && (Number(a.seed) < 0 || !Number.isSafeInteger(Number(a.seed)))) throw new UsageError("--seed must be a non-negative integer");
+  const vocab = Number(info.text.vocab_size ?? 262144);
+  const bad = prompt.find((t) => t >= vocab);
+  if (bad !== undefined) throw new UsageError(`token id ${bad} is outside the vocabulary (vocab_size ${vocab})`);
+  checkPromptLength(prompt, maxTokens, info);
+  if (media) checkMediaCheckpoint(dir);
+  else checkCheckpoint(dir);
+  return { a, dev, dir, info, prompt, maxTokens, temp, media };
+}
+
+/** The multimodal model on the prepared media: mlx-vlm's generate_step from the merged embeddings. */
+function mediaModel(dir: string, prepared: PreparedMedia): { generate: GenerateModel; chunked: boolean } {
   try {
     const { model } = loadMultimodalModel(dir);
-    const run = mediaGenerationModel(model, prepared);
-    return { ids: prepared.ids, generate: run.generate, chunked: run.chunked };
+    return mediaGenerationModel(model, prepared);
   } catch (e) {
     if (e instanceof MediaError) throw new UsageError(e.message);
     throw e;
@@ -77,33 +100,24 @@ async function mediaModel(dir: string, a: Parsed): Promise<{ ids: number[]; gene
 }
 
 async function main(argv: string[]): Promise<number> {
-  const a = parseArgs(argv, FLAGS);
-  if (a.help) {
+  const plan = await generatePlan(argv);
+  if (plan === null) {
     process.stdout.write(
       helpText(
         "npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [--image a.png] [--audio b.wav] [options]",
-        "Generates text with the TypeScript Gemma 4 model (mlx-lm's generate_step; with media, mlx-vlm's, after the TS port of its Gemma4Processor).",
+        "Generates text with the TypeScript Gemma 4 model, no oracle (mlx-lm's generate_step; with media, mlx-vlm's, after the TS port of its Gemma4Processor).",
         FLAGS,
       ),
     );
     return 0;
   }
-  checkSpeculativeFlags(a);
-  const dev = applyDeviceFlag(a.device);
-  const dir = modelDirOf(a);
-  const info = inspectCheckpoint(dir);
-  const maxTokens = Number(a["max-tokens"]);
-  if (maxTokens < 1) throw new UsageError("--max-tokens must be at least 1");
-  const temp = Number(a.temp);
-  if (temp < 0) throw new UsageError("--temp must be >= 0");
-  const media = wantsMedia(a) ? await mediaModel(dir, a) : null;
-  const prompt = media ? media.ids : await resolvePrompt(dir, a);
-  checkPromptLength(prompt, maxTokens, info);
+  const { a, dev, dir, info, prompt, maxTokens, temp, media } = plan;
 
   const tokenizer = typeof a.prompt === "string" ? await loadTokenizer(dir) : null;
-  const loaded = media ? null : loadGenerationModel(dir);
-  const model = media ? media.generate : loaded!.model;
-  const promptCache = typeof a["prompt-cache-file"] === "string" ? faceLoadPromptCache(a["prompt-cache-file"], dir, loaded!.loaded) : undefined;
+  const mm = media ? mediaModel(dir, media) : null;
+  const loaded = mm ? null : loadGenerationModel(dir);
+  const model = mm ? mm.generate : loaded!.model;
+  const promptCache = loaded && typeof a["prompt-cache-file"] === "string" ? faceLoadPromptCache(a["prompt-cache-file"], dir, loaded.loaded) : undefined;
   const rootCfg = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
   const eos = eosIds(dir, { ...info.text, ...rootCfg });
 
@@ -123,7 +137,7 @@ async function main(argv: string[]): Promise<number> {
   };
   const face = loaded ? speculativeFaceStream(a, dir, loaded.loaded, model, prompt, opts) : null;
   process.stdout.write("==========\n");
-  for await (const t of face ? face.tokens : generate(model, prompt, { ...opts, chunkedPrefill: media?.chunked ?? true })) {
+  for await (const t of face ? face.tokens : generate(model, prompt, { ...opts, chunkedPrefill: mm?.chunked ?? true })) {
     if (t.n === 0) {
       promptTps = prompt.length / ((performance.now() - tic) / 1000);
       tic = performance.now();
@@ -151,4 +165,4 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-runMain(main);
+if (import.meta.main) runMain(main);

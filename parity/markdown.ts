@@ -1,5 +1,5 @@
 // parity.md: the report as Markdown.
-import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow } from "./format.ts";
+import { fmtDivergence, fmtNum, pct, REFERENCE_HEADER, referenceRow, SUMMARY_HEADER, summaryRow } from "./format.ts";
 import type { ParityReport } from "./schema.ts";
 
 const esc = (s: string) => s.replaceAll("|", "\\|");
@@ -41,6 +41,14 @@ export function renderMarkdown(rep: ParityReport): string {
       }
       out.push("");
     }
+  }
+  if (rep.reference) {
+    const rf = rep.reference;
+    out.push("## Independent reference (transformers)", "");
+    out.push(`TS against mlx-lm (byte for byte) and both against Hugging Face transformers ${rf.versions.transformers} (torch ${rf.versions.torch}), float32, on the reference's tokens; bound ${rf.bound} relative (oracle/reference.ts says why).`, "");
+    out.push("| " + REFERENCE_HEADER.join(" | ") + " |", "|" + REFERENCE_HEADER.map(() => "---").join("|") + "|");
+    for (const r of rf.rows) out.push("| " + referenceRow(r).map(esc).join(" | ") + " |");
+    out.push("");
   }
   return out.join("\n");
 }

@@ -10,6 +10,7 @@ import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { ConfigError, type MultimodalConfig, multimodalConfigFromDict } from "../model/gemma4/config.ts";
 import { checkMediaInputs, disposeMediaInputs, type MediaInputs, MediaError } from "../model/gemma4/gemma4.ts";
+import { loadMultimodalModel } from "../model/gemma4/weights.ts";
 import { type ImageKwargs, Gemma4Processor } from "../model/gemma4/processing_gemma4.ts";
 import { MediaError as MediaFileError } from "../model/media/errors.ts";
 import { type HostArray, hostBytes } from "../model/media/host.ts";
@@ -38,6 +39,8 @@ export interface MediaRequest {
   prompt: (number | string)[];
   media: Record<string, MediaFile>;
   config: MultimodalConfig;
+  /** --prompt: its token ids before the placeholders were marked, and the user message content. */
+  tokenized?: { ids: number[]; content: unknown };
 }
 
 function files(flag: string, v: unknown): string[] {
@@ -128,6 +131,7 @@ export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest
   images.forEach((path, k) => (media[`image:${k}`] = soft === undefined ? { kind: "image", path } : { kind: "image", path, max_soft_tokens: soft }));
   audios.forEach((path, k) => (media[`audio:${k}`] = { kind: "audio", path }));
   let items: (number | string)[];
+  let tokenized: MediaRequest["tokenized"];
   let ni = 0;
   let na = 0;
   if (typeof a.tokens === "string") {
@@ -138,10 +142,18 @@ export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest
       .map((t) => (t === "image" ? `image:${ni++}` : t === "audio" ? `audio:${na++}` : parseTokenList(t)[0]!));
   } else if (typeof a.prompt === "string") {
     const mark = (ids: number[]) => ids.map((t) => (t === config.image_token_id ? `image:${ni++}` : t === config.audio_token_id ? `audio:${na++}` : t));
-    items = mark(await tokenizePrompt(dir, a.prompt, a.chat === true));
-    // --chat without placeholders: the user turn mlx-vlm's apply_chat_template builds (images,
-    // the text, audio), as the chat template renders it
-    if (ni === 0 && na === 0 && a.chat === true) items = mark(await tokenizePrompt(dir, a.prompt, true, { images: images.length, audio: audios.length }));
+    let ids = await tokenizePrompt(dir, a.prompt, a.chat === true);
+    let content: unknown = a.prompt;
+    items = mark(ids);
+    // --chat without placeholders: the user turn mlx-vlm's apply_chat_template builds for gemma4
+    // (prompt_utils' LIST_WITH_IMAGE_TYPE_TEXT: one {type: image} per image, the text, one
+    // {type: audio} per clip), as the chat template renders it
+    if (ni === 0 && na === 0 && a.chat === true) {
+      content = [...images.map(() => ({ type: "image" })), { type: "text", text: a.prompt }, ...audios.map(() => ({ type: "audio" }))];
+      ids = await tokenizePrompt(dir, a.prompt, true, content);
+      items = mark(ids);
+    }
+    tokenized = { ids, content };
   } else {
     throw new UsageError('give a prompt: --prompt "text" or --tokens 1,2,3 (with the words image / audio where the media go)');
   }
@@ -153,7 +165,7 @@ export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest
   }
   if (ni !== images.length) throw new UsageError(`the prompt has ${ni} image placeholder${ni === 1 ? "" : "s"} but --image gives ${images.length} file${images.length === 1 ? "" : "s"}`);
   if (na !== audios.length) throw new UsageError(`the prompt has ${na} audio placeholder${na === 1 ? "" : "s"} but --audio gives ${audios.length} file${audios.length === 1 ? "" : "s"}`);
-  return { prompt: items, media, config };
+  return { prompt: items, media, config, ...(tokenized ? { tokenized } : {}) };
 }
 
 export interface PreparedMedia {
@@ -215,4 +227,16 @@ export async function prepareMedia(dir: string, req: MediaRequest, towers: { vis
     throw e;
   }
   return { ids, media };
+}
+
+/** The media part of a face's pre-flight: the request (flags, files, towers, placeholders) and the processor's outputs. */
+export async function mediaPlan(dir: string, a: Parsed): Promise<PreparedMedia & { request: MediaRequest }> {
+  const request = await mediaRequest(dir, a);
+  return { ...(await prepareMedia(dir, request, checkpointTowers(dir))), request };
+}
+
+/** Everything loadMultimodalModel refuses, without reading the weights (MLX maps safetensors lazily). */
+export function checkMediaCheckpoint(dir: string): void {
+  const { model } = loadMultimodalModel(dir, { lazy: true });
+  model.dispose();
 }

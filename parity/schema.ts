@@ -90,6 +90,25 @@ export interface OpLevelSummary {
   nonExact: NonExactCase[];
 }
 
+/** One float32 fixture against the independent reference (transformers; oracle/reference.ts). */
+export interface ReferenceRow {
+  checkpoint: string;
+  /** TS logits equal mlx-lm's byte for byte on the reference's tokens. */
+  tsEqualsMlxLm: boolean;
+  /** Relative differences (max |a - b| / max |reference|) to transformers' float32 run. */
+  tsVsTransformers: { logits: number; hidden: number };
+  mlxLmVsTransformers: { logits: number };
+  ok: boolean;
+}
+
+export interface ReferenceSummary {
+  /** The one recorded bound (oracle/reference.ts REFERENCE_BOUND). */
+  bound: number;
+  /** torch / transformers versions of the exported reference. */
+  versions: Record<string, string>;
+  rows: ReferenceRow[];
+}
+
 export interface ParityReport {
   schema: typeof SCHEMA_ID;
   createdAt: string;
@@ -97,7 +116,9 @@ export interface ParityReport {
   budget: { ulp: number; atol: number };
   opLevel: OpLevelSummary | null;
   runs: RunResult[];
-  /** True when every run is within budget and every op case bit-exact or unsupported on the backend. */
+  /** The three-way check on the float32 fixtures (fixture runs only; null with --model). */
+  reference?: ReferenceSummary | null;
+  /** True when every run is within budget, every op case bit-exact or unsupported on the backend, and every reference row ok. */
   ok: boolean;
 }
 
@@ -105,9 +126,9 @@ export function runOk(r: RunResult): boolean {
   return r.withinBudget === r.tapsCompared;
 }
 
-export function reportOk(runs: RunResult[], op: OpLevelSummary | null): boolean {
+export function reportOk(runs: RunResult[], op: OpLevelSummary | null, reference: ReferenceSummary | null = null): boolean {
   const opOk =
     op === null ||
     (op.failed === 0 && op.bitExact + op.unsupported === op.cases && op.opsTested === op.opsExposed && op.vjp.failed === 0 && op.vjp.bitExact + op.vjp.unsupported === op.vjp.cases && op.vjp.opsTested === op.vjp.opsDifferentiable);
-  return opOk && runs.every(runOk);
+  return opOk && runs.every(runOk) && (reference === null || reference.rows.every((r) => r.ok));
 }

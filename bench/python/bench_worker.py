@@ -11,6 +11,13 @@ Requests (one JSON object per line on stdin), replies on stdout:
       prefill the prompt, then R times: build one decode step's graph (timed, no eval), then
       evaluate it synchronously (timed apart)
       -> {"ok": true, "seconds": [per-rep build times], "eval_seconds": [per-rep eval times]}
+  {"cmd": "train_setup", "path": DIR, "tokens": [[ids]], "lengths": [[offset, length]], "compiled": bool,
+   "grad_checkpoint": bool}
+      mlx_lm.lora's setup (seed 0, freeze, LoRA rank 8 on all layers, AdamW 1e-5) and the
+      trainer's step (compiled with inputs/outputs = state, or eager); two warm-up steps
+      -> {"ok": true}
+  {"cmd": "train_steps", "steps": N}
+      N timed steps (step + one mx.eval of the state) -> {"ok": true, "seconds": median, "peak_memory"}
   {"cmd": "mtp_generate", "target": DIR, "drafter": DIR, "prompt": [ids], "max_tokens": N}
       mlx-vlm 0.7.10's MTP decoding (gemma4_assistant drafter, greedy) with the timing of
       "generate", plus the rounds -> {... , "rounds", "accepted", "drafted"}
@@ -112,7 +119,68 @@ def cmd_mtp_generate(req):
     return out
 
 
-COMMANDS = {"load": cmd_load, "generate": cmd_generate, "graph_build": cmd_graph_build, "mtp_generate": cmd_mtp_generate}
+trainer = None
+
+
+def cmd_train_setup(req):
+    global trainer, model
+    from functools import partial
+
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx_lm.models import gemma4_text
+    from mlx_lm.tuner.trainer import default_loss, grad_checkpoint
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model = None
+    trainer = None
+    gemma4_text.DecoderLayer.__call__ = TRAIN_LAYER_CALL  # grad_checkpoint patches the class
+    m, _ = load_model(Path(req["path"]))
+    mx.random.seed(0)
+    m.freeze()
+    linear_to_lora_layers(m, -1, {"rank": 8, "scale": 20.0, "dropout": 0.0})
+    opt = optim.AdamW(learning_rate=1e-5)
+    if req["grad_checkpoint"]:
+        grad_checkpoint(m.layers[0])
+    lvg = nn.value_and_grad(m, default_loss)
+    state = [m.state, opt.state, mx.random.state]
+
+    def step(batch):
+        (lvalue, toks), grad = lvg(m, *batch)
+        opt.update(m, grad)
+        return lvalue, toks
+
+    fn = partial(mx.compile, inputs=state, outputs=state)(step) if req["compiled"] else step
+    batch = (mx.array(req["tokens"], dtype=mx.int32), mx.array(req["lengths"], dtype=mx.int32))
+    m.train()
+
+    def one():
+        tic = time.perf_counter()
+        lvalue, toks = fn(batch)
+        mx.eval(state, lvalue, toks)
+        return time.perf_counter() - tic
+
+    one()
+    one()
+    trainer = one
+    return {}
+
+
+def cmd_train_steps(req):
+    mx.reset_peak_memory()
+    ts = sorted(trainer() for _ in range(int(req["steps"])))
+    return {"seconds": ts[len(ts) // 2], "peak_memory": mx.get_peak_memory()}
+
+
+def _layer_call():
+    from mlx_lm.models import gemma4_text
+
+    return gemma4_text.DecoderLayer.__call__
+
+
+TRAIN_LAYER_CALL = _layer_call()
+
+COMMANDS = {"load": cmd_load, "generate": cmd_generate, "graph_build": cmd_graph_build, "mtp_generate": cmd_mtp_generate, "train_setup": cmd_train_setup, "train_steps": cmd_train_steps}
 
 
 def main():

@@ -247,7 +247,16 @@ array weak_scalar(double v, int kind, mx::Dtype like) {
   throw std::invalid_argument("unknown scalar kind " + std::to_string(kind));
 }
 
-std::optional<int> opt_int(int v) {
+// Index checks (defined in the reliability section): MLX's CPU kernels address memory with
+// index values unchecked, so an out-of-range index read or wrote outside the array.
+void check_indices(const array& idx, int64_t size, const char* what);
+void check_batch_indices(const std::optional<array>& idx, const array& operand, const char* what);
+void check_dynamic_start(const array& start, const std::vector<int>& axes, const array& src, const mx::Shape& window);
+
+// Quantization group size / bits: negative means "the mode's default"; 0 is refused (MLX divides
+// by it: SIGFPE, in Python too).
+std::optional<int> opt_int(int v, const char* what = "group_size and bits") {
+  if (v == 0) throw std::invalid_argument(std::string(what) + " must be positive");
   return v < 0 ? std::nullopt : std::optional<int>(v);
 }
 
@@ -683,7 +692,11 @@ Arr* mlxb_slice(const Arr* a, const int32_t* start, const int32_t* stop, const i
 }
 Arr* mlxb_slice_dynamic(const Arr* a, const Arr* start, const int32_t* axes, int naxes, const int32_t* sizes, int nsizes) {
   GUARD_PTR("slice", {
-    return wrap(mx::slice(A(a), A(start), ints_of(axes, naxes), shape_of(sizes, nsizes)));
+    auto ax = ints_of(axes, naxes);
+    auto sz = shape_of(sizes, nsizes);
+    array out = mx::slice(A(a), A(start), ax, sz);
+    check_dynamic_start(A(start), ax, A(a), sz);
+    return wrap(out);
   })
 }
 Arr* mlxb_slice_update(const Arr* src, const Arr* upd, const int32_t* start, const int32_t* stop, const int32_t* strides, int n) {
@@ -693,20 +706,35 @@ Arr* mlxb_slice_update(const Arr* src, const Arr* upd, const int32_t* start, con
 }
 Arr* mlxb_slice_update_dynamic(const Arr* src, const Arr* upd, const Arr* start, const int32_t* axes, int naxes) {
   GUARD_PTR("slice_update", {
-    return wrap(mx::slice_update(A(src), A(upd), A(start), ints_of(axes, naxes)));
+    auto ax = ints_of(axes, naxes);
+    array out = mx::slice_update(A(src), A(upd), A(start), ax);
+    // the window is the update as MLX broadcast it (the primitive's second input)
+    check_dynamic_start(A(start), ax, A(src), out.inputs()[1].shape());
+    return wrap(out);
   })
 }
 // has_axis == 0: index the flattened array.
 Arr* mlxb_take(const Arr* a, const Arr* idx, int axis, int has_axis) {
   GUARD_PTR("take", {
-    return wrap(has_axis ? mx::take(A(a), A(idx), axis) : mx::take(A(a), A(idx)));
+    const array& x = A(a);
+    array out = has_axis ? mx::take(x, A(idx), axis) : mx::take(x, A(idx));
+    check_indices(A(idx), has_axis ? x.shape(axis < 0 ? axis + x.ndim() : axis) : static_cast<int64_t>(x.size()), "take");
+    return wrap(out);
   })
 }
 Arr* mlxb_take_along_axis(const Arr* a, const Arr* idx, int axis) {
-  GUARD_PTR("take_along_axis", { return wrap(mx::take_along_axis(A(a), A(idx), axis)); })
+  GUARD_PTR("take_along_axis", {
+    array out = mx::take_along_axis(A(a), A(idx), axis);
+    check_indices(A(idx), A(a).shape(axis < 0 ? axis + A(a).ndim() : axis), "take_along_axis");
+    return wrap(out);
+  })
 }
 Arr* mlxb_put_along_axis(const Arr* a, const Arr* idx, const Arr* vals, int axis) {
-  GUARD_PTR("put_along_axis", { return wrap(mx::put_along_axis(A(a), A(idx), A(vals), axis)); })
+  GUARD_PTR("put_along_axis", {
+    array out = mx::put_along_axis(A(a), A(idx), A(vals), axis);
+    check_indices(A(idx), A(a).shape(axis < 0 ? axis + A(a).ndim() : axis), "put_along_axis");
+    return wrap(out);
+  })
 }
 // has_axis == 0: roll the flattened array.
 Arr* mlxb_roll(const Arr* a, int shift, int axis, int has_axis) {
@@ -738,6 +766,8 @@ Arr* mlxb_trilu(const Arr* a, int k, int upper) {
 // mx.depends(inputs, dependencies): the inputs, made to depend on the dependencies.
 Vec* mlxb_depends(const double* inputs, int n, const double* deps, int ndeps) {
   GUARD_PTR("depends", {
+    // MLX indexes the first input unchecked (Python's mx.depends([], deps) segfaults).
+    if (n <= 0) throw std::invalid_argument("depends needs at least one input array");
     auto* v = new Vec();
     v->items = mx::depends(arrays_of(inputs, n), arrays_of(deps, ndeps));
     return v;
@@ -774,14 +804,22 @@ Arr* mlxb_quantized_matmul(const Arr* x, const Arr* w, const Arr* scales, const 
 }
 
 Arr* mlxb_gather_mm(const Arr* a, const Arr* b, const Arr* lhs, const Arr* rhs, int sorted) {
-  GUARD_PTR("gather_mm", { return wrap(mx::gather_mm(A(a), A(b), opt(lhs), opt(rhs), sorted != 0)); })
+  GUARD_PTR("gather_mm", {
+    array out = mx::gather_mm(A(a), A(b), opt(lhs), opt(rhs), sorted != 0);
+    check_batch_indices(opt(lhs), A(a), "lhs_indices");
+    check_batch_indices(opt(rhs), A(b), "rhs_indices");
+    return wrap(out);
+  })
 }
 
 Arr* mlxb_gather_qmm(const Arr* x, const Arr* w, const Arr* scales, const Arr* biases, const Arr* lhs, const Arr* rhs,
                      int transpose, int group_size, int bits, const char* mode, const Arr* global_scale, int sorted) {
   GUARD_PTR("gather_qmm", {
-    return wrap(mx::gather_qmm(A(x), A(w), A(scales, "scales"), opt(biases), opt(lhs), opt(rhs), transpose != 0,
-                               opt_int(group_size), opt_int(bits), mode, opt(global_scale), sorted != 0));
+    array out = mx::gather_qmm(A(x), A(w), A(scales, "scales"), opt(biases), opt(lhs), opt(rhs), transpose != 0,
+                               opt_int(group_size), opt_int(bits), mode, opt(global_scale), sorted != 0);
+    check_batch_indices(opt(lhs), A(x), "lhs_indices");
+    check_batch_indices(opt(rhs), A(w), "rhs_indices");
+    return wrap(out);
   })
 }
 
@@ -1096,6 +1134,101 @@ Vec* mlxb_checkpoint(double fn, const double* inputs, int n) {
   GUARD_PTR("checkpoint", {
     return vec_of(mx::checkpoint(js_function(fn))(arrays_of(inputs, n)), {});
   })
+}
+
+// ---------------------------------------------------------------- reliability (issue 15)
+
+}  // extern "C"
+
+namespace {
+
+// The values of an evaluated integer array as int64 (uint64 beyond INT64_MAX saturates).
+std::vector<int64_t> int_values(const array& x) {
+  array c = x.flags().row_contiguous ? x : mx::contiguous(x);
+  c.eval();
+  std::vector<int64_t> out(c.size());
+  auto read = [&](auto* p) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<int64_t>(p[i]);
+  };
+  switch (c.dtype().val()) {
+    case mx::Dtype::Val::int8: read(c.data<int8_t>()); break;
+    case mx::Dtype::Val::int16: read(c.data<int16_t>()); break;
+    case mx::Dtype::Val::int32: read(c.data<int32_t>()); break;
+    case mx::Dtype::Val::int64: read(c.data<int64_t>()); break;
+    case mx::Dtype::Val::uint8: read(c.data<uint8_t>()); break;
+    case mx::Dtype::Val::uint16: read(c.data<uint16_t>()); break;
+    case mx::Dtype::Val::uint32: read(c.data<uint32_t>()); break;
+    case mx::Dtype::Val::uint64: {
+      const uint64_t* p = c.data<uint64_t>();
+      for (size_t i = 0; i < out.size(); ++i) out[i] = p[i] > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(p[i]);
+      break;
+    }
+    default: out.clear();
+  }
+  return out;
+}
+
+// Indices already evaluated (they came from outside the graph: token ids, user data) must lie in
+// [-size, size) (negative ones count from the end, unsigned ones from 0). Indices computed inside
+// the graph (argmax, topk) are not evaluated yet and are in range by construction: not checked,
+// so the graph keeps its laziness and compiled tracing is unaffected.
+void check_indices(const array& idx, int64_t size, const char* what) {
+  if (!idx.is_available() || idx.size() == 0 || !mx::issubdtype(idx.dtype(), mx::integer)) return;
+  bool is_signed = mx::issubdtype(idx.dtype(), mx::signedinteger);
+  for (int64_t v : int_values(idx)) {
+    if (v >= size || (is_signed ? v < -size : v < 0)) {
+      throw std::out_of_range(std::string(what) + ": index " + std::to_string(v) + " is out of range for an axis of size " + std::to_string(size));
+    }
+  }
+}
+
+// gather_mm / gather_qmm: an index selects one matrix of the operand's batch (its leading axes).
+void check_batch_indices(const std::optional<array>& idx, const array& operand, const char* what) {
+  if (!idx) return;
+  int64_t batch = 1;
+  for (int i = 0; i + 2 < static_cast<int>(operand.ndim()); ++i) batch *= operand.shape(i);
+  if (!idx->is_available() || idx->size() == 0) return;
+  for (int64_t v : int_values(*idx)) {
+    if (v < 0 || v >= batch) throw std::out_of_range(std::string(what) + ": index " + std::to_string(v) + " is out of range for a batch of " + std::to_string(batch));
+  }
+}
+
+// Dynamic slice / slice update: start[i] on axes[i] must leave room for the window there.
+void check_dynamic_start(const array& start, const std::vector<int>& axes, const array& src, const mx::Shape& window) {
+  if (!start.is_available()) return;
+  auto v = int_values(start);
+  for (size_t i = 0; i < axes.size() && i < v.size(); ++i) {
+    int ax = axes[i] < 0 ? axes[i] + static_cast<int>(src.ndim()) : axes[i];
+    int64_t room = static_cast<int64_t>(src.shape(ax)) - window[ax];
+    if (v[i] < 0 || v[i] > room) {
+      throw std::out_of_range("start " + std::to_string(v[i]) + " on axis " + std::to_string(ax) + " leaves no room for a window of " +
+                              std::to_string(window[ax]) + " in an axis of size " + std::to_string(src.shape(ax)));
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Byte length of a loaded tensor or metadata key: a key with an embedded NUL byte would otherwise
+// be read back cut short (and could collide with another key). -1 for a bad index.
+int mlxb_loaded_key_length(const Loaded* l, int which, int i) {
+  if (!l) return -1;
+  if (which == 0) return i >= 0 && i < static_cast<int>(l->arrays.size()) ? static_cast<int>(l->arrays[i].first.size()) : -1;
+  return i >= 0 && i < static_cast<int>(l->meta.size()) ? static_cast<int>(l->meta[i].first.size()) : -1;
+}
+
+// ---------------------------------------------------------------- tuner (mlx_lm/tuner)
+
+// mx.random.bernoulli(p, shape, key) (nn.Dropout's mask): bits(shape) < p * nextafter(2^32 - 1).
+Arr* mlxb_random_bernoulli(const Arr* p, const int32_t* shape, int ndim, const Arr* key) {
+  GUARD_PTR("random.bernoulli", { return wrap(mx::random::bernoulli(A(p), shape_of(shape, ndim), opt(key))); })
+}
+
+// mx.fast.cross_entropy(logits, targets): nn.losses.cross_entropy's GPU path.
+Arr* mlxb_fast_cross_entropy(const Arr* logits, const Arr* targets) {
+  GUARD_PTR("fast.cross_entropy", { return wrap(mx::fast::cross_entropy(A(logits), A(targets))); })
 }
 
 // ---------------------------------------------------------------- benchmark support

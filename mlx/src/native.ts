@@ -150,6 +150,11 @@ const symbols = {
   mlxb_jvp: { args: [f64, ptr, i32, ptr, i32], returns: ptr },
   mlxb_value_and_grad: { args: [f64, ptr, i32, ptr, i32], returns: ptr },
   mlxb_checkpoint: { args: [f64, ptr, i32], returns: ptr },
+  // reliability (issue 15)
+  mlxb_loaded_key_length: { args: [ptr, i32, i32], returns: i32 },
+  // tuner (mlx_lm/tuner)
+  mlxb_random_bernoulli: { args: [ptr, ptr, i32, ptr], returns: ptr },
+  mlxb_fast_cross_entropy: { args: [ptr, ptr], returns: ptr },
 } as const;
 
 type Arg = number | ArrayBufferView | null;

@@ -1118,10 +1118,10 @@ export class Model extends Module {
     return softcapLogits(logits0, mutated("no_softcap") ? null : this.final_logit_softcapping, taps);
   }
 
-  /** Releases the weights and the compiled decode closures that hold them. */
+  /** Releases the weights, the private arrays (RoPE frequencies) and the compiled decode closures. */
   dispose(): void {
     this.model.disposeCompiled();
-    for (const p of this.parameters().values()) p.dispose();
+    this.disposeArrays();
   }
 
   /** Model.sanitize: drops / renames checkpoint keys, in Python's rule order. */

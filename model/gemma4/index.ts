@@ -5,6 +5,7 @@ export * as gemma4_text from "./gemma4_text.ts";
 export * as gemma4 from "./gemma4.ts";
 export {
   type AnyModel,
+  checkCheckpoint,
   checkSafetensors,
   isMultimodalCheckpoint,
   type LoadedModel,

@@ -15,6 +15,7 @@
 
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
+import { tunerMutated } from "../tuner/mutations.ts";
 import { isDict, type Tree, treeArrays, treeFill, treeFlatten } from "@mlx-bun/mlx/utils";
 
 export type QuantMode = "affine" | "mxfp4" | "nvfp4" | "mxfp8";
@@ -99,6 +100,17 @@ export abstract class Module {
     const [owner, key] = this.locate(path);
     if (Array.isArray(owner)) owner[Number(key)] = m;
     else owner[key] = m;
+  }
+
+  /** Frees every array of this module tree: the parameters and the private ones (`_freqs`, caches). */
+  disposeArrays(seen = new Set<Module>()): void {
+    if (seen.has(this)) return;
+    seen.add(this);
+    for (const v of Object.values(this)) {
+      if (v instanceof mx.MlxArray) v.dispose();
+      else if (v instanceof Module) v.disposeArrays(seen);
+      else if (Array.isArray(v)) for (const m of v) if (m instanceof Module) m.disposeArrays(seen);
+    }
   }
 
   /** Sets one parameter (load_weights); the previous placeholder is released. */
@@ -583,6 +595,26 @@ export class RoPE extends Module implements RopeLike {
 
   call(x: MlxArray, offset: number | MlxArray = 0): MlxArray {
     return mx.fast.rope(x, this.dims, { traditional: this.traditional, base: this.base, scale: this.scale, offset });
+  }
+}
+
+// ------------------------------------------------------------------ Dropout
+
+/** nn.Dropout(p): identity unless training with p > 0; else `(mask * x) * (1 / p_1)`. */
+export class Dropout extends Module {
+  readonly _p_1: number;
+  constructor(p = 0.5) {
+    super();
+    if (p < 0 || p >= 1) throw new RangeError(`The dropout probability ${p} is not in [0, 1)`);
+    this._p_1 = 1 - p; // Python float arithmetic (float64)
+  }
+
+  /** Returns an owned array: a second handle to x when inactive (Python returns x itself). */
+  call(x: MlxArray): MlxArray {
+    if (this._p_1 === 1 || (!this.training && !tunerMutated("dropout_at_eval"))) return mx.alias(x);
+    using mask = mx.random.bernoulli(this._p_1, { shape: x.shape });
+    using mx_ = mx.multiply(mask, x);
+    return mx.multiply(mx_, mx.pyFloat(1 / this._p_1));
   }
 }
 

@@ -24,6 +24,7 @@ export const NOT_DIFFERENTIABLE: Record<string, string> = {
   ...Object.fromEntries(["random.key", "random.seed", "random.split", "random.uniform", "random.normal"].map((o) => [o, "random: no floating input (a seed or a uint32 key)"])),
   ...Object.fromEntries(["all", "any"].map((o) => [o, "reduction to bool"])),
   "random.categorical": "random: integer samples",
+  "random.bernoulli": "random: bool samples",
   view: "reinterprets the bits; MLX has no vjp for View ('[Primitive::vjp] Not implemented for View')",
 };
 

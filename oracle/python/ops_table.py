@@ -286,6 +286,11 @@ OPS.update({
         inputs[0], axis=axis, shape=shape, num_samples=num_samples, key=inputs[1]
     ),
     "random.bits": lambda inputs, shape, width=4: mx.random.bits(shape, width, key=inputs[0]),
+    # tuner: nn.Dropout's mask (p a Python float, or an array with the key last), GPU cross-entropy
+    "random.bernoulli": lambda inputs, p=None, shape=None: (
+        mx.random.bernoulli(p, shape, key=inputs[0]) if p is not None else mx.random.bernoulli(inputs[0], key=inputs[1])
+    ),
+    "fast.cross_entropy": lambda inputs: mx.fast.cross_entropy(inputs[0], inputs[1]),
 })
 
 

@@ -272,6 +272,9 @@ class Server:
                                "stored": e["stored"], "same_as": e.get("same_as")} for e in scenarios]}
 
     def cmd_make_checkpoints(self, req: dict) -> dict:
+        if req.get("tokenizer_from"):  # the tokenizer fixture (issue 15) at req["out"]
+            mkc.build_tokenizer_fixture(Path(req["tokenizer_from"]), Path(req["out"]), mkc.DEFAULT_SEED)
+            return {"dir": req["out"]}
         out = Path(req.get("out") or self.ckpt_root)
         argv = ["--out", str(out)]
         for g in req.get("only") or []:
@@ -565,6 +568,41 @@ class Server:
         """mlx-vlm's Gemma4ExactSpeculativeVerifier on a block after a prefilled prompt."""
         import speculative as spec
         return self.out_tree(spec.run_exact_verify(self.checkpoint_dir(req["checkpoint"]), req["prompt"], req["block"]))
+
+    # ------------------------------------------------------------ tokenizers (issue 15)
+    def tokenizer(self, d: str):
+        """mlx_lm.utils.load_tokenizer(dir): mlx-lm's TokenizerWrapper around transformers' tokenizer."""
+        from mlx_lm.utils import load_tokenizer
+
+        self._tokenizers = getattr(self, "_tokenizers", {})
+        if d not in self._tokenizers:
+            self._tokenizers[d] = load_tokenizer(Path(d))
+        return self._tokenizers[d]
+
+    def cmd_tokenize(self, req: dict) -> dict:
+        """Token ids of `strings` with and without special tokens, and of `chats` (message lists
+        through the chat template, as mlx_lm.generate tokenizes a chat prompt)."""
+        tok = self.tokenizer(req["dir"])
+        out = {"with_special": [tok.encode(s) for s in req.get("strings", [])],
+               "without_special": [tok.encode(s, add_special_tokens=False) for s in req.get("strings", [])]}
+        chats = []
+        for c in req.get("chats", []):
+            ids = tok.apply_chat_template(c["messages"], add_generation_prompt=c.get("add_generation_prompt", True))
+            chats.append([int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)])
+        out["chats"] = chats
+        return out
+
+    def cmd_chat_template(self, req: dict) -> dict:
+        """tokenizer.apply_chat_template(messages, tokenize=False, ...) of each conversation, or its error."""
+        tok = self.tokenizer(req["dir"])
+        rendered = []
+        for c in req["conversations"]:
+            try:
+                rendered.append({"text": tok.apply_chat_template(c["messages"], tokenize=False,
+                                                                 add_generation_prompt=c.get("add_generation_prompt", True))})
+            except Exception as e:  # a template's raise_exception: reported, compared with TS's
+                rendered.append({"error": f"{type(e).__name__}: {e}"})
+        return {"rendered": rendered}
 
     def cmd_shutdown(self, req: dict) -> dict:
         return {"bye": True}
