@@ -1,6 +1,7 @@
 // Test-only switch for the mutation suite (suites/mutations/): each name re-introduces one known
 // Gemma 4 port bug (../shared/docs/gemma4-port-bugs.md, spec §10/§12) at the one place it lives.
 // Production code never adds to the set, so every check is a failed Set lookup.
+import type { TunerMutation } from "../tuner/mutations.ts";
 
 export const MUTATIONS = [
   "rope_full_factor_1", // RoPE partial factor 1.0 on full layers (mlx-lm #1114)
@@ -44,18 +45,22 @@ export type MediaMutation = (typeof MEDIA_MUTATIONS)[number];
 
 const active = new Set<string>();
 
-/** True when the named bug is switched on (tests only). */
-export function mutated(name: Mutation): boolean {
+/** Any switchable bug: the model's, the media towers', the tuner's (model/tuner/mutations.ts). */
+export type AnyMutation = Mutation | MediaMutation | TunerMutation;
+
+/** True when the named bug is switched on (tests only); the one set every mutation list shares. */
+export function isMutated(name: AnyMutation): boolean {
   return active.size !== 0 && active.has(name);
 }
+
+/** True when the named bug is switched on (tests only). */
+export const mutated = (name: Mutation): boolean => isMutated(name);
 
 /** True when the named multimodal bug is switched on (tests only). */
-export function mediaMutated(name: MediaMutation): boolean {
-  return active.size !== 0 && active.has(name);
-}
+export const mediaMutated = (name: MediaMutation): boolean => isMutated(name);
 
 /** Runs fn with exactly one mutation active (tests only). */
-export function withMutation<T>(name: Mutation | MediaMutation, fn: () => T): T {
+export function withMutation<T>(name: AnyMutation, fn: () => T): T {
   active.clear();
   active.add(name);
   try {
@@ -65,7 +70,7 @@ export function withMutation<T>(name: Mutation | MediaMutation, fn: () => T): T 
   }
 }
 
-export async function withMutationAsync<T>(name: Mutation | MediaMutation, fn: () => Promise<T>): Promise<T> {
+export async function withMutationAsync<T>(name: AnyMutation, fn: () => T | Promise<T>): Promise<T> {
   active.clear();
   active.add(name);
   try {

@@ -6,6 +6,7 @@
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { Adam, AdamW, type ParamState } from "@mlx-bun/mlx/optimizers";
+import { isMutated, withMutationAsync } from "../gemma4/mutations.ts";
 
 export const TUNER_MUTATIONS = [
   "lora_add_swapped", // LoRALinear returns (scale*z).astype + y instead of y + (scale*z).astype
@@ -17,22 +18,14 @@ export const TUNER_MUTATIONS = [
 
 export type TunerMutation = (typeof TUNER_MUTATIONS)[number];
 
-const active = new Set<string>();
-
-/** True when the named bug is switched on (tests only). */
+/** True when the named bug is switched on (tests only; the switch of model/gemma4/mutations.ts). */
 export function tunerMutated(name: TunerMutation): boolean {
-  return active.size !== 0 && active.has(name);
+  return isMutated(name);
 }
 
 /** Runs fn with exactly one tuner mutation active (tests only). */
-export async function withTunerMutation<T>(name: TunerMutation, fn: () => T | Promise<T>): Promise<T> {
-  active.clear();
-  active.add(name);
-  try {
-    return await fn();
-  } finally {
-    active.clear();
-  }
+export function withTunerMutation<T>(name: TunerMutation, fn: () => T | Promise<T>): Promise<T> {
+  return withMutationAsync(name, fn);
 }
 
 /**
