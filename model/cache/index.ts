@@ -83,7 +83,7 @@ export async function withCacheMutationAsync<T>(name: CacheMutation, fn: () => P
   }
 }
 
-function checkKV(name: string, keys: MlxArray, values: MlxArray): { B: number; H: number; S: number; Dk: number; Dv: number } {
+export function checkKV(name: string, keys: MlxArray, values: MlxArray): { B: number; H: number; S: number; Dk: number; Dv: number } {
   if (!(keys instanceof mx.MlxArray) || !(values instanceof mx.MlxArray)) throw new CacheError(name, "keys and values must be MlxArrays");
   const ks = keys.shape;
   const vs = values.shape;
@@ -96,7 +96,7 @@ function checkKV(name: string, keys: MlxArray, values: MlxArray): { B: number; H
   return { B: ks[0]!, H: ks[1]!, S: ks[2]!, Dk: ks[3]!, Dv: vs[3]! };
 }
 
-function checkAgainstBuffer(name: string, buf: MlxArray | null, x: MlxArray, what: string): void {
+export function checkAgainstBuffer(name: string, buf: MlxArray | null, x: MlxArray, what: string): void {
   if (buf === null) return;
   const b = buf.shape;
   const s = x.shape;
@@ -114,7 +114,7 @@ function parseIntStrict(name: string, s: unknown, what: string): number {
 }
 
 /** x[..., start:stop, :] on a 4-D array (Python slice semantics for non-negative bounds). */
-function sliceSeq(x: MlxArray, start: number, stop: number): MlxArray {
+export function sliceSeq(x: MlxArray, start: number, stop: number): MlxArray {
   const s = x.shape;
   const len = s[2]!;
   const a = Math.min(Math.max(start, 0), len);
@@ -123,12 +123,12 @@ function sliceSeq(x: MlxArray, start: number, stop: number): MlxArray {
 }
 
 /** x[..., start:stop, :] = u, returning the new array (Python overwrites x's descriptor). */
-function assignSeq(x: MlxArray, u: MlxArray, start: number, stop: number): MlxArray {
+export function assignSeq(x: MlxArray, u: MlxArray, start: number, stop: number): MlxArray {
   const s = x.shape;
   return mx.sliceUpdate(x, u, [0, 0, start, 0], [s[0]!, s[1]!, stop, s[3]!]);
 }
 
-function replace(old: MlxArray | null, next: MlxArray): MlxArray {
+export function replace(old: MlxArray | null, next: MlxArray): MlxArray {
   if (old !== null && old !== next) old.dispose();
   return next;
 }
@@ -298,8 +298,8 @@ export class RotatingKVCache extends BufferedCache implements KVCacheLike {
     }
   }
 
-  /** _temporal_order(v): rearrange into temporal order, slicing off the unused end. */
-  private temporalOrder(v: MlxArray): MlxArray {
+  /** _temporal_order(v): rearrange into temporal order, slicing off the unused end (BatchRotatingKVCache.merge calls it too). */
+  temporalOrder(v: MlxArray): MlxArray {
     const len = v.shape[2]!;
     if (this.idx === len) return mx.alias(v);
     if (this.idx < this.offset) {

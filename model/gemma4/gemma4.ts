@@ -2,6 +2,7 @@
 // wrapper nests the text model under `language_model` and maps raw Hugging Face keys onto it.
 
 import type { MlxArray } from "@mlx-bun/mlx";
+import type { KVCacheLike } from "../cache/index.ts";
 import type { ModelArgs } from "./config.ts";
 import * as gemma4_text from "./gemma4_text.ts";
 import { Module } from "./nn.ts";
@@ -62,7 +63,7 @@ export class Model extends Module {
     return this.language_model.layers;
   }
 
-  makeCache(factory: gemma4_text.CacheFactory = gemma4_text.defaultCacheFactory): gemma4_text.LayerCache[] {
+  makeCache(factory: gemma4_text.CacheFactory = gemma4_text.defaultCacheFactory): KVCacheLike[] {
     return this.language_model.makeCache(factory);
   }
 }
