@@ -29,6 +29,9 @@ export interface BatchScenario {
   completion_batch_size?: number;
   prefill_step_size?: number;
   sampler?: { temp: number; top_p?: number; top_k?: number; min_p?: number; seed?: number } | null;
+  /** Features the run must show (runFeatures). */
+  expect?: string[];
+  about?: string;
 }
 
 export type CacheState = Record<string, unknown>;
@@ -63,7 +66,7 @@ function sha(a: MlxArray | null): string | null {
 /** The TS twin of batch.py cache_state. */
 export function cacheState(c: KVCacheLike | BatchCacheLike): CacheState {
   const d: CacheState = { type: c.constructor.name };
-  const bufs = c as { keys: MlxArray | null; values: MlxArray | null };
+  const bufs = c as unknown as { keys: MlxArray | null; values: MlxArray | null };
   if (c instanceof BatchKVCache || c instanceof BatchRotatingKVCache) {
     d.offset = c.offset.toNumbers();
     d.left_padding = c.leftPadding.toNumbers();
@@ -238,20 +241,81 @@ export function compareRuns(scenario: string, ts: BatchRun, py: BatchRun): Batch
 function compareStates(ts: CacheState[], py: CacheState[]): { what: string; detail: string } | null {
   if (ts.length !== py.length) return { what: "layers", detail: `TS ${ts.length} caches vs oracle ${py.length}` };
   for (let l = 0; l < py.length; l++) {
-    const a = canon(ts[l]);
-    const b = canon(py[l]);
-    if (a !== b) return { what: `layer ${l}`, detail: `TS ${a}\n  vs oracle ${b}` };
+    const a = ts[l]!;
+    const b = py[l]!;
+    const keys = [...new Set([...Object.keys(a), ...Object.keys(b)])].sort();
+    const bad = keys.filter((k) => canon(a[k]) !== canon(b[k]));
+    if (bad.length) {
+      const fields = bad.map((k) => (k.endsWith("_sha") ? `${k.slice(0, -4)} bytes differ` : `${k} TS ${canon(a[k])} vs oracle ${canon(b[k])}`));
+      return { what: `layer ${l} (${String(b.type)})`, detail: fields.join("; ") };
+    }
   }
   return null;
 }
 
-/** Resolve, run both sides, compare. */
-export async function batchParity(oracle: OracleClient, checkpoint: string, model: BatchModel, scn: BatchScenario): Promise<BatchComparison & { ms: { oracle: number; ts: number } }> {
+/**
+ * Resolve, run both sides, compare. The oracle request goes out first, so mlx-lm computes while
+ * the TS side runs (two processes); `ms.oracle` is the time until its answer was read.
+ */
+export async function batchParity(oracle: OracleClient, checkpoint: string, model: BatchModel, scn: BatchScenario): Promise<BatchComparison & { ms: { oracle: number; ts: number }; oracleRun: BatchRun }> {
   const resolved = await resolveScenario(oracle, checkpoint, scn);
   const t0 = performance.now();
-  const py = await runOracleBatch(oracle, checkpoint, resolved);
+  const pending = runOracleBatch(oracle, checkpoint, resolved);
+  pending.catch(() => {}); // surfaces at the await below
+  let ts: BatchRun;
+  try {
+    ts = runTsBatch(model, resolved);
+  } catch (e) {
+    await pending.catch(() => {});
+    throw e;
+  }
   const t1 = performance.now();
-  const ts = runTsBatch(model, resolved);
+  const py = await pending;
   const t2 = performance.now();
-  return { ...compareRuns(scn.id, ts, py), ms: { oracle: t1 - t0, ts: t2 - t1 } };
+  return { ...compareRuns(scn.id, ts, py), ms: { oracle: t2 - t0, ts: t1 - t0 }, oracleRun: py };
+}
+
+/**
+ * What a run exercised, read off the oracle's records: the scenario file names the features each
+ * scenario is there for (`expect`), and the suites check that the run really showed them.
+ */
+export function runFeatures(run: BatchRun): Set<string> {
+  const f = new Set<string>();
+  const finishCall = new Map<number, number>();
+  const chunks = new Map<number, number>();
+  let prevIdx: number | null = null;
+  let inserted = run.uids.length;
+  for (const [i, c] of run.calls.entries()) {
+    const live = c.generation_batch.cache;
+    const lp = live.flatMap((s) => (Array.isArray(s.left_padding) ? (s.left_padding as number[]) : []));
+    if (live.some((s) => s.rotated === true)) f.add("rotated");
+    if (lp.some((x) => x < 0)) f.add("negative_left_padding");
+    const kv = live.find((s) => s.type === "BatchKVCache");
+    const idx = kv ? (kv.idx as number) : null;
+    if (prevIdx !== null && idx !== null && idx < prevIdx) f.add("filter_shift");
+    prevIdx = idx;
+    if (live.some((s) => ((s.keys_shape as number[] | null)?.[2] ?? 0) > 256)) f.add("kv_growth");
+    if (c.prompt_batch.uids.length && c.generation_batch.uids.length) f.add("prefill_while_decoding");
+    for (const p of c.prompt) if (!p.end_of_prompt) chunks.set(p.uid, (chunks.get(p.uid) ?? 0) + 1);
+    if (c.joined) {
+      inserted += c.joined.length;
+      if (c.generation_batch.uids.some((u) => !c.joined!.includes(u))) f.add("join_while_running");
+    }
+    if (c.removed) f.add("removed");
+    for (const g of c.generation) {
+      if (g.finish_reason === "stop") f.add("stop");
+      if (g.finish_reason !== null) finishCall.set(g.uid, i);
+      if (!f.has("sampled") && g.token !== argmaxOf(g.logprobs)) f.add("sampled");
+    }
+  }
+  if ([...chunks.values()].some((n) => n >= 2)) f.add("multi_chunk_prefill");
+  if (new Set(finishCall.values()).size >= 3) f.add("staggered_finish");
+  if (Math.max(0, ...run.calls.map((c) => c.generation_batch.uids.length)) < inserted) f.add("queued");
+  return f;
+}
+
+function argmaxOf(t: RawTensor): number {
+  using a = mx.fromBytes(t.data, t.shape, t.dtype as mx.Dtype);
+  using m = mx.argmax(a, -1);
+  return m.item() as number;
 }

@@ -410,7 +410,8 @@ export class BatchKVCache extends BatchBase implements BatchCacheLike {
     const cache = new KVCache();
     const take = (x: MlxArray) => {
       const s = x.shape;
-      using sl = mx.slice(x, [idx, 0, padding, 0], [idx + 1, s[1]!, this.idx, s[3]!]);
+      using row = mx.slice(x, [idx, 0, 0, 0], [idx + 1, s[1]!, s[2]!, s[3]!]);
+      using sl = sliceSeq(row, padding, this.idx);
       return mx.contiguous(sl);
     };
     cache.keys = take(this.keys);

@@ -155,6 +155,56 @@ def run_batch_generate(model: Any, req: dict) -> dict:
             "stats": {"prompt_tokens": r.stats.prompt_tokens, "generation_tokens": r.stats.generation_tokens}}
 
 
+def cache_content(c: Any) -> tuple[int, bytes, bytes]:
+    """A single-sequence cache's logical content: offset and the last size() key/value columns in temporal order."""
+    n = c.size()
+    kv = []
+    for v in (c.keys, c.values):
+        if isinstance(c, mcache.RotatingKVCache):
+            v = c._temporal_order(v)
+        v = v[..., v.shape[2] - n:, :] if isinstance(c, mcache.RotatingKVCache) else v[..., :n, :]
+        kv.append(to_numpy(v)[0].tobytes())
+    return int(c.offset), kv[0], kv[1]
+
+
+def run_batch_of_one(model: Any, req: dict, out_array: Callable[[mx.array, str], dict]) -> dict:
+    """One prompt through BatchGenerator and through generate_step; the batch side's steps, and
+    whether the two agree: tokens, logprobs bytes, and the final caches' logical content (the
+    batch's extracted cache against generate_step's cache in temporal order)."""
+    from mlx_lm.generate import generate_step
+
+    prompt, mt, ps = list(req["prompt"]), int(req["max_tokens"]), int(req.get("prefill_step_size", 2048))
+    gen = BatchGenerator(model, max_tokens=mt, prefill_step_size=ps)
+    gen.insert([prompt])
+    steps, extracted = [], None
+    while rs := gen.next_generated():
+        for r in rs:
+            steps.append((int(r.token), r.logprobs))
+            if r.finish_reason is not None:
+                extracted = r.prompt_cache
+    gen.close()
+    cache = mcache.make_prompt_cache(model)
+    single = [(int(t), lp) for t, lp in generate_step(mx.array(prompt, dtype=mx.int32), model, max_tokens=mt,
+                                                      prefill_step_size=ps, prompt_cache=cache)]
+    raw = lambda a: to_numpy(a)[0].tobytes()  # noqa: E731
+    return {"tokens": [t for t, _ in steps], "logprobs": [out_array(lp, "logprobs") for _, lp in steps],
+            "relation": {"tokens": [t for t, _ in steps] == [t for t, _ in single],
+                         "logprobs": len(steps) == len(single) and all(raw(a) == raw(b) for (_, a), (_, b) in zip(steps, single)),
+                         "cache": [cache_content(e) == cache_content(s) for e, s in zip(extracted, cache)]}}
+
+
+def stop_match(req: dict) -> dict:
+    """StopSequences over token streams: per stream, the positions where a stop sequence completed."""
+    from mlx_lm.generate import StopSequences
+
+    ss = StopSequences(req["stop_sequences"] or None)
+    out = []
+    for stream in req["streams"]:
+        m = ss.matcher()
+        out.append([i for i, t in enumerate(stream) if m.advance(int(t))])
+    return {"matches": out}
+
+
 # ------------------------------------------------------------------------------ cache ops
 
 def _new_batch_cache(op: dict) -> Any:

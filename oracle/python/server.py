@@ -292,6 +292,18 @@ class Server:
 
         return batch.run_batch_generate(self.model(req["checkpoint"]), req)
 
+    def cmd_batch_of_one(self, req: dict) -> dict:
+        """One prompt through BatchGenerator and generate_step: the batch's steps and how the two agree."""
+        import batch
+
+        return batch.run_batch_of_one(self.model(req["checkpoint"]), req, self.out_array)
+
+    def cmd_stop_match(self, req: dict) -> dict:
+        """mlx-lm's StopSequences automaton over token streams: the positions where a stop completed."""
+        import batch
+
+        return batch.stop_match(req)
+
     def cmd_batch_cache_ops(self, req: dict) -> dict:
         """A sequence of BatchKVCache / BatchRotatingKVCache calls; results and state after each."""
         import batch
