@@ -29,6 +29,8 @@ export interface BatchScenario {
   completion_batch_size?: number;
   prefill_step_size?: number;
   sampler?: { temp: number; top_p?: number; top_k?: number; min_p?: number; seed?: number } | null;
+  /** Cache states without the key/value buffer hashes (cheaper; the properties use it). */
+  light?: boolean;
   /** Features the run must show (runFeatures). */
   expect?: string[];
   about?: string;
@@ -63,8 +65,8 @@ function sha(a: MlxArray | null): string | null {
   return a === null ? null : createHash("sha256").update(a.toBytes()).digest("hex");
 }
 
-/** The TS twin of batch.py cache_state. */
-export function cacheState(c: KVCacheLike | BatchCacheLike): CacheState {
+/** The TS twin of batch.py cache_state (`light`: without the buffer hashes). */
+export function cacheState(c: KVCacheLike | BatchCacheLike, light = false): CacheState {
   const d: CacheState = { type: c.constructor.name };
   const bufs = c as unknown as { keys: MlxArray | null; values: MlxArray | null };
   if (c instanceof BatchKVCache || c instanceof BatchRotatingKVCache) {
@@ -79,8 +81,10 @@ export function cacheState(c: KVCacheLike | BatchCacheLike): CacheState {
   }
   d.keys_shape = bufs.keys ? bufs.keys.shape : null;
   d.values_shape = bufs.values ? bufs.values.shape : null;
-  d.keys_sha = sha(bufs.keys);
-  d.values_sha = sha(bufs.values);
+  if (!light) {
+    d.keys_sha = sha(bufs.keys);
+    d.values_sha = sha(bufs.values);
+  }
   return d;
 }
 
@@ -95,11 +99,11 @@ function perPrompt(v: number | number[] | undefined, n: number): number[] {
   return Array.isArray(v) ? v : Array.from({ length: n }, () => v ?? 16);
 }
 
-function genRecord(r: GenerationResponse): GenRecord {
+function genRecord(r: GenerationResponse, light: boolean): GenRecord {
   const g: GenRecord = { uid: r.uid, token: r.token, finish_reason: r.finishReason, logprobs: rawOf(r.logprobs) };
   if (r.finishReason !== null) {
     g.all_tokens = [...r.allTokens!];
-    g.prompt_cache = r.promptCache!.map(cacheState);
+    g.prompt_cache = r.promptCache!.map((c) => cacheState(c, light));
   }
   return g;
 }
@@ -132,9 +136,10 @@ export function runTsBatch(model: BatchModel, scn: BatchScenario): BatchRun {
       }
       const [pr, gr] = gen.next();
       rec.prompt = pr.map((p) => ({ uid: p.uid, progress: [...p.progress], end_of_segment: p.endOfSegment, end_of_prompt: p.endOfPrompt }));
-      rec.generation = gr.map(genRecord);
-      rec.generation_batch = { uids: [...gen.generationBatch.uids], cache: gen.generationBatch.promptCache.map(cacheState) };
-      rec.prompt_batch = { uids: [...gen.promptBatch.uids], cache: gen.promptBatch.promptCache.map(cacheState) };
+      const light = scn.light === true;
+      rec.generation = gr.map((g) => genRecord(g, light));
+      rec.generation_batch = { uids: [...gen.generationBatch.uids], cache: gen.generationBatch.promptCache.map((c) => cacheState(c, light)) };
+      rec.prompt_batch = { uids: [...gen.promptBatch.uids], cache: gen.promptBatch.promptCache.map((c) => cacheState(c, light)) };
       calls.push(rec);
       if (pr.length === 0 && gr.length === 0 && i >= lastEvent) return { uids, calls };
     }

@@ -16,6 +16,7 @@ A batch scenario (JSON):
   stop_tokens [[int]] | null           BatchGenerator(stop_tokens=...)
   prefill_batch_size, completion_batch_size, prefill_step_size   BatchGenerator's options
   sampler {temp, top_p, top_k, min_p, seed} | null                make_sampler (seeded once)
+  light bool                           cache states without the key/value buffer hashes
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def ints(a: Any) -> Any:
     return int(a)
 
 
-def cache_state(c: Any) -> dict:
-    """The full state of one cache (batch or single): scalars, per-sequence arrays, buffer hashes."""
+def cache_state(c: Any, light: bool = False) -> dict:
+    """The full state of one cache (batch or single): scalars, per-sequence arrays, buffer hashes
+    (`light`: without the hashes)."""
     d: dict[str, Any] = {"type": type(c).__name__}
     if isinstance(c, (mcache.BatchKVCache, mcache.BatchRotatingKVCache)):
         d["offset"] = ints(c.offset)
@@ -61,8 +63,9 @@ def cache_state(c: Any) -> dict:
             d.update(keep=int(c.keep), max_size=int(c.max_size), idx=int(c._idx))
     d["keys_shape"] = None if c.keys is None else list(c.keys.shape)
     d["values_shape"] = None if c.values is None else list(c.values.shape)
-    d["keys_sha"] = sha(c.keys)
-    d["values_sha"] = sha(c.values)
+    if not light:
+        d["keys_sha"] = sha(c.keys)
+        d["values_sha"] = sha(c.values)
     return d
 
 
@@ -96,6 +99,7 @@ def run_scenario(model: Any, scn: dict, out_array: Callable[[mx.array, str], dic
     removes = {int(r["at"]): r for r in scn.get("remove") or []}
     last_event = max([*joins, *removes], default=-1)
     prompts = scn.get("prompts") or []
+    light = bool(scn.get("light"))
     uids = gen.insert(prompts, _max_tokens(scn.get("max_tokens", 16), len(prompts))) if prompts else []
     calls = []
     for i in range(MAX_CALLS):
@@ -116,12 +120,12 @@ def run_scenario(model: Any, scn: dict, out_array: Callable[[mx.array, str], dic
                                  "logprobs": out_array(r.logprobs, "logprobs")}
             if r.finish_reason is not None:
                 g["all_tokens"] = [int(t) for t in r.all_tokens]
-                g["prompt_cache"] = [cache_state(c) for c in r.prompt_cache]
+                g["prompt_cache"] = [cache_state(c, light) for c in r.prompt_cache]
             rec["generation"].append(g)
         rec["generation_batch"] = {"uids": list(gen._generation_batch.uids),
-                                   "cache": [cache_state(c) for c in gen._generation_batch.prompt_cache]}
+                                   "cache": [cache_state(c, light) for c in gen._generation_batch.prompt_cache]}
         rec["prompt_batch"] = {"uids": list(gen._prompt_batch.uids),
-                               "cache": [cache_state(c) for c in gen._prompt_batch.prompt_cache]}
+                               "cache": [cache_state(c, light) for c in gen._prompt_batch.prompt_cache]}
         calls.append(rec)
         if not prompt_rs and not gen_rs and i >= last_event:
             break
@@ -168,9 +172,9 @@ def cache_content(c: Any) -> tuple[int, bytes, bytes]:
 
 
 def run_batch_of_one(model: Any, req: dict, out_array: Callable[[mx.array, str], dict]) -> dict:
-    """One prompt through BatchGenerator and through generate_step; the batch side's steps, and
-    whether the two agree: tokens, logprobs bytes, and the final caches' logical content (the
-    batch's extracted cache against generate_step's cache in temporal order)."""
+    """One prompt through BatchGenerator: its steps; with `single` (default) also through
+    generate_step, and whether the two agree: tokens, logprobs bytes, and the final caches'
+    logical content (the batch's extracted cache against generate_step's cache, temporal order)."""
     from mlx_lm.generate import generate_step
 
     prompt, mt, ps = list(req["prompt"]), int(req["max_tokens"]), int(req.get("prefill_step_size", 2048))
@@ -183,14 +187,17 @@ def run_batch_of_one(model: Any, req: dict, out_array: Callable[[mx.array, str],
             if r.finish_reason is not None:
                 extracted = r.prompt_cache
     gen.close()
+    out: dict[str, Any] = {"tokens": [t for t, _ in steps], "logprobs": [out_array(lp, "logprobs") for _, lp in steps]}
+    if not req.get("single", True):
+        return out
     cache = mcache.make_prompt_cache(model)
     single = [(int(t), lp) for t, lp in generate_step(mx.array(prompt, dtype=mx.int32), model, max_tokens=mt,
                                                       prefill_step_size=ps, prompt_cache=cache)]
     raw = lambda a: to_numpy(a)[0].tobytes()  # noqa: E731
-    return {"tokens": [t for t, _ in steps], "logprobs": [out_array(lp, "logprobs") for _, lp in steps],
-            "relation": {"tokens": [t for t, _ in steps] == [t for t, _ in single],
-                         "logprobs": len(steps) == len(single) and all(raw(a) == raw(b) for (_, a), (_, b) in zip(steps, single)),
-                         "cache": [cache_content(e) == cache_content(s) for e, s in zip(extracted, cache)]}}
+    out["relation"] = {"tokens": [t for t, _ in steps] == [t for t, _ in single],
+                       "logprobs": len(steps) == len(single) and all(raw(a) == raw(b) for (_, a), (_, b) in zip(steps, single)),
+                       "cache": [cache_content(e) == cache_content(s) for e, s in zip(extracted, cache)]}
+    return out
 
 
 def stop_match(req: dict) -> dict:
