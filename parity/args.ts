@@ -12,9 +12,11 @@ export interface FlagSpec {
   help: string;
   valueName?: string;
   default?: string | number | boolean;
+  /** May be given more than once (kind "string"): the values are collected, in order, into an array. */
+  repeat?: boolean;
 }
 
-export type Parsed = Record<string, string | number | boolean | undefined>;
+export type Parsed = Record<string, string | number | boolean | string[] | undefined>;
 
 export function parseArgs(argv: readonly string[], specs: readonly FlagSpec[]): Parsed {
   const byName = new Map(specs.map((s) => [s.name, s]));
@@ -34,7 +36,10 @@ export function parseArgs(argv: readonly string[], specs: readonly FlagSpec[]): 
     }
     let value: string | undefined = eq >= 0 ? raw.slice(eq + 1) : argv[++i];
     if (value === undefined || (eq < 0 && value.startsWith("--"))) throw new UsageError(`--${name} needs a value (${spec.valueName ?? spec.kind})`);
-    if (spec.kind === "string") out[name] = value;
+    if (spec.kind === "string") {
+      const prev = out[name];
+      out[name] = spec.repeat ? [...(Array.isArray(prev) ? prev : []), value] : value;
+    }
     else {
       const n = Number(value);
       if (!Number.isFinite(n) || (spec.kind === "int" && !Number.isInteger(n))) throw new UsageError(`--${name} needs ${spec.kind === "int" ? "an integer" : "a number"}, got '${value}'`);
@@ -46,7 +51,7 @@ export function parseArgs(argv: readonly string[], specs: readonly FlagSpec[]): 
 
 export function helpText(usage: string, summary: string, specs: readonly FlagSpec[], footer = ""): string {
   const rows = specs.map((s) => {
-    const left = `  --${s.name}${s.kind === "bool" ? "" : ` <${s.valueName ?? s.kind}>`}`;
+    const left = `  --${s.name}${s.kind === "bool" ? "" : ` <${s.valueName ?? s.kind}>`}${s.repeat ? " ..." : ""}`;
     const def = s.default !== undefined && s.kind !== "bool" ? ` (default: ${s.default})` : "";
     return [left, s.help + def] as const;
   });

@@ -17,6 +17,7 @@ import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts
 import { renderMarkdown } from "./markdown.ts";
 import { ProgressBar } from "./progress.ts";
 import { type OpLevelSummary, type ParityReport, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
+import { batchCheckpoints, batchSummary, loadBatchScenarios, runBatchParity, writeBatchReports } from "./batch_report.ts";
 
 const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (gemma4, gemma4_text or gemma4_unified; flat, wrapper or raw HF layout; quantized or not)" },
@@ -32,6 +33,8 @@ const FLAGS: FlagSpec[] = [
   { name: "ulp", kind: "int", valueName: "N", help: "budget: a tap passes if its max ULP distance is at most N", default: 0 },
   { name: "atol", kind: "number", valueName: "X", help: "budget: a tap passes if its max abs difference is at most X", default: 0 },
   { name: "out", kind: "string", valueName: "dir", help: "where the reports go", default: "report" },
+  { name: "mode", kind: "string", valueName: "generate|batch", help: "generate: generate_step tap by tap; batch: batched generation against mlx-lm's BatchGenerator, per next() call", default: "generate" },
+  { name: "scenario", kind: "string", valueName: "id", help: "--mode batch: only this batch scenario of fixtures/batch_scenarios.json", repeat: true },
   { name: "verbose", kind: "bool", help: "stack traces on errors, oracle stderr" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -48,6 +51,7 @@ Examples:
   npm run parity -- --only 'c5_moe/*'
   npm run parity -- --model ~/models/gemma-4-e4b-it-4bit --prompt "Why is the sky blue?" --chat --steps 16
   npm run parity -- --model ./ckpt --tokens 2,105,2364 --prefill-step-size 512
+  npm run parity -- --mode batch --only 'c5_moe/*' --scenario join_mid_run
 `;
 
 // The fixture scenarios the report runs: a ring-buffer-wrapping generation for every
@@ -194,6 +198,9 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(helpText("npm run parity -- [options]", "Compares the TypeScript Gemma 4 model with mlx-lm tap by tap, on the embedded fixtures or on a local checkpoint.", FLAGS, FOOTER));
     return 0;
   }
+  if (a.mode !== "generate" && a.mode !== "batch") throw new UsageError(`--mode must be generate or batch, got '${String(a.mode)}'`);
+  if (a.mode === "batch") return batchMode(a);
+  if (a.scenario !== undefined) throw new UsageError("--scenario applies to --mode batch");
   for (const k of ["prompt", "chat", "tokens", "oracle-model"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
   if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
@@ -221,6 +228,34 @@ async function main(argv: string[]): Promise<number> {
   }
   printSummary(rep);
   const files = writeReports(rep, resolve(String(a.out)));
+  process.stdout.write(`Reports: ${files.join(", ")}\n`);
+  return rep.ok ? 0 : 1;
+}
+
+/** --mode batch: the batch scenarios on the fixtures (or --model DIR) against mlx-lm's BatchGenerator. */
+async function batchMode(a: Record<string, unknown>): Promise<number> {
+  for (const k of ["prompt", "tokens", "chat", "bisect", "oracle-model", "skip-ops"]) if (a[k] !== undefined) throw new UsageError(`--${k} does not apply to --mode batch`);
+  if (Number(a.ulp) !== 0 || Number(a.atol) !== 0) throw new UsageError("--mode batch compares bit for bit: --ulp and --atol do not apply");
+  if (a.model !== undefined && a.only !== undefined) throw new UsageError("--only applies to the fixture run, not to --model");
+  const scenarios = loadBatchScenarios((a.scenario as string[] | undefined) ?? []);
+  if (a.model !== undefined) inspectCheckpoint(resolve(String(a.model)));
+  const oracle = await OracleClient.start({ python: process.env.ORACLE_PYTHON || undefined, onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
+  let rep;
+  try {
+    let ids: string[] = [];
+    if (a.model === undefined) {
+      const plan = await oracle.request<{ checkpoints: { id: string }[] }>("plan");
+      const re = a.only ? globRe(String(a.only)) : null;
+      ids = plan.checkpoints.map((c) => c.id).filter((id) => !re || re.test(id));
+      if (ids.length === 0) throw new UsageError(`--only '${String(a.only)}' matches no fixture checkpoint (ids look like c3_e2b/bf16)`);
+      await oracle.request("make_checkpoints", {}, 1_800_000);
+    }
+    rep = await runBatchParity(oracle, batchCheckpoints(a.model as string | undefined, ids), scenarios);
+  } finally {
+    await oracle.close();
+  }
+  process.stdout.write(`${batchSummary(rep)}\n`);
+  const files = writeBatchReports(rep, resolve(String(a.out)));
   process.stdout.write(`Reports: ${files.join(", ")}\n`);
   return rep.ok ? 0 : 1;
 }

@@ -8,12 +8,13 @@ import { generate } from "../model/generate.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
 import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
+import { BATCH_FLAGS, isBatch, runBatch } from "./generate_batch.ts";
 
 const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (required)" },
-  { name: "prompt", kind: "string", valueName: "text", help: "prompt text, tokenized with the checkpoint's tokenizer.json" },
+  { name: "prompt", kind: "string", valueName: "text", help: "prompt text, tokenized with the checkpoint's tokenizer.json (repeat for a batch)", repeat: true },
   { name: "chat", kind: "bool", help: "apply the checkpoint's chat template to --prompt" },
-  { name: "tokens", kind: "string", valueName: "1,2,3", help: "prompt token ids instead of --prompt (output is printed as ids)" },
+  { name: "tokens", kind: "string", valueName: "1,2,3", help: "prompt token ids instead of --prompt (output is printed as ids; repeat for a batch)", repeat: true },
   { name: "max-tokens", kind: "int", valueName: "N", help: "tokens to generate", default: 100 },
   { name: "temp", kind: "number", valueName: "T", help: "sampling temperature (0 = greedy)", default: 0 },
   { name: "top-p", kind: "number", valueName: "P", help: "nucleus sampling threshold (0 = off)", default: 0 },
@@ -21,6 +22,7 @@ const FLAGS: FlagSpec[] = [
   { name: "min-p", kind: "number", valueName: "P", help: "min-p sampling (0 = off)", default: 0 },
   { name: "seed", kind: "int", valueName: "S", help: "random seed (mx.random.seed)" },
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "prefill chunk size", default: 2048 },
+  ...BATCH_FLAGS,
   { name: "verbose", kind: "bool", help: "stack traces on errors" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -52,12 +54,23 @@ function eosIds(dir: string, info: Record<string, unknown>): number[] {
 async function main(argv: string[]): Promise<number> {
   const a = parseArgs(argv, FLAGS);
   if (a.help) {
-    process.stdout.write(helpText("npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [options]", "Generates text with the TypeScript Gemma 4 model (mlx-lm's generate_step, no oracle).", FLAGS));
+    process.stdout.write(
+      helpText(
+        "npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [options]",
+        "Generates text with the TypeScript Gemma 4 model (mlx-lm's generate_step, no oracle). Several --prompt / --tokens, or --prompt-file, run a batch (mlx-lm's batch_generate).",
+        FLAGS,
+      ),
+    );
     return 0;
   }
   if (a.model === undefined) throw new UsageError("--model <dir> is required (see --help)");
   const dir = resolve(String(a.model));
   const info = inspectCheckpoint(dir);
+  if (isBatch(a)) {
+    const rootCfg = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
+    return runBatch(dir, a, info, { loadTokenizer, eosIds: (d) => eosIds(d, { ...info.text, ...rootCfg }) });
+  }
+  for (const k of ["prompt", "tokens"]) if (Array.isArray(a[k])) a[k] = (a[k] as string[])[0];
   const prompt = await resolvePrompt(dir, a);
   const maxTokens = Number(a["max-tokens"]);
   if (maxTokens < 1) throw new UsageError("--max-tokens must be at least 1");
