@@ -175,6 +175,66 @@ function cloneCaches(caches: readonly KVCacheLike[]): KVCacheLike[] {
   });
 }
 
+// ------------------------------------------------------------------------------ batches
+
+/**
+ * What PromptProcessingBatch and GenerationBatch share (Python repeats it in both classes): the
+ * sequences' uids, their batch caches, the tokens in those caches, and the per-sequence sampler,
+ * stop sequences and token budget, kept in step by filter and extend.
+ */
+abstract class SequenceBatch {
+  uids: number[];
+  promptCache: BatchCacheLike[];
+  /** Per sequence: the tokens contained in the cache. */
+  tokens: number[][];
+  samplers: Sampler[];
+  stopSequences: StopSequences[];
+  maxTokens: number[];
+
+  constructor(uids: number[], promptCache: BatchCacheLike[], tokens: number[][], samplers: Sampler[], stopSequences: StopSequences[], maxTokens: number[]) {
+    this.uids = uids;
+    this.promptCache = promptCache;
+    this.tokens = tokens;
+    this.samplers = samplers;
+    this.stopSequences = stopSequences;
+    this.maxTokens = maxTokens;
+  }
+
+  get length(): number {
+    return this.uids.length;
+  }
+
+  extractCache(idx: number): KVCacheLike[] {
+    return this.promptCache.map((c) => c.extract(idx));
+  }
+
+  /** Appends the other batch's sequences (its caches are consumed). */
+  protected extendSequences(batch: SequenceBatch): void {
+    this.uids.push(...batch.uids);
+    this.promptCache = extendCaches(this.promptCache, batch.promptCache);
+    batch.promptCache = [];
+    this.tokens.push(...batch.tokens);
+    this.samplers.push(...batch.samplers);
+    this.maxTokens.push(...batch.maxTokens);
+    this.stopSequences.push(...batch.stopSequences);
+  }
+
+  /** Keeps the given sequences (an empty list clears the caches). */
+  filter(keep: readonly number[]): void {
+    this.uids = pick(this.uids, keep);
+    if (keep.length === 0) {
+      disposeAll(this.promptCache);
+      this.promptCache = [];
+    } else {
+      for (const c of this.promptCache) c.filter(keep);
+    }
+    this.tokens = pick(this.tokens, keep);
+    this.samplers = pick(this.samplers, keep);
+    this.maxTokens = pick(this.maxTokens, keep);
+    this.stopSequences = pick(this.stopSequences, keep);
+  }
+}
+
 // ------------------------------------------------------------------------ PromptProcessingBatch
 
 export interface PromptResponse {
@@ -186,15 +246,7 @@ export interface PromptResponse {
 }
 
 /** Batched prompt processing (prefill) of sequences that have not started generating. */
-export class PromptProcessingBatch {
-  uids: number[];
-  promptCache: BatchCacheLike[];
-  /** Per sequence: the tokens contained in the cache. */
-  tokens: number[][];
-  samplers: Sampler[];
-  stopSequences: StopSequences[];
-  maxTokens: number[];
-
+export class PromptProcessingBatch extends SequenceBatch {
   constructor(
     readonly model: BatchModel,
     uids: number[],
@@ -206,35 +258,15 @@ export class PromptProcessingBatch {
     stopSequences: StopSequences[],
     maxTokens: number[],
   ) {
-    this.uids = uids;
-    this.promptCache = mergeCaches(caches);
-    this.tokens = tokens;
-    this.samplers = samplers;
-    this.stopSequences = stopSequences;
-    this.maxTokens = maxTokens;
+    super(uids, mergeCaches(caches), tokens, samplers, stopSequences, maxTokens);
   }
 
   static empty(model: BatchModel, fallbackSampler: Sampler, prefillStepSize = 2048): PromptProcessingBatch {
     return new PromptProcessingBatch(model, [], [], prefillStepSize, fallbackSampler, [], [], [], []);
   }
 
-  get length(): number {
-    return this.uids.length;
-  }
-
-  extractCache(idx: number): KVCacheLike[] {
-    return this.promptCache.map((c) => c.extract(idx));
-  }
-
-  /** Appends another prompt batch (whose caches are consumed). */
   extend(batch: PromptProcessingBatch): void {
-    this.uids.push(...batch.uids);
-    this.promptCache = extendCaches(this.promptCache, batch.promptCache);
-    batch.promptCache = [];
-    this.tokens.push(...batch.tokens);
-    this.samplers.push(...batch.samplers);
-    this.maxTokens.push(...batch.maxTokens);
-    this.stopSequences.push(...batch.stopSequences);
+    this.extendSequences(batch);
   }
 
   private copy(): PromptProcessingBatch {
@@ -256,20 +288,6 @@ export class PromptProcessingBatch {
     this.filter(left);
     nb.filter(sorted);
     return nb;
-  }
-
-  filter(keep: readonly number[]): void {
-    this.uids = pick(this.uids, keep);
-    if (keep.length === 0) {
-      disposeAll(this.promptCache);
-      this.promptCache = [];
-    } else {
-      for (const c of this.promptCache) c.filter(keep);
-    }
-    this.tokens = pick(this.tokens, keep);
-    this.samplers = pick(this.samplers, keep);
-    this.maxTokens = pick(this.maxTokens, keep);
-    this.stopSequences = pick(this.stopSequences, keep);
   }
 
   /** Runs the prompt tokens through the model, right-padded to one length, in prefill_step_size chunks. */
@@ -368,13 +386,7 @@ export class GenerationResponse {
 }
 
 /** The decode phase of a batch of sequences: one token per sequence per step. */
-export class GenerationBatch {
-  uids: number[];
-  promptCache: BatchCacheLike[];
-  tokens: number[][];
-  samplers: Sampler[];
-  stopSequences: StopSequences[];
-  maxTokens: number[];
+export class GenerationBatch extends SequenceBatch {
   private currentLogprobs: MlxArray[] = [];
   private nextTokens: MlxArray | null;
   private nextLogprobs: MlxArray[] = [];
@@ -392,12 +404,7 @@ export class GenerationBatch {
     stopSequences: StopSequences[],
     maxTokens: number[],
   ) {
-    this.uids = uids;
-    this.promptCache = promptCache;
-    this.tokens = tokens;
-    this.samplers = samplers;
-    this.stopSequences = stopSequences;
-    this.maxTokens = maxTokens;
+    super(uids, promptCache, tokens, samplers, stopSequences, maxTokens);
     if (samplers.length && samplers.length !== uids.length) throw new GenerateError("Insufficient number of samplers provided");
     this.nextTokens = inputs;
     this.numTokens = uids.map(() => 0);
@@ -409,19 +416,9 @@ export class GenerationBatch {
     return new GenerationBatch(model, [], mx.zeros([0], "uint32"), [], [], [], fallbackSampler, [], []);
   }
 
-  get length(): number {
-    return this.uids.length;
-  }
-
   /** Appends another generation batch (which is consumed). */
   extend(batch: GenerationBatch): void {
-    this.uids.push(...batch.uids);
-    this.promptCache = extendCaches(this.promptCache, batch.promptCache);
-    batch.promptCache = [];
-    this.tokens.push(...batch.tokens);
-    this.samplers.push(...batch.samplers);
-    this.maxTokens.push(...batch.maxTokens);
-    this.stopSequences.push(...batch.stopSequences);
+    this.extendSequences(batch);
     this.currentLogprobs.push(...batch.currentLogprobs);
     if (this.nextTokens === null) this.nextTokens = batch.nextTokens;
     else if (batch.nextTokens !== null) {
@@ -490,22 +487,8 @@ export class GenerationBatch {
     }
   }
 
-  extractCache(idx: number): KVCacheLike[] {
-    return this.promptCache.map((c) => c.extract(idx));
-  }
-
-  filter(keep: readonly number[]): void {
-    this.uids = pick(this.uids, keep);
-    if (keep.length === 0) {
-      disposeAll(this.promptCache);
-      this.promptCache = [];
-    } else {
-      for (const c of this.promptCache) c.filter(keep);
-    }
-    this.tokens = pick(this.tokens, keep);
-    this.samplers = pick(this.samplers, keep);
-    this.maxTokens = pick(this.maxTokens, keep);
-    this.stopSequences = pick(this.stopSequences, keep);
+  override filter(keep: readonly number[]): void {
+    super.filter(keep);
     if (this.nextTokens !== null) {
       const old = this.nextTokens;
       if (keep.length) {

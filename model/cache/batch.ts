@@ -17,7 +17,7 @@
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { createCausalMask, type MakeMaskOptions, type Mask } from "../mask.ts";
-import { assignSeq, CacheError, checkAgainstBuffer, checkKV, KVCache, type KVCacheLike, replace, RotatingKVCache, sliceSeq } from "./index.ts";
+import { appendZeros, assignSeq, growRing, CacheError, checkAgainstBuffer, checkKV, KVCache, type KVCacheLike, replace, RotatingKVCache, sliceSeq } from "./index.ts";
 
 /** prepare()'s keyword arguments (Python: left_padding=, lengths=, right_padding=). */
 export interface PrepareOptions {
@@ -309,24 +309,13 @@ export class BatchKVCache extends BatchBase implements BatchCacheLike {
     const step = BatchKVCache.step;
     if (this.keys === null || this.values === null || prev + S > this.keys.shape[2]!) {
       const nSteps = Math.floor((step + S - 1) / step);
-      const newK = mx.zeros([B, H, nSteps * step, Dk], keys.dtype);
-      const newV = mx.zeros([B, H, nSteps * step, Dv], values.dtype);
-      if (this.keys !== null && this.values !== null) {
-        if (prev % step !== 0) {
-          this.keys = replace(this.keys, sliceSeq(this.keys, 0, prev));
-          this.values = replace(this.values, sliceSeq(this.values, 0, prev));
-        }
-        try {
-          this.keys = replace(this.keys, mx.concatenate([this.keys, newK], 2));
-          this.values = replace(this.values, mx.concatenate([this.values, newV], 2));
-        } finally {
-          newK.dispose();
-          newV.dispose();
-        }
-      } else {
-        this.keys = newK;
-        this.values = newV;
+      if (this.keys !== null && this.values !== null && prev % step !== 0) {
+        this.keys = replace(this.keys, sliceSeq(this.keys, 0, prev));
+        this.values = replace(this.values, sliceSeq(this.values, 0, prev));
       }
+      const [k, v] = appendZeros(this.keys, this.values, [B, H, nSteps * step, Dk], [B, H, nSteps * step, Dv], keys.dtype);
+      this.keys = replace(this.keys, k);
+      this.values = replace(this.values, v);
     }
     this.offset = replace(this.offset, mx.add(this.offset, S));
     this.idx += S;
@@ -554,32 +543,13 @@ export class BatchRotatingKVCache extends BatchBase implements BatchCacheLike {
 
   private updateInPlace(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray] {
     if (this.lengths !== null) throw new CacheError("BatchRotatingKVCache.updateAndFetch", "finalize() should be called before decoding with BatchRotatingKVCache");
-    const [B, H, S, Dk] = keys.shape as [number, number, number, number];
-    const prev = this.processed;
+    const S = keys.shape[2]!;
     // May not have hit the max size yet, so potentially keep growing the cache.
-    if (this.keys === null || this.values === null || (prev >= this.keys.shape[2]! && this.keys.shape[2]! < this.maxSize)) {
-      const Dv = values.shape[3]!;
-      const newSize = Math.min(BatchRotatingKVCache.step, this.maxSize - prev);
-      const newK = mx.zeros([B, H, newSize, Dk], keys.dtype);
-      const newV = mx.zeros([B, H, newSize, Dv], values.dtype);
-      if (this.keys !== null && this.values !== null) {
-        try {
-          this.keys = replace(this.keys, mx.concatenate([this.keys, newK], 2));
-          this.values = replace(this.values, mx.concatenate([this.values, newV], 2));
-        } finally {
-          newK.dispose();
-          newV.dispose();
-        }
-      } else {
-        this.keys = newK;
-        this.values = newV;
-      }
-      this.idx = prev;
-    }
+    growRing(this, this.processed, this.maxSize, BatchRotatingKVCache.step, keys, values);
     // Trim if needed.
-    const trimSize = this.keys.shape[2]! - this.maxSize;
+    const trimSize = this.keys!.shape[2]! - this.maxSize;
     if (trimSize > 0) {
-      this.keys = replace(this.keys, this.trimArr(trimSize, this.keys));
+      this.keys = replace(this.keys, this.trimArr(trimSize, this.keys!));
       this.values = replace(this.values, this.trimArr(trimSize, this.values!));
       this.idx = this.maxSize;
       this.leftPadding = replace(this.leftPadding, mx.subtract(this.leftPadding, trimSize));
@@ -591,7 +561,7 @@ export class BatchRotatingKVCache extends BatchBase implements BatchCacheLike {
     }
     if (this.rotated) this.leftPadding = replace(this.leftPadding, mx.subtract(this.leftPadding, S));
     // Assign.
-    this.keys = replace(this.keys, assignSeq(this.keys, keys, this.idx, this.idx + S));
+    this.keys = replace(this.keys, assignSeq(this.keys!, keys, this.idx, this.idx + S));
     this.values = replace(this.values, assignSeq(this.values!, values, this.idx, this.idx + S));
     this.processed += S;
     this.offset = replace(this.offset, mx.add(this.offset, S));
