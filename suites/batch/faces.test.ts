@@ -181,3 +181,31 @@ describe("bad input to the library: one clear error each", () => {
     }
   });
 });
+
+describe("ownership: a batched run leaves no native handle behind", () => {
+  it("BatchGenerator (joins, removals, stops, finishes) and batch_generate with returned caches, after close()", () => {
+    const m = batchModel(model(CK));
+    const run = () => {
+      const g = new BatchGenerator(m, { stopTokens: [[7]], prefillStepSize: 4, completionBatchSize: 2, prefillBatchSize: 1 });
+      try {
+        g.insert(PROMPTS, { maxTokens: [6, 3, 9] });
+        for (let i = 0; i < 40; i++) {
+          if (i === 3) g.insert([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], { maxTokens: [4] });
+          if (i === 6) g.remove([0]);
+          const [p, r] = g.next();
+          if (i === 5) g.extractCache([1, 3]).forEach((x) => x.cache.forEach((c) => c.dispose()));
+          if (p.length === 0 && r.length === 0 && i > 6) break;
+        }
+      } finally {
+        g.close();
+      }
+      const out = batchGenerate(m, stub([]), PROMPTS, { maxTokens: 4, returnPromptCaches: true });
+      for (const c of out.caches!.flat()) c.dispose();
+    };
+    run(); // warm-up: compiled closures, RoPE tables
+    const before = mx.liveHandles();
+    run();
+    run();
+    expect(mx.liveHandles()).toBe(before);
+  }, 120_000);
+});
