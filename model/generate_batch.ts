@@ -336,6 +336,7 @@ export class PromptProcessingBatch extends SequenceBatch {
     this.promptCache = [];
     this.tokens = [];
     this.samplers = [];
+    this.stopSequences = [];
     this.maxTokens = [];
     return gen;
   }
