@@ -292,6 +292,41 @@ function listOf(a: MlxArray): number[] {
   return a.toNumbers();
 }
 
+/**
+ * merge's buffers: zeros (B, H, max_length, D), and for each cache with buffers its `l` columns
+ * (`columns(x, l)`) written at [i, :, padding : padding + l] (Python's slice assignment).
+ */
+function mergedBuffers<C extends { keys: MlxArray | null; values: MlxArray | null }>(
+  caches: readonly C[],
+  lengths: readonly number[],
+  columns: (c: C, x: MlxArray, l: number) => MlxArray,
+): [MlxArray, MlxArray] {
+  const maxLength = Math.max(...lengths);
+  const full = caches.filter((c) => c.keys !== null);
+  const H = Math.max(...full.map((c) => c.keys!.shape[1]!));
+  const Dk = Math.max(...full.map((c) => c.keys!.shape[3]!));
+  const Dv = Math.max(...full.map((c) => c.values!.shape[3]!));
+  const dt = full[0]!.keys!.dtype;
+  let keys = mx.zeros([caches.length, H, maxLength, Dk], dt);
+  let values = mx.zeros([caches.length, H, maxLength, Dv], dt);
+  try {
+    caches.forEach((c, i) => {
+      if (c.keys === null || c.values === null) return;
+      const l = lengths[i]!;
+      const p = maxLength - l;
+      using k = columns(c, c.keys, l);
+      using v = columns(c, c.values, l);
+      keys = replace(keys, mx.sliceUpdate(keys, k, [i, 0, p, 0], [i + 1, H, p + l, Dk]));
+      values = replace(values, mx.sliceUpdate(values, v, [i, 0, p, 0], [i + 1, H, p + l, Dv]));
+    });
+  } catch (e) {
+    keys.dispose();
+    values.dispose();
+    throw e;
+  }
+  return [keys, values];
+}
+
 // ------------------------------------------------------------------------------- BatchKVCache
 
 export class BatchKVCache extends BatchBase implements BatchCacheLike {
@@ -415,28 +450,8 @@ export class BatchKVCache extends BatchBase implements BatchCacheLike {
     const maxLength = Math.max(...lengths);
     if (maxLength === 0) return new BatchKVCache(caches.map(() => 0));
     const padding = lengths.map((l) => maxLength - l);
-    const full = caches.map((c) => c as KVCache).filter((c) => c.keys !== null);
-    const H = Math.max(...full.map((c) => c.keys!.shape[1]!));
-    const Dk = Math.max(...full.map((c) => c.keys!.shape[3]!));
-    const Dv = Math.max(...full.map((c) => c.values!.shape[3]!));
-    const dt = full[0]!.keys!.dtype;
-    let keys = mx.zeros([caches.length, H, maxLength, Dk], dt);
-    let values = mx.zeros([caches.length, H, maxLength, Dv], dt);
-    try {
-      caches.forEach((c0, i) => {
-        const c = c0 as KVCache;
-        if (c.keys === null || c.values === null) return;
-        const p = padding[i]!;
-        using k = sliceSeq(c.keys, 0, c.offset);
-        using v = sliceSeq(c.values, 0, c.offset);
-        keys = replace(keys, mx.sliceUpdate(keys, k, [i, 0, p, 0], [i + 1, H, p + c.offset, Dk]));
-        values = replace(values, mx.sliceUpdate(values, v, [i, 0, p, 0], [i + 1, H, p + c.offset, Dv]));
-      });
-    } catch (e) {
-      keys.dispose();
-      values.dispose();
-      throw e;
-    }
+    // keys[i : i + 1, :, p : p + c.offset] = c.keys[..., : c.offset, :]
+    const [keys, values] = mergedBuffers(caches as KVCache[], lengths, (_c, x, l) => sliceSeq(x, 0, l));
     const cache = new BatchKVCache(padding);
     cache.keys = keys;
     cache.values = values;
@@ -702,32 +717,11 @@ export class BatchRotatingKVCache extends BatchBase implements BatchCacheLike {
     const maxLength = Math.max(...lengths);
     if (maxLength === 0) return new BatchRotatingKVCache(maxSize, rot.map(() => 0));
     const padding = lengths.map((l) => maxLength - l);
-    const full = rot.filter((c) => c.keys !== null);
-    const H = Math.max(...full.map((c) => c.keys!.shape[1]!));
-    const Dk = Math.max(...full.map((c) => c.keys!.shape[3]!));
-    const Dv = Math.max(...full.map((c) => c.values!.shape[3]!));
-    const dt = full[0]!.keys!.dtype;
-    let keys = mx.zeros([rot.length, H, maxLength, Dk], dt);
-    let values = mx.zeros([rot.length, H, maxLength, Dv], dt);
-    try {
-      rot.forEach((c, i) => {
-        if (c.keys === null || c.values === null) return;
-        const p = padding[i]!;
-        const l = lengths[i]!;
-        const last = (x: MlxArray): MlxArray => {
-          using t = c.temporalOrder(x);
-          return sliceSeq(t, t.shape[2]! - l, t.shape[2]!);
-        };
-        using k = last(c.keys);
-        using v = last(c.values);
-        keys = replace(keys, mx.sliceUpdate(keys, k, [i, 0, p, 0], [i + 1, H, p + l, Dk]));
-        values = replace(values, mx.sliceUpdate(values, v, [i, 0, p, 0], [i + 1, H, p + l, Dv]));
-      });
-    } catch (e) {
-      keys.dispose();
-      values.dispose();
-      throw e;
-    }
+    // keys[i : i + 1, :, p : p + l] = c._temporal_order(c.keys)[..., -l:, :]
+    const [keys, values] = mergedBuffers(rot, lengths, (c, x, l) => {
+      using t = c.temporalOrder(x);
+      return sliceSeq(t, t.shape[2]! - l, t.shape[2]!);
+    });
     const cache = new BatchRotatingKVCache(maxSize, padding);
     cache.keys = keys;
     cache.values = values;
