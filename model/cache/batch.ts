@@ -403,10 +403,17 @@ export class BatchKVCache extends BatchBase implements BatchCacheLike {
     return createCausalMaskPadded(N, this.idx, windowSize ?? null, null, this.leftPadding);
   }
 
-  /** Keeps the given sequences, then shifts out the left padding they all share. */
+  /**
+   * Keeps the given sequences, then shifts out the left padding they all share. A state where
+   * every kept sequence's padding exceeds the columns written (offsets below zero, after a trim
+   * past a sequence's tokens) is refused: Python would drive _idx negative.
+   */
   filter(batchIndices: readonly number[]): void {
+    checkIndices("BatchKVCache.filter", batchIndices, this.batchSize);
+    const lp = listOf(this.leftPadding);
+    const minLeftPad = Math.min(...batchIndices.map((i) => lp[i]!));
+    if (minLeftPad > this.idx) throw new CacheError("BatchKVCache.filter", `the kept sequences' left padding (${minLeftPad}) exceeds the ${this.idx} columns written: their offsets are negative`);
     this.takeBatch("BatchKVCache.filter", batchIndices);
-    const minLeftPad = Math.min(...listOf(this.leftPadding));
     if (minLeftPad > 0) {
       if (this.keys !== null && this.values !== null) {
         this.keys = replace(this.keys, sliceSeq(this.keys, minLeftPad, this.keys.shape[2]!));

@@ -162,7 +162,7 @@ function interpret(p: Prog): { ops: WireOp[]; got: { expect: Expect; state: Reco
       }
       case "filter": {
         // (an empty cache is filtered only with zero padding in BatchGenerator; with padding
-        // Python's shift would drive _idx negative)
+        // Python's shift would drive _idx negative, which BatchKVCache.filter refuses)
         if (c.empty()) return;
         let keep = st.keep.slice(0, B).flatMap((k, i) => (k ? [i] : []));
         if (keep.length === 0) keep = [st.order % B];
@@ -188,8 +188,10 @@ function interpret(p: Prog): { ops: WireOp[]; got: { expect: Expect; state: Reco
         return;
       }
       case "trim": {
+        // at most the shortest sequence's tokens (as speculative decoding trims); beyond, offsets
+        // go negative, a state BatchKVCache.filter refuses
         if (!c.isTrimmable()) return;
-        const n = st.n % (c.size() + 1);
+        const n = st.n % (Math.max(0, Math.min(c.size(), ...c.offset.toNumbers())) + 1);
         record({ op: "trim", cache: name, n }, { kind: "trim", n: c.trim(n) }, name);
         return;
       }

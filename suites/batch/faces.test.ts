@@ -9,7 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type OracleClient, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { CacheError, KVCache, RotatingKVCache } from "../../model/cache/index.ts";
-import { BatchRotatingKVCache } from "../../model/cache/batch.ts";
+import { BatchKVCache, BatchRotatingKVCache } from "../../model/cache/batch.ts";
 import { BatchGenerator, batchGenerate, batchModel } from "../../model/generate_batch.ts";
 import { GenerateError } from "../../model/generate.ts";
 import { CKPT_ROOT, freeModels, model } from "../generation/parity.ts";
@@ -174,6 +174,11 @@ describe("bad input to the library: one clear error each", () => {
       expect(() => c.updateAndFetch(k3, k3)).toThrow(/keys hold 3 sequences, the cache 2/);
       expect(() => c.filter([])).toThrow(/non-empty list of batch indices/);
       expect(() => c.filter([2])).toThrow(/batch index 2 is out of range for a batch of 2/);
+      // a filter that would shift more padding than there are columns (mlx-lm: a negative _idx)
+      using kv = new BatchKVCache([3, 0]);
+      using k1 = mx.zeros([2, 1, 1, 4]);
+      kv.updateAndFetch(k1, k1).forEach((a) => a.dispose());
+      expect(() => kv.filter([0])).toThrow(new CacheError("BatchKVCache.filter", "the kept sequences' left padding (3) exceeds the 1 columns written: their offsets are negative"));
     } finally {
       c.dispose();
       a.dispose();
