@@ -2,7 +2,7 @@
 // JSON lines on stdio with request ids, arrays as .npy files in the server's per-run temp dir.
 // Independent of the mlx binding: arrays are plain { dtype, shape, data } records.
 
-import { existsSync, mkdtempSync, readFileSync, rmSync, unlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -37,6 +37,8 @@ export class OracleError extends Error {
     readonly command?: string,
     readonly pythonType?: string,
     readonly pythonTraceback?: string,
+    /** The Python exception's own message (for a failed command). */
+    readonly pythonMessage?: string,
   ) {
     super(message);
   }
@@ -159,7 +161,8 @@ export class OracleClient {
   }
 
   private spawn(): Promise<void> {
-    const python = this.opts.python ?? DEFAULT_PYTHON;
+    // ORACLE_PYTHON: another interpreter for every oracle process (default: the repo's .venv).
+    const python = this.opts.python ?? (process.env.ORACLE_PYTHON || DEFAULT_PYTHON);
     const script = this.opts.script ?? SERVER_SCRIPT;
     if (!existsSync(python)) {
       return Promise.reject(new OracleError(`python interpreter not found: ${python} (run npm run setup)`));
@@ -272,6 +275,7 @@ export class OracleClient {
           p.cmd,
           err.type,
           err.traceback,
+          err.message,
         ),
       );
     } else {
@@ -325,10 +329,21 @@ export class OracleClient {
     return { npy: p, dtype: rec.dtype };
   }
 
-  /** Read (and delete) a server output .npy. */
+  /** Read (and delete) a server output .npy; a missing or unreadable one is an OracleError. */
   readArray(ref: NpyRef, keep = false): NpyRecord {
-    const rec = parseNpy(new Uint8Array(readFileSync(ref.npy)), ref.dtype);
-    if (!keep) unlinkSync(ref.npy);
+    if (ref === null || typeof ref !== "object" || typeof ref.npy !== "string" || typeof ref.dtype !== "string") {
+      throw new OracleError(`malformed array reference from the oracle: ${JSON.stringify(ref)?.slice(0, 200)}`);
+    }
+    let rec: NpyRecord;
+    try {
+      rec = parseNpy(new Uint8Array(readFileSync(ref.npy)), ref.dtype);
+    } catch (e) {
+      throw new OracleError(`unreadable array from the oracle (${ref.npy}): ${(e as Error).message}`);
+    }
+    if (ref.shape !== undefined && JSON.stringify(ref.shape) !== JSON.stringify(rec.shape)) {
+      throw new OracleError(`array from the oracle (${ref.npy}) has shape [${rec.shape}], its reply says [${ref.shape}]`);
+    }
+    if (!keep) rmSync(ref.npy, { force: true });
     return rec;
   }
 
@@ -352,6 +367,7 @@ export class OracleClient {
     const wire = inputs.map((x) => ("data" in x ? this.writeInput(x) : { scalar: x.scalar, kind: x.kind }));
     try {
       const r = await this.request<{ outputs: NpyRef[] }>("op", { name, inputs: wire, params });
+      expectReply("op", r, { outputs: "array" });
       return r.outputs.map((o) => this.readArray(o));
     } finally {
       for (const w of wire) if ("npy" in w) rmSync(w.npy, { force: true });
@@ -361,6 +377,7 @@ export class OracleClient {
   /** Single forward without cache: logits (B,L,V). `checkpoint`: matrix id ("c1_dense/f32") or a dir. */
   async forward(checkpoint: string, tokens: number[][]): Promise<NpyRecord> {
     const r = await this.request<{ logits: NpyRef }>("forward", { checkpoint, tokens });
+    expectReply("forward", r, { logits: "object" });
     return this.readArray(r.logits);
   }
 
@@ -376,6 +393,8 @@ export class OracleClient {
       prefill_step_size: opts.prefillStepSize ?? 2048,
       max_tokens: opts.maxTokens ?? 20,
     });
+    expectReply("generate", r, { tokens: "array", logprobs: "array", cache: "array" });
+    if (!r.tokens.every((t) => Number.isSafeInteger(t))) throw new OracleError(`malformed reply from oracle to generate: tokens ${JSON.stringify(r.tokens).slice(0, 200)}`, "generate");
     return { tokens: r.tokens, logprobs: r.logprobs.map((x) => this.readArray(x)), cache: r.cache };
   }
 
@@ -389,7 +408,9 @@ export class OracleClient {
       "capture",
       { checkpoint, scenario, mode: opts.mode ?? "full", only: opts.only ?? null },
     );
+    expectReply("capture", r, { meta: "object", calls: "array", taps: "array" });
     const taps = r.taps.map((t) => {
+      if (t === null || typeof t !== "object" || typeof t.name !== "string") throw new OracleError(`malformed reply from oracle to capture: tap ${JSON.stringify(t)?.slice(0, 200)}`, "capture");
       const { npy, ...rest } = t;
       return npy ? { ...rest, array: this.readArray({ npy, dtype: String(t.dtype) }) } : rest;
     });
@@ -408,7 +429,9 @@ export class OracleClient {
     });
     try {
       const r = await this.request<{ results: Record<string, unknown>[] }>("cache_ops", { ops: wire });
+      expectReply("cache_ops", r, { results: "array" });
       return r.results.map((x) => {
+        if (x === null || typeof x !== "object") throw new OracleError(`malformed reply from oracle to cache_ops: ${JSON.stringify(x)?.slice(0, 200)}`, "cache_ops");
         const out: CacheOpResult = { op: String(x.op), meta: (x.meta as Record<string, unknown>) ?? null };
         if (x.keys) out.keys = this.readArray(x.keys as NpyRef);
         if (x.values) out.values = this.readArray(x.values as NpyRef);
@@ -440,7 +463,88 @@ export class OracleClient {
     cache?: { type: "KVCache" | "RotatingKVCache"; offset?: number; max_size?: number; keep?: number; idx?: number } | null;
   }): Promise<MaskResult> {
     const r = await this.request<{ mask: { kind: string } & Partial<NpyRef> }>("make_mask", args);
+    expectReply("make_mask", r, { mask: "object" });
+    if (!["none", "causal", "array"].includes(r.mask.kind)) throw new OracleError(`malformed reply from oracle to make_mask: mask kind ${JSON.stringify(r.mask.kind)}`, "make_mask");
     return this.readMask(r.mask);
+  }
+
+  /**
+   * nn.value_and_grad on a fresh copy of the checkpoint's model after the module `steps`
+   * (freeze/unfreeze/train/eval), with loss = (model(tokens) * weights).sum(): the loss and the
+   * gradients by parameter path, in tree_flatten order. `checkpointLayers`: under mlx-lm's
+   * grad_checkpoint.
+   */
+  async moduleGrad(
+    checkpoint: string,
+    tokens: number[][],
+    weights: NpyRecord,
+    { steps = [], checkpointLayers = false }: { steps?: object[]; checkpointLayers?: boolean } = {},
+  ): Promise<{ loss: NpyRecord; grads: [string, NpyRecord][] }> {
+    const w = this.writeInput(weights);
+    try {
+      const r = await this.request<{ loss: NpyRef; grads: (NpyRef & { path: string })[] }>("module_grad", {
+        checkpoint,
+        tokens,
+        weights: w,
+        steps,
+        checkpoint_layers: checkpointLayers,
+      });
+      return { loss: this.readArray(r.loss), grads: r.grads.map((g) => [g.path, this.readArray(g)]) };
+    } finally {
+      rmSync(w.npy, { force: true });
+    }
+  }
+
+  /**
+   * mlx.optimizers over a parameter tree given flat ([path, array], tree_unflatten'ed):
+   * `optimizer` {name, args} (Python keyword arguments; a learning_rate may be a schedule spec),
+   * one gradient list per step. Per step: the parameters and the optimizer state, flattened.
+   */
+  async optimizerSteps(
+    optimizer: { name: string; args: Record<string, unknown> },
+    params: readonly (readonly [string, NpyRecord])[],
+    grads: readonly (readonly (readonly [string, NpyRecord])[])[],
+  ): Promise<{ params: [string, NpyRecord][]; state: [string, NpyRecord][] }[]> {
+    const written: string[] = [];
+    const wire = (items: readonly (readonly [string, NpyRecord])[]) =>
+      items.map(([path, rec]) => {
+        const w = this.writeInput(rec);
+        written.push(w.npy);
+        return { path, ...w };
+      });
+    try {
+      type Flat = (NpyRef & { path: string })[];
+      const r = await this.request<{ steps: { params: Flat; state: Flat }[] }>("optimizer", { optimizer, params: wire(params), grads: grads.map(wire) });
+      const read = (f: Flat): [string, NpyRecord][] => f.map((x) => [x.path, this.readArray(x)]);
+      return r.steps.map((st) => ({ params: read(st.params), state: read(st.state) }));
+    } finally {
+      for (const p of written) rmSync(p, { force: true });
+    }
+  }
+
+  /**
+   * `n` training steps on a fresh model (loss = (model(tokens) * weights).sum(), nn.value_and_grad,
+   * optimizer.update), eager or under mx.compile with the trainer's captured state: the losses,
+   * the trainable parameters and the optimizer state at the end (flat, tree order).
+   */
+  async trainSteps(args: {
+    checkpoint: string;
+    tokens: number[][];
+    weights: NpyRecord;
+    optimizer: { name: string; args: Record<string, unknown> };
+    n: number;
+    compiled: boolean;
+    steps?: object[];
+  }): Promise<{ losses: NpyRecord[]; params: [string, NpyRecord][]; state: [string, NpyRecord][] }> {
+    const w = this.writeInput(args.weights);
+    try {
+      type Flat = (NpyRef & { path: string })[];
+      const r = await this.request<{ losses: NpyRef[]; params: Flat; state: Flat }>("train_steps", { ...args, weights: w, steps: args.steps ?? [] });
+      const read = (f: Flat): [string, NpyRecord][] => f.map((x) => [x.path, this.readArray(x)]);
+      return { losses: r.losses.map((l) => this.readArray(l)), params: read(r.params), state: read(r.state) };
+    } finally {
+      rmSync(w.npy, { force: true });
+    }
   }
 
   /** Ask the server to exit; waits for the process (kills it after `graceMs`). */
@@ -465,6 +569,15 @@ export class OracleClient {
   /** Kill the process without a shutdown request (tests of crash handling). */
   kill(signal: NodeJS.Signals = "SIGKILL"): void {
     this.proc?.kill(signal);
+  }
+}
+
+/** A reply's fields must have the types the command's result is read with. */
+export function expectReply(cmd: string, r: unknown, fields: Record<string, "array" | "object">): void {
+  for (const [k, kind] of Object.entries(fields)) {
+    const v = (r as Record<string, unknown>)[k];
+    const ok = kind === "array" ? Array.isArray(v) : v !== null && typeof v === "object" && !Array.isArray(v);
+    if (!ok) throw new OracleError(`malformed reply from oracle to ${cmd}: ${k} should be an ${kind}, got ${JSON.stringify(v)?.slice(0, 200) ?? "nothing"}`, cmd);
   }
 }
 

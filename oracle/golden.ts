@@ -28,7 +28,7 @@ export interface Manifest {
   generated_by: string;
   versions: Record<string, string>;
   fingerprint: Record<string, unknown>;
-  cross_platform: { ulp_budget: Record<string, number>; note: string };
+  cross_platform: CrossPlatform;
   taps_json_sha256: string;
   plan: unknown;
   checkpoints: Record<string, { layout: string; dtype: string; quantization: unknown; features: string[]; files: Record<string, string> }>;
@@ -38,6 +38,62 @@ export interface Manifest {
   full_dumps: string[];
   logits_only: string[];
   total_bytes: number;
+}
+
+/** A measured distance between the goldens and mlx-lm on another backend (oracle/python/golden_distance.py). */
+export interface BackendMeasurement {
+  measured: string;
+  backend: string;
+  device: string;
+  fingerprint: Record<string, unknown>;
+  versions: Record<string, string>;
+  /** Which golden set it was measured against (goldenFilesDigest of the manifest's files). */
+  golden_files: string;
+  entries: number;
+  taps: number;
+  /** Entries whose generated tokens differ there (taps compared up to the first differing token). */
+  diverged: { entry: string; first_differing_token: number }[];
+  per_dtype: Record<string, { taps: number; taps_differing: number; max_ulp: number; max_abs: number }>;
+  per_kind: Record<string, Record<string, { taps: number; taps_differing: number; max_ulp: number; max_abs: number }>>;
+}
+
+export interface CrossPlatform {
+  /** For another fingerprint of the recording backend (another machine): a starting value, not measured. */
+  ulp_budget: Record<string, number>;
+  note: string;
+  /** Measured per backend ("cuda", "metal"): its per-dtype ULP budget is the measured maximum. */
+  backends?: Record<string, BackendMeasurement>;
+}
+
+/** How goldens are compared on this platform (the manifest's rule, in one place). */
+export type GoldenRule =
+  | { mode: "exact" }
+  | { mode: "budget"; budget: Record<string, number>; measured: boolean; what: string }
+  | { mode: "none"; what: string };
+
+/**
+ * Same fingerprint and versions: bit for bit. Another backend with a measurement in the manifest:
+ * within that backend's measured per-dtype maximum ULP distance. Another backend without one:
+ * not compared (nothing says how far they may be), said as such; the live oracle stays the bar.
+ * Another machine of the same backend: within the unmeasured starting budget, said as such.
+ */
+export function goldenRule(m: Manifest, here: { versions: Record<string, string>; fingerprint: Record<string, unknown> }): GoldenRule {
+  if (JSON.stringify(m.fingerprint) === JSON.stringify(here.fingerprint) && JSON.stringify(m.versions) === JSON.stringify(here.versions)) return { mode: "exact" };
+  const from = String(m.fingerprint.mlx_backend ?? "cpu");
+  const backend = String(here.fingerprint.mlx_backend ?? "cpu");
+  const meas = m.cross_platform.backends?.[backend];
+  if (backend !== from && meas && JSON.stringify(meas.versions) === JSON.stringify(here.versions)) {
+    const budget: Record<string, number> = {};
+    for (const [dt, v] of Object.entries(meas.per_dtype)) if (v.max_ulp >= 0) budget[dt] = v.max_ulp;
+    return { mode: "budget", budget, measured: true, what: `goldens recorded on ${from} compared within the ${backend} distance measured ${meas.measured.slice(0, 10)} (max ULP per dtype ${JSON.stringify(budget)})` };
+  }
+  if (backend !== from) return { mode: "none", what: `goldens recorded on ${from} not compared on ${backend}: the manifest has no distance measured there (oracle/python/golden_distance.py); the live oracle is compared bit for bit` };
+  return { mode: "budget", budget: m.cross_platform.ulp_budget, measured: false, what: `goldens recorded on another ${from} machine compared within the unmeasured starting budget ${JSON.stringify(m.cross_platform.ulp_budget)}` };
+}
+
+/** Identifies a golden set: sha256 over "path:sha256" lines of the manifest's files, sorted by path. */
+export function goldenFilesDigest(files: Manifest["files"]): string {
+  return sha256(new TextEncoder().encode(Object.keys(files).sort().map((k) => `${k}:${files[k]!.sha256}\n`).join("")));
 }
 
 export interface IndexTap {

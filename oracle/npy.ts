@@ -99,6 +99,7 @@ export function parseNpy(buf: Uint8Array, tag?: string): NpyRecord {
     .map((s) => s.trim())
     .filter((s) => s.length > 0)
     .map((s) => Number.parseInt(s, 10));
+  if (!shape.every((d) => Number.isSafeInteger(d) && d >= 0)) throw new NpyError(`malformed .npy shape (${shapeText})`);
   let dtype = FROM_DESCR.get(descr);
   if (dtype === undefined) throw new NpyError(`unsupported .npy dtype ${descr}`);
   if (tag !== undefined && tag !== dtype) {

@@ -8,8 +8,9 @@
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { OracleClient, REPO_ROOT } from "./client.ts";
-import { GOLDEN_DIR, type GoldenEntry, type Manifest, readManifest, sha256 } from "./golden.ts";
+import { type BackendMeasurement, GOLDEN_DIR, type GoldenEntry, goldenFilesDigest, type Manifest, readManifest, sha256 } from "./golden.ts";
 import { diffGoldens } from "./golden_diff.ts";
+import { type FlagSpec, helpText, parseArgs, UsageError } from "../parity/args.ts";
 
 const PLAN_PATH = join(REPO_ROOT, "oracle", "golden_plan.json");
 const TAPS_PATH = join(REPO_ROOT, "oracle", "taps.json");
@@ -89,32 +90,39 @@ export function groupUnits(items: PlanItem[]): Unit[] {
   return units;
 }
 
-function parseArgs(argv: string[]): { only: string[]; dryRun: boolean } {
-  const only: string[] = [];
-  let dryRun = false;
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i] as string;
-    if (a === "--only") {
-      const g = argv[++i];
-      if (!g) throw new Error("--only needs a glob, e.g. --only 'c1_dense/*' or --only '*/fwd_L13'");
-      only.push(g);
-    } else if (a.startsWith("--only=")) only.push(a.slice(7));
-    else if (a === "--dry-run") dryRun = true;
-    else if (a === "--help" || a === "-h") {
-      console.log(`usage: npm run golden:regen [-- --only <glob> ...] [-- --dry-run]
+export const FLAGS: FlagSpec[] = [
+  {
+    name: "only",
+    kind: "string",
+    multiple: true,
+    valueName: "glob",
+    help: "regenerate only entries whose id <fixture>/<variant>/<scenario> matches ('*' spans '/': 'c1_dense/*', '*/fwd_L13', 'c5_moe/q4g32/gen_*'); repeatable. A checkpoint's logits-only scenarios share one file, which is regenerated as a whole; the other files are carried over from the current golden/ unchanged",
+  },
+  { name: "dry-run", kind: "bool", help: "print the plan and exit" },
+  {
+    name: "cross-backend",
+    kind: "string",
+    multiple: true,
+    valueName: "file",
+    help: "record a measured distance between these goldens and another backend (the JSON that oracle/python/golden_distance.py writes there) as that backend's budget in the manifest; measurements already in the manifest are kept while the goldens and versions they were made with are unchanged; repeatable",
+  },
+  { name: "help", kind: "bool", help: "show this help" },
+];
 
-  --only GLOB   regenerate only entries whose id <fixture>/<variant>/<scenario> matches
-                ('*' spans '/': 'c1_dense/*', '*/fwd_L13', 'c5_moe/q4g32/gen_*'); a checkpoint's
-                logits-only scenarios share one file, which is regenerated as a whole; the other
-                files are carried over from the current golden/ unchanged
-  --dry-run     print the plan and exit
+const FOOTER = `
 Plan: oracle/golden_plan.json. Output: golden/manifest.json; full dumps as
 golden/<fixture>/<variant>/<scenario>.npz + .json; logits-only scenarios of a checkpoint in
-golden/<fixture>/<variant>/logits.npz + .json.`);
-      process.exit(0);
-    } else throw new Error(`unknown argument ${a} (see --help)`);
-  }
-  return { only, dryRun };
+golden/<fixture>/<variant>/logits.npz + .json.`;
+
+/** The flags (null for --help); a bad flag is a UsageError (exit 2). */
+export function regenArgs(argv: readonly string[]): { only: string[]; dryRun: boolean; crossBackend: string[] } | null {
+  const a = parseArgs(argv, FLAGS);
+  if (a.help) return null;
+  const only = (a.only as string[] | undefined) ?? [];
+  if (only.some((g) => g.trim() === "")) throw new UsageError("--only needs a glob, e.g. --only 'c1_dense/*' or --only '*/fwd_L13'");
+  const crossBackend = (a["cross-backend"] as string[] | undefined) ?? [];
+  if (crossBackend.some((f) => f.trim() === "")) throw new UsageError("--cross-backend needs the JSON file written by oracle/python/golden_distance.py");
+  return { only, dryRun: a["dry-run"] === true, crossBackend };
 }
 
 class Progress {
@@ -174,8 +182,38 @@ function manifestText(m: Manifest): string {
   return `${lines.join("\n")}\n`;
 }
 
+/**
+ * The manifest's cross-platform section: measured backends (given now, or kept from the previous
+ * manifest while its goldens and versions are unchanged) and the unmeasured starting budget.
+ */
+function crossPlatform(old: Manifest | undefined, files: string[], versions: Record<string, string>, digest: string): Manifest["cross_platform"] {
+  const valid = (m: BackendMeasurement) => m.golden_files === digest && JSON.stringify(m.versions) === JSON.stringify(versions);
+  const backends: Record<string, BackendMeasurement> = {};
+  for (const [b, m] of Object.entries(old?.cross_platform.backends ?? {})) {
+    if (valid(m)) backends[b] = m;
+    else console.error(`cross-backend: dropping the ${b} measurement of ${m.measured} (made against other goldens or versions)`);
+  }
+  for (const f of files) {
+    const m = JSON.parse(readFileSync(f, "utf8")) as BackendMeasurement;
+    if (!m.per_dtype || !m.backend) throw new Error(`${f} is not a golden_distance.py result`);
+    if (!valid(m)) throw new Error(`${f} was measured against other goldens or versions than these (golden_files ${m.golden_files.slice(0, 12)} vs ${digest.slice(0, 12)}; versions ${JSON.stringify(m.versions)})`);
+    backends[m.backend] = m;
+    console.error(`cross-backend: ${m.backend} measured ${m.measured}: ${m.taps} taps, max ULP per dtype ${JSON.stringify(Object.fromEntries(Object.entries(m.per_dtype).map(([d, v]) => [d, v.max_ulp])))}`);
+  }
+  return {
+    ulp_budget: { float32: 64, float16: 2, bfloat16: 2 },
+    note:
+      "Same fingerprint: goldens must match bit for bit. Another backend with an entry in `backends` (measured by oracle/python/golden_distance.py there): compare within its measured per-dtype maximum ULP distance, reported as such. Any other fingerprint: within `ulp_budget`, a starting value that is not measured. The live oracle is always bit-exact.",
+    ...(Object.keys(backends).length ? { backends } : {}),
+  };
+}
+
 async function main(): Promise<number> {
-  const args = parseArgs(process.argv.slice(2));
+  const args = regenArgs(process.argv.slice(2));
+  if (args === null) {
+    process.stdout.write(helpText("npm run golden:regen -- [options]", "Regenerates golden/ from the live oracle (atomic; prints a diff against the previous manifest).", FLAGS, FOOTER));
+    return 0;
+  }
   const t0 = Date.now();
   const planSpec = JSON.parse(readFileSync(PLAN_PATH, "utf8")) as Plan;
   removeStaleTemps();
@@ -193,7 +231,7 @@ async function main(): Promise<number> {
       for (const p of selected) console.log(`${p.mode.padEnd(6)} ${p.id}`);
       return 0;
     }
-    if (selected.length === 0) throw new Error(`--only ${args.only.join(" ")} matches no planned entry`);
+    if (selected.length === 0) throw new UsageError(`--only ${args.only.join(" ")} matches no planned entry`);
 
     const ckIds = [...new Set(selected.map((p) => p.checkpoint))];
     console.error(`checkpoints: ensuring ${ckIds.length} (built into .cache/checkpoints when missing or stale)`);
@@ -287,10 +325,7 @@ async function main(): Promise<number> {
       generated_by: "npm run golden:regen (oracle/regen.ts)",
       versions,
       fingerprint,
-      cross_platform: {
-        ulp_budget: { float32: 64, float16: 2, bfloat16: 2 },
-        note: "Same fingerprint: goldens must match bit for bit. Another fingerprint: compare with this per-element ULP budget and report it as a cross-platform comparison. The live oracle is always bit-exact. The budget is a starting value, not yet measured across machines.",
-      },
+      cross_platform: crossPlatform(old, args.crossBackend, versions, goldenFilesDigest(sortedFiles)),
       taps_json_sha256: sha256(new Uint8Array(readFileSync(TAPS_PATH))),
       plan: planSpec,
       checkpoints,
@@ -333,8 +368,8 @@ if (import.meta.main) {
   main().then(
     (rc) => process.exit(rc),
     (e: unknown) => {
-      console.error(`golden:regen failed: ${e instanceof Error ? e.message : String(e)}`);
-      process.exit(1);
+      console.error(e instanceof UsageError ? `error: ${e.message}` : `golden:regen failed: ${e instanceof Error ? e.message : String(e)}`);
+      process.exit(e instanceof UsageError ? 2 : 1);
     },
   );
 }

@@ -1,8 +1,17 @@
 // Command-line parsing shared by `npm run parity` and `npm run generate`: every flag is
 // declared once with its help text; unknown flags and bad values are errors.
 
+import { ConfigError } from "../model/gemma4/config.ts";
+import { WeightsError } from "../model/gemma4/weights.ts";
+import { PromptCacheError } from "../model/cache/prompt_cache.ts";
+
 export class UsageError extends Error {
   override readonly name = "UsageError";
+}
+
+/** Bad usage or bad input (a checkpoint or prompt-cache file the loaders refuse): the commands exit 2 for these. */
+export function isInputError(e: unknown): boolean {
+  return e instanceof UsageError || e instanceof ConfigError || e instanceof WeightsError || e instanceof PromptCacheError;
 }
 
 export interface FlagSpec {
@@ -12,8 +21,8 @@ export interface FlagSpec {
   help: string;
   valueName?: string;
   default?: string | number | boolean;
-  /** May be given more than once (kind "string"): the values are collected, in order, into an array. */
-  repeat?: boolean;
+  /** "string" only: the flag may repeat; the value is the list of every occurrence. */
+  multiple?: boolean;
 }
 
 export type Parsed = Record<string, string | number | boolean | string[] | undefined>;
@@ -36,10 +45,8 @@ export function parseArgs(argv: readonly string[], specs: readonly FlagSpec[]): 
     }
     let value: string | undefined = eq >= 0 ? raw.slice(eq + 1) : argv[++i];
     if (value === undefined || (eq < 0 && value.startsWith("--"))) throw new UsageError(`--${name} needs a value (${spec.valueName ?? spec.kind})`);
-    if (spec.kind === "string") {
-      const prev = out[name];
-      out[name] = spec.repeat ? [...(Array.isArray(prev) ? prev : []), value] : value;
-    }
+    if (spec.kind === "string" && spec.multiple) out[name] = [...((out[name] as string[] | undefined) ?? []), value];
+    else if (spec.kind === "string") out[name] = value;
     else {
       const n = Number(value);
       if (!Number.isFinite(n) || (spec.kind === "int" && !Number.isInteger(n))) throw new UsageError(`--${name} needs ${spec.kind === "int" ? "an integer" : "a number"}, got '${value}'`);
@@ -51,10 +58,24 @@ export function parseArgs(argv: readonly string[], specs: readonly FlagSpec[]): 
 
 export function helpText(usage: string, summary: string, specs: readonly FlagSpec[], footer = ""): string {
   const rows = specs.map((s) => {
-    const left = `  --${s.name}${s.kind === "bool" ? "" : ` <${s.valueName ?? s.kind}>`}${s.repeat ? " ..." : ""}`;
+    const left = `  --${s.name}${s.kind === "bool" ? "" : ` <${s.valueName ?? s.kind}>`}${s.multiple ? " ..." : ""}`;
     const def = s.default !== undefined && s.kind !== "bool" ? ` (default: ${s.default})` : "";
     return [left, s.help + def] as const;
   });
   const w = Math.max(...rows.map(([l]) => l.length)) + 2;
   return [`Usage: ${usage}`, "", summary, "", "Options:", ...rows.map(([l, r]) => l.padEnd(w) + r), footer].join("\n").trimEnd() + "\n";
+}
+
+/**
+ * Runs a command's main(argv) and exits with its code; an error prints one line (a stack trace
+ * with --verbose) and exits 2 for bad usage or input (isInputError), 1 otherwise.
+ */
+export function runMain(main: (argv: string[]) => Promise<number>, message: (err: Error) => string = (err) => `error: ${err.message}\n`): void {
+  const verbose = process.argv.includes("--verbose");
+  const fail = (e: unknown): never => {
+    if (verbose) console.error(e);
+    else process.stderr.write(message(e as Error));
+    process.exit(isInputError(e) ? 2 : 1);
+  };
+  main(process.argv.slice(2)).then((code) => process.exit(code), fail);
 }

@@ -6,11 +6,12 @@ import { mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { basename, join, resolve } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { batchModel } from "../model/generate_batch.ts";
-import { loadModel } from "../model/gemma4/index.ts";
+import { checkCheckpoint, loadModel } from "../model/gemma4/index.ts";
 import { type OracleClient, REPO_ROOT } from "../oracle/client.ts";
-import { UsageError } from "./args.ts";
+import { type Parsed, UsageError } from "./args.ts";
 import { type BatchComparison, type BatchScenario, batchParity, runFeatures } from "./batch_engine.ts";
 import { pct, textTable } from "./format.ts";
+import { inspectCheckpoint } from "./inputs.ts";
 import { ProgressBar } from "./progress.ts";
 
 export const BATCH_SCHEMA_ID = "gemma4-parity/batch-report@1";
@@ -114,10 +115,45 @@ export function writeBatchReports(rep: BatchReport, out: string): string[] {
 }
 
 /** The checkpoints of a batch run: --model DIR, or the fixture checkpoints (matching --only). */
-export function batchCheckpoints(model: string | undefined, fixtureIds: string[]): [string, string, string][] {
+function batchCheckpoints(model: string | undefined, fixtureIds: string[]): [string, string, string][] {
   if (model !== undefined) {
     const dir = resolve(model);
     return [[dir, dir, basename(dir)]];
   }
   return fixtureIds.map((id) => [join(REPO_ROOT, ".cache", "checkpoints", id), id, id]);
 }
+
+/** --mode batch's checks before any oracle starts (parityPlan calls it). */
+export function batchModeCheck(a: Parsed): void {
+  for (const k of ["prompt", "tokens", "chat", "bisect", "oracle-model", "skip-ops"]) if (a[k] !== undefined) throw new UsageError(`--${k} does not apply to --mode batch`);
+  if (Number(a.ulp) !== 0 || Number(a.atol) !== 0) throw new UsageError("--mode batch compares bit for bit: --ulp and --atol do not apply");
+  if (a.model !== undefined && a.only !== undefined) throw new UsageError("--only applies to the fixture run, not to --model");
+  loadBatchScenarios((a.scenario as string[] | undefined) ?? []);
+  if (a.model !== undefined) {
+    const dir = resolve(String(a.model));
+    inspectCheckpoint(dir);
+    checkCheckpoint(dir);
+  }
+}
+
+const globRe = (glob: string) => new RegExp(`^${glob.split("*").map((x) => x.replace(/[.+?^${}()|[\]\\]/g, "\\$&")).join(".*")}$`);
+
+/** --mode batch: the batch scenarios on the fixtures (or --model DIR) against mlx-lm's BatchGenerator. */
+async function batchMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
+  const scenarios = loadBatchScenarios((a.scenario as string[] | undefined) ?? []);
+  let ids: string[] = [];
+  if (a.model === undefined) {
+    const plan = await oracle.request<{ checkpoints: { id: string }[] }>("plan");
+    const re = typeof a.only === "string" ? globRe(a.only) : null;
+    ids = plan.checkpoints.map((c) => c.id).filter((id) => !re || re.test(id));
+    if (ids.length === 0) throw new UsageError(`--only '${String(a.only)}' matches no fixture checkpoint (ids look like c3_e2b/bf16)`);
+    await oracle.request("make_checkpoints", {}, 1_800_000);
+  }
+  const rep = await runBatchParity(oracle, batchCheckpoints(a.model as string | undefined, ids), scenarios);
+  process.stdout.write(`${batchSummary(rep)}\n`);
+  const files = writeBatchReports(rep, resolve(String(a.out ?? "report")));
+  process.stdout.write(`Reports: ${files.join(", ")}\n`);
+  return rep.ok;
+}
+
+export const BATCH_MODES = { batch: batchMode };

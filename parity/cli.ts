@@ -8,18 +8,27 @@ import { basename, join, resolve } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
-import { coverage, runCases } from "../oracle/ops/runner.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { type IsolatedRun, runCasesIsolated } from "../oracle/ops/isolated.ts";
+import { type CaseResult, type Coverage, coverage, groupUnsupported } from "../oracle/ops/runner.ts";
+import { runVjpCasesIsolated, vjpCases, vjpCoverage } from "../oracle/ops/vjp_runner.ts";
+import { checkCheckpoint, loadModel } from "../model/gemma4/index.ts";
+import { type FlagSpec, helpText, isInputError, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
+import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "./device.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
-import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
+import { fmtDivergence, fmtNum, pct, REFERENCE_HEADER, referenceRow, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
+import { compareWithReference, readReferenceManifest, REFERENCE_BOUND, relDiff } from "../oracle/reference.ts";
 import { renderHtml } from "./html.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 import { renderMarkdown } from "./markdown.ts";
 import { ProgressBar } from "./progress.ts";
-import { type OpLevelSummary, type ParityReport, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
-import { batchCheckpoints, batchSummary, loadBatchScenarios, runBatchParity, writeBatchReports } from "./batch_report.ts";
+import { type OpLevelSummary, type ParityReport, type ReferenceRow, type ReferenceSummary, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
+import { SPECULATIVE_MODES } from "./speculative_modes.ts";
+import { BATCH_MODES, batchModeCheck } from "./batch_report.ts";
 
-const FLAGS: FlagSpec[] = [
+// --mode NAME: one decoding mode against its oracle (each feature adds its runners here).
+const MODES: Record<string, (oracle: OracleClient, a: Parsed) => Promise<boolean>> = { ...SPECULATIVE_MODES, ...BATCH_MODES };
+
+export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (gemma4, gemma4_text or gemma4_unified; flat, wrapper or raw HF layout; quantized or not)" },
   { name: "prompt", kind: "string", valueName: "text", help: "with --model: prompt text, tokenized with the checkpoint's tokenizer.json" },
   { name: "chat", kind: "bool", help: "with --prompt: apply the checkpoint's chat template first" },
@@ -32,9 +41,10 @@ const FLAGS: FlagSpec[] = [
   { name: "skip-ops", kind: "bool", help: "fixtures: skip the op-level section" },
   { name: "ulp", kind: "int", valueName: "N", help: "budget: a tap passes if its max ULP distance is at most N", default: 0 },
   { name: "atol", kind: "number", valueName: "X", help: "budget: a tap passes if its max abs difference is at most X", default: 0 },
+  DEVICE_FLAG,
   { name: "out", kind: "string", valueName: "dir", help: "where the reports go", default: "report" },
-  { name: "mode", kind: "string", valueName: "generate|batch", help: "generate: generate_step tap by tap; batch: batched generation against mlx-lm's BatchGenerator, per next() call", default: "generate" },
-  { name: "scenario", kind: "string", valueName: "id", help: "--mode batch: only this batch scenario of fixtures/batch_scenarios.json", repeat: true },
+  { name: "mode", kind: "string", valueName: "name", help: `run one decoding mode against its oracle on the fixtures instead (${Object.keys(MODES).join(", ")}); --only filters fixtures` },
+  { name: "scenario", kind: "string", valueName: "id", help: "--mode batch: only this batch scenario of fixtures/batch_scenarios.json (repeatable)", multiple: true },
   { name: "verbose", kind: "bool", help: "stack traces on errors, oracle stderr" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -52,6 +62,7 @@ Examples:
   npm run parity -- --model ~/models/gemma-4-e4b-it-4bit --prompt "Why is the sky blue?" --chat --steps 16
   npm run parity -- --model ./ckpt --tokens 2,105,2364 --prefill-step-size 512
   npm run parity -- --mode batch --only 'c5_moe/*' --scenario join_mid_run
+  npm run parity -- --mode batch --model ./ckpt
 `;
 
 // The fixture scenarios the report runs: a ring-buffer-wrapping generation for every
@@ -63,14 +74,59 @@ function globRe(glob: string): RegExp {
   return new RegExp(`^${glob.split("*").map((s) => s.replace(/[.+?^${}()|[\]\\]/g, "\\$&")).join(".*")}$`);
 }
 
-async function opLevel(oracle: OracleClient): Promise<OpLevelSummary> {
-  const bar = new ProgressBar("[ops]");
-  bar.update(0, `${CASES.length} cases`);
-  const results = await runCases(CASES, oracle);
-  const cov = coverage(exposedOps().filter((o) => !(o in NOT_OPS)), CASES, results);
-  bar.done(`${cov.bitExact}/${cov.cases} cases bit-exact, ${cov.tested.length}/${cov.exposed.length} ops tested`);
-  for (const f of cov.failures.slice(0, 10)) process.stderr.write(`  FAIL ${f.id}: ${f.detail}\n`);
-  return { opsExposed: cov.exposed.length, opsTested: cov.tested.length, cases: cov.cases, bitExact: cov.bitExact };
+// The op table runs in worker processes of its own (oracle/ops/isolated.ts): a case that leaves a
+// sticky GPU error behind poisons only its worker, never the oracle of the model runs.
+/** Runs one case table in its worker processes, with a progress bar and every non-exact case printed. */
+async function runTable<C extends { id: string; op: string }>(
+  label: string,
+  prefix: string,
+  cases: readonly C[],
+  run: (cs: readonly C[], onResult: (r: CaseResult, done: number) => void) => Promise<IsolatedRun>,
+  cover: (rs: CaseResult[]) => Coverage,
+  dev: DeviceInfo,
+): Promise<{ cov: Coverage; run: IsolatedRun }> {
+  const bar = new ProgressBar(`[${label}]`);
+  bar.update(0, `${cases.length} cases`);
+  const r = await run(cases, (_r, done) => bar.update(done / cases.length, `${done}/${cases.length} cases`));
+  const cov = cover(r.results);
+  const unsup = cov.unsupported.length ? `, ${cov.unsupported.length} unsupported on ${dev.backend}` : "";
+  bar.done(`${cov.bitExact}/${cov.cases} cases bit-exact${unsup}, ${cov.failures.length} failed, ${cov.tested.length}/${cov.exposed.length} ops tested`);
+  for (const [msg, ids] of groupUnsupported(cov.unsupported)) process.stderr.write(`  unsupported on ${dev.backend} (${ids.length}): ${msg}\n    ${ids.join(", ")}\n`);
+  for (const f of cov.failures) process.stderr.write(`  FAIL ${prefix}${f.id}: ${f.detail}\n`);
+  for (const p of r.poisoners) process.stderr.write(`  ${prefix}${p.id} left a sticky error behind (binding: ${p.ts ?? "ok"}; oracle: ${p.py ?? "ok"}); the rest ran in fresh processes\n`);
+  return { cov, run: r };
+}
+
+async function opLevel(dev: DeviceInfo): Promise<OpLevelSummary> {
+  const exposed = exposedOps().filter((o) => !(o in NOT_OPS));
+  const grads = vjpCases();
+  const fwd = await runTable("ops", "", CASES, (cs, on) => runCasesIsolated(cs, on), (rs) => coverage(exposed, CASES, rs), dev);
+  const grad = await runTable("vjp", "vjp:", grads, (cs, on) => runVjpCasesIsolated(cs, on), (rs) => vjpCoverage(exposed, grads, rs), dev);
+  const nonExact = ([[fwd, ""], [grad, "vjp:"]] as const).flatMap(([{ run }, prefix]) =>
+    run.results
+      .filter((r) => r.status !== "exact")
+      .map((r) => ({ id: `${prefix}${r.id}`, op: r.op, status: r.status as "unsupported" | "fail", detail: r.detail ?? "", sticky: r.sticky === true })),
+  );
+  return {
+    opsExposed: fwd.cov.exposed.length,
+    opsTested: fwd.cov.tested.length,
+    cases: fwd.cov.cases,
+    bitExact: fwd.cov.bitExact,
+    unsupported: fwd.cov.unsupported.length,
+    failed: fwd.cov.failures.length,
+    backend: dev.backend,
+    device: dev.device,
+    workers: fwd.run.workers + grad.run.workers,
+    vjp: {
+      opsDifferentiable: grad.cov.exposed.length,
+      opsTested: grad.cov.tested.length,
+      cases: grad.cov.cases,
+      bitExact: grad.cov.bitExact,
+      unsupported: grad.cov.unsupported.length,
+      failed: grad.cov.failures.length,
+    },
+    nonExact,
+  };
 }
 
 interface ScenarioEntry {
@@ -127,6 +183,68 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
   return runs;
 }
 
+/**
+ * The three-way check on the float32 fixtures: the TS model and mlx-lm on the exported
+ * reference's tokens, TS = mlx-lm byte for byte, and both within the recorded bound of
+ * transformers (oracle/reference.ts).
+ */
+async function referenceSection(oracle: OracleClient, only: string | undefined): Promise<ReferenceSummary | null> {
+  const manifest = readReferenceManifest();
+  if (manifest === null) return null;
+  const re = only ? globRe(only) : null;
+  const fixtures = Object.values(manifest.fixtures).filter((e) => !re || re.test(e.checkpoint));
+  if (fixtures.length === 0) return null;
+  const bar = new ProgressBar("[reference]");
+  const rows: ReferenceRow[] = [];
+  for (const [k, e] of fixtures.entries()) {
+    bar.update(k / fixtures.length, `${e.checkpoint} against transformers`);
+    const { model, text } = loadModel(join(REPO_ROOT, ".cache", "checkpoints", e.checkpoint));
+    let d;
+    try {
+      d = compareWithReference(e.checkpoint, e, model, text.args.num_hidden_layers);
+    } finally {
+      model.dispose();
+    }
+    const theirs = await oracle.forward(e.checkpoint, [d.tokens]);
+    const mlxLogits = new Float32Array(theirs.data.slice().buffer);
+    const same = theirs.dtype === "float32" && Buffer.compare(Buffer.from(theirs.data), Buffer.from(new Uint8Array(d.logits.buffer))) === 0;
+    const mlx = relDiff(mlxLogits, d.referenceLogits).rel;
+    rows.push({
+      checkpoint: e.checkpoint,
+      tsEqualsMlxLm: same,
+      tsVsTransformers: { logits: d.logitsRel, hidden: d.hiddenRel },
+      mlxLmVsTransformers: { logits: mlx },
+      ok: same && d.ok && mlx <= REFERENCE_BOUND.relative,
+    });
+  }
+  bar.done(`${rows.filter((r) => r.ok).length}/${rows.length} float32 fixtures: TS = mlx-lm bit for bit, both within ${REFERENCE_BOUND.relative} of transformers`);
+  return { bound: REFERENCE_BOUND.relative, versions: manifest.versions, rows };
+}
+
+/**
+ * --prompt: the prompt's token ids from mlx-lm's tokenizer (and chat template, with --chat) must
+ * equal the TS tokenizer's before the models are compared on them.
+ */
+async function compareTokenization(oracle: OracleClient, dir: string, prompt: string, chat: boolean, ours: readonly number[]): Promise<void> {
+  const r = await oracle.request<{ with_special: number[][]; chats: number[][] }>(
+    "tokenize",
+    chat ? { dir, chats: [{ messages: [{ role: "user", content: prompt }], add_generation_prompt: true }] } : { dir, strings: [prompt] },
+  );
+  const theirs = chat ? r.chats[0] : r.with_special[0];
+  if (!theirs || theirs.length !== ours.length || theirs.some((t, i) => t !== ours[i])) {
+    throw new Error(`the prompt tokenizes differently: TS [${ours.join(",")}] vs mlx-lm [${(theirs ?? []).join(",")}]`);
+  }
+  process.stderr.write(`[tokenizer] ${ours.length} prompt tokens${chat ? " (chat template)" : ""}: TS = mlx-lm\n`);
+}
+
+/** A --model run after its pre-flight: the prompt's tokenization against mlx-lm's, then the tap-by-tap run. */
+export async function modelRun(oracle: OracleClient, plan: { a: Parsed; spec: RunSpec | null }): Promise<RunResult> {
+  const { a, spec } = plan;
+  if (!spec) throw new UsageError("modelRun needs a --model plan");
+  if (typeof a.prompt === "string") await compareTokenization(oracle, spec.oracleCheckpoint, a.prompt, a.chat === true, spec.prompt);
+  return runOne(oracle, spec);
+}
+
 async function runOne(oracle: OracleClient, spec: RunSpec, capture?: Promise<Capture>): Promise<RunResult> {
   const bar = new ProgressBar(`[${spec.model} ${spec.variant}]`);
   bar.update(0, "mlx-lm capturing");
@@ -152,7 +270,13 @@ async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<Ru
   if (bad !== undefined) throw new UsageError(`token id ${bad} is outside the vocabulary (vocab_size ${vocab})`);
   checkPromptLength(prompt, steps, info);
   const oracleDir = a["oracle-model"] === undefined ? dir : resolve(String(a["oracle-model"]));
-  if (oracleDir !== dir) inspectCheckpoint(oracleDir);
+  // Everything the TS loader would refuse (config, shapes, files), without reading the weights:
+  // a bad checkpoint gets our error naming file and key, and no oracle process is started for it.
+  checkCheckpoint(dir);
+  if (oracleDir !== dir) {
+    inspectCheckpoint(oracleDir);
+    checkCheckpoint(oracleDir);
+  }
   return { tsDir: dir, oracleCheckpoint: oracleDir, model: basename(dir), variant: info.modelType, prompt, prefillStepSize: prefill, steps, budget, bisect: a.bisect === true };
 }
 
@@ -169,8 +293,17 @@ function printSummary(rep: ParityReport): void {
   const lines: string[] = [""];
   if (rep.opLevel) {
     const o = rep.opLevel;
-    lines.push("Op-level parity (@mlx-bun/mlx vs Python MLX)");
-    lines.push(textTable(["ops exposed", "ops parity-tested", "cases", "bit-exact cases"], [[String(o.opsExposed), `${o.opsTested} (${pct(o.opsTested, o.opsExposed)})`, String(o.cases), `${o.bitExact} (${pct(o.bitExact, o.cases)})`]]), "");
+    lines.push(`Op-level parity (@mlx-bun/mlx vs Python MLX, ${o.backend} backend, device ${o.device})`);
+    lines.push(
+      textTable(
+        ["table", "ops exposed", "ops parity-tested", "cases", "bit-exact cases", `unsupported on ${o.backend}`, "failed"],
+        [
+          ["forward", String(o.opsExposed), `${o.opsTested} (${pct(o.opsTested, o.opsExposed)})`, String(o.cases), `${o.bitExact} (${pct(o.bitExact, o.cases)})`, String(o.unsupported), String(o.failed)],
+          ["vjp", `${o.vjp.opsDifferentiable} differentiable`, `${o.vjp.opsTested} (${pct(o.vjp.opsTested, o.vjp.opsDifferentiable)})`, String(o.vjp.cases), `${o.vjp.bitExact} (${pct(o.vjp.bitExact, o.vjp.cases)})`, String(o.vjp.unsupported), String(o.vjp.failed)],
+        ],
+      ),
+      "",
+    );
   }
   if (rep.runs.length) {
     lines.push("Model parity (TS vs mlx-lm, every tap of every generate_step call)");
@@ -188,40 +321,83 @@ function printSummary(rep: ParityReport): void {
     }
     lines.push(`${rep.runs.length} runs · ${taps} taps compared · ${exact} bit-exact (${pct(exact, taps)}) · budget ${rep.budget.ulp} ULP / atol ${fmtNum(rep.budget.atol)}`);
   }
+  if (rep.reference) {
+    const rf = rep.reference;
+    lines.push("", `Independent reference (transformers ${rf.versions.transformers}, torch ${rf.versions.torch}; float32; bound ${rf.bound} relative)`);
+    lines.push(textTable(REFERENCE_HEADER, rf.rows.map(referenceRow)), "");
+  }
   lines.push(`Verdict: ${rep.ok ? "PASS" : "FAIL"}`);
   process.stdout.write(`${lines.join("\n")}\n`);
 }
 
-async function main(argv: string[]): Promise<number> {
+type Mode = (oracle: OracleClient, a: Parsed) => Promise<boolean>;
+
+export interface ParityPlan {
+  a: Parsed;
+  dev: DeviceInfo;
+  /** --mode NAME: that decoding mode's runner (no tap-by-tap run then). */
+  mode: Mode | null;
+  budget: Budget;
+  spec: RunSpec | null;
+}
+
+/**
+ * Everything checked before the oracle starts (flags, device, checkpoint, prompt): bad input
+ * fails fast with a UsageError, ConfigError or WeightsError, and no Python process is started
+ * for it. Null for --help.
+ */
+export async function parityPlan(argv: readonly string[]): Promise<ParityPlan | null> {
   const a = parseArgs(argv, FLAGS);
-  if (a.help) {
+  if (a.help) return null;
+  if (a.mode === "batch") batchModeCheck(a);
+  else if (a.scenario !== undefined) throw new UsageError("--scenario applies to --mode batch");
+  for (const k of ["prompt", "chat", "tokens", "oracle-model"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
+  if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
+  // The device first: it applies to every mode, and a missing GPU fails before any oracle starts.
+  const dev = applyDeviceFlag(a.device);
+  let mode: Mode | null = null;
+  if (a.mode !== undefined) {
+    mode = MODES[String(a.mode)] ?? null;
+    if (!mode) throw new UsageError(`unknown --mode ${a.mode} (modes: ${Object.keys(MODES).join(", ")})`);
+    if (a.model !== undefined && a.mode !== "batch") throw new UsageError("--mode runs on the fixtures; it does not take --model");
+  }
+  const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
+  if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
+  const spec = a.model === undefined || mode ? null : await modelSpec(a, budget);
+  return { a, dev, mode, budget, spec };
+}
+
+async function main(argv: string[]): Promise<number> {
+  const plan = await parityPlan(argv);
+  if (plan === null) {
     process.stdout.write(helpText("npm run parity -- [options]", "Compares the TypeScript Gemma 4 model with mlx-lm tap by tap, on the embedded fixtures or on a local checkpoint.", FLAGS, FOOTER));
     return 0;
   }
-  if (a.mode !== "generate" && a.mode !== "batch") throw new UsageError(`--mode must be generate or batch, got '${String(a.mode)}'`);
-  if (a.mode === "batch") return batchMode(a);
-  if (a.scenario !== undefined) throw new UsageError("--scenario applies to --mode batch");
-  for (const k of ["prompt", "chat", "tokens", "oracle-model"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
-  if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
-  const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
-  if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
-  // Validate the checkpoint and prompt before starting the oracle, so bad input fails fast.
-  const spec = a.model === undefined ? null : await modelSpec(a, budget);
+  const { a, dev, mode, budget } = plan;
 
   // ORACLE_PYTHON: another interpreter for the oracle (default: the repo's .venv).
   const oracle = await OracleClient.start({ python: process.env.ORACLE_PYTHON || undefined, onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
+  if (mode) {
+    try {
+      return (await mode(oracle, a)) ? 0 : 1;
+    } finally {
+      await oracle.close();
+    }
+  }
   let rep: ParityReport;
   try {
-    const opLevelSummary = a.model === undefined && !a["skip-ops"] ? await opLevel(oracle) : null;
-    const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await runOne(oracle, spec!)];
+    const opLevelSummary = a.model === undefined && !a["skip-ops"] ? await opLevel(dev) : null;
+    const runs = a.model === undefined ? await fixtureRuns(oracle, budget, a.only as string | undefined, a.bisect === true) : [await modelRun(oracle, plan)];
+    const reference = a.model === undefined ? await referenceSection(oracle, a.only as string | undefined) : null;
     rep = {
       schema: SCHEMA_ID,
       createdAt: new Date().toISOString(),
-      versions: { libmlx: mx.version(), ...(oracle.versions ?? {}), bun: Bun.version, platform: `${process.platform}-${process.arch}` },
+      versions: { libmlx: mx.version(), ...(oracle.versions ?? {}), bun: Bun.version, platform: `${process.platform}-${process.arch}`, backend: dev.backend, device: dev.device, ...(dev.gpu ? { gpu: dev.gpu } : {}) },
       budget,
       opLevel: opLevelSummary,
       runs,
-      ok: reportOk(runs, opLevelSummary),
+      reference,
+      ok: reportOk(runs, opLevelSummary, reference),
     };
   } finally {
     await oracle.close();
@@ -232,41 +408,4 @@ async function main(argv: string[]): Promise<number> {
   return rep.ok ? 0 : 1;
 }
 
-/** --mode batch: the batch scenarios on the fixtures (or --model DIR) against mlx-lm's BatchGenerator. */
-async function batchMode(a: Record<string, unknown>): Promise<number> {
-  for (const k of ["prompt", "tokens", "chat", "bisect", "oracle-model", "skip-ops"]) if (a[k] !== undefined) throw new UsageError(`--${k} does not apply to --mode batch`);
-  if (Number(a.ulp) !== 0 || Number(a.atol) !== 0) throw new UsageError("--mode batch compares bit for bit: --ulp and --atol do not apply");
-  if (a.model !== undefined && a.only !== undefined) throw new UsageError("--only applies to the fixture run, not to --model");
-  const scenarios = loadBatchScenarios((a.scenario as string[] | undefined) ?? []);
-  if (a.model !== undefined) inspectCheckpoint(resolve(String(a.model)));
-  const oracle = await OracleClient.start({ python: process.env.ORACLE_PYTHON || undefined, onStderr: a.verbose ? (l) => process.stderr.write(`[oracle] ${l}\n`) : undefined });
-  let rep;
-  try {
-    let ids: string[] = [];
-    if (a.model === undefined) {
-      const plan = await oracle.request<{ checkpoints: { id: string }[] }>("plan");
-      const re = a.only ? globRe(String(a.only)) : null;
-      ids = plan.checkpoints.map((c) => c.id).filter((id) => !re || re.test(id));
-      if (ids.length === 0) throw new UsageError(`--only '${String(a.only)}' matches no fixture checkpoint (ids look like c3_e2b/bf16)`);
-      await oracle.request("make_checkpoints", {}, 1_800_000);
-    }
-    rep = await runBatchParity(oracle, batchCheckpoints(a.model as string | undefined, ids), scenarios);
-  } finally {
-    await oracle.close();
-  }
-  process.stdout.write(`${batchSummary(rep)}\n`);
-  const files = writeBatchReports(rep, resolve(String(a.out)));
-  process.stdout.write(`Reports: ${files.join(", ")}\n`);
-  return rep.ok ? 0 : 1;
-}
-
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${err instanceof UsageError ? "" : "(run with --verbose for details)\n"}`);
-    process.exit(err instanceof UsageError ? 2 : 1);
-  },
-);
+if (import.meta.main) runMain(main, (err) => `\nerror: ${err.message.split("\n--- python traceback ---")[0]}\n${isInputError(err) ? "" : "(run with --verbose for details)\n"}`);

@@ -8,7 +8,7 @@ import { generateStep } from "../model/generate.ts";
 import { loadModel } from "../model/gemma4/index.ts";
 import type { TapMeta, TapValue } from "../model/gemma4/taps.ts";
 import { generationModel, stepTaps } from "../model/runtime.ts";
-import { type OracleClient, REPO_ROOT } from "../oracle/client.ts";
+import { expectReply, type OracleClient, OracleError, REPO_ROOT } from "../oracle/client.ts";
 import { join } from "node:path";
 import { bisect } from "./bisect.ts";
 import { compareRaw, type RawTensor, rawOf } from "../oracle/compare.ts";
@@ -75,8 +75,8 @@ export interface Capture {
 }
 
 /** Asks mlx-lm for every tap of the run (streamed to .npy files as it records them). */
-export function captureOracle(oracle: OracleClient, spec: RunSpec): Promise<Capture> {
-  return oracle.request<Capture>(
+export async function captureOracle(oracle: OracleClient, spec: RunSpec): Promise<Capture> {
+  const cap = await oracle.request<Capture>(
     "capture",
     {
       checkpoint: spec.oracleCheckpoint,
@@ -87,6 +87,10 @@ export function captureOracle(oracle: OracleClient, spec: RunSpec): Promise<Capt
     },
     1_800_000,
   );
+  expectReply("capture", cap, { meta: "object", taps: "array" });
+  const bad = cap.taps.find((t) => t === null || typeof t !== "object" || typeof t.name !== "string");
+  if (bad !== undefined) throw new OracleError(`malformed reply from oracle to capture: tap ${JSON.stringify(bad)?.slice(0, 200)}`, "capture");
+  return cap;
 }
 
 /**

@@ -1,5 +1,5 @@
 // Number and table formatting shared by the terminal, Markdown and HTML reports.
-import type { Divergence, RunResult } from "./schema.ts";
+import type { Divergence, ReferenceRow, RunResult } from "./schema.ts";
 
 export function fmtNum(x: number): string {
   if (x === 0) return "0";
@@ -24,6 +24,13 @@ export const SUMMARY_HEADER = ["model", "variant", "scenario", "taps", "bit-exac
 
 export function summaryRow(r: RunResult): string[] {
   return [r.model, r.variant, r.scenario, String(r.tapsCompared), `${r.bitExact} (${pct(r.bitExact, r.tapsCompared)})`, fmtDivergence(r.firstDivergence), fmtTokens(r)];
+}
+
+export const REFERENCE_HEADER = ["fixture", "TS = mlx-lm", "TS vs transformers (logits / hidden)", "mlx-lm vs transformers (logits)", "within bound"] as const;
+
+export function referenceRow(r: ReferenceRow): string[] {
+  const e = (x: number) => x.toExponential(2);
+  return [r.checkpoint, r.tsEqualsMlxLm ? "bit for bit" : "DIFFERS", `${e(r.tsVsTransformers.logits)} / ${e(r.tsVsTransformers.hidden)}`, e(r.mlxLmVsTransformers.logits), r.ok ? "yes" : "NO"];
 }
 
 export function pct(n: number, d: number): string {

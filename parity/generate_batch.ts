@@ -1,13 +1,15 @@
 // The batch mode of `npm run generate`: several prompts (repeated --prompt or --tokens, or a
 // --prompt-file with one prompt per line) through model/generate_batch.ts's batch_generate, then
 // each completion and mlx-lm's batch_generate statistics (prompt and generation tok/s, peak
-// memory). Flag names are mlx-lm's (BatchGenerator's options as flags).
+// memory). Flag names are mlx-lm's (BatchGenerator's options as flags). batchPlan makes every
+// check before the model loads (generate_cli's generatePlan calls it), runBatch does the work.
 import { existsSync, readFileSync, statSync } from "node:fs";
 import * as mx from "@mlx-bun/mlx";
 import { batchGenerate, batchModel, type BatchTokenizer } from "../model/generate_batch.ts";
-import { loadModel } from "../model/gemma4/index.ts";
+import { checkCheckpoint, loadModel } from "../model/gemma4/index.ts";
 import { makeSampler } from "../model/sample.ts";
 import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
+import type { DeviceInfo } from "./device.ts";
 import { type CheckpointInfo, checkPromptLength, parseTokenList, tokenizePrompt } from "./inputs.ts";
 
 export const BATCH_FLAGS: FlagSpec[] = [
@@ -50,20 +52,39 @@ async function batchPrompts(dir: string, a: Parsed, info: CheckpointInfo, maxTok
   return { ids, text: tokens.length === 0 };
 }
 
-export interface BatchHelpers {
-  loadTokenizer(dir: string): Promise<{ decode(ids: number[], opts?: { skip_special_tokens?: boolean }): string } | null>;
-  eosIds(dir: string): number[];
+export interface BatchPlan {
+  a: Parsed;
+  dir: string;
+  ids: number[][];
+  text: boolean;
+  maxTokens: number;
+  temp: number;
 }
 
-/** Runs the batch; prints every completion, then the statistics. */
-export async function runBatch(dir: string, a: Parsed, info: CheckpointInfo, helpers: BatchHelpers): Promise<number> {
+/** Every check of a batch run before the model is loaded (flags, prompts, the checkpoint's weights). */
+export async function batchPlan(dir: string, a: Parsed, info: CheckpointInfo): Promise<BatchPlan> {
   const maxTokens = Number(a["max-tokens"]);
   for (const k of ["max-tokens", "prefill-step-size", "prefill-batch-size", "completion-batch-size"]) {
     if (Number(a[k]) < 1) throw new UsageError(`--${k} must be at least 1`);
   }
   const temp = Number(a.temp);
   if (temp < 0) throw new UsageError("--temp must be >= 0");
+  for (const k of ["top-p", "min-p"] as const) if (Number(a[k]) < 0 || Number(a[k]) > 1) throw new UsageError(`--${k} must be between 0 and 1`);
+  if (Number(a["top-k"]) < 0) throw new UsageError("--top-k must be >= 0");
+  if (a.seed !== undefined && (Number(a.seed) < 0 || !Number.isSafeInteger(Number(a.seed)))) throw new UsageError("--seed must be a non-negative integer");
   const { ids, text } = await batchPrompts(dir, a, info, maxTokens);
+  checkCheckpoint(dir);
+  return { a, dir, ids, text, maxTokens, temp };
+}
+
+export interface BatchHelpers {
+  loadTokenizer(dir: string): Promise<{ decode(ids: number[], opts?: { skip_special_tokens?: boolean }): string } | null>;
+  eosIds(dir: string): number[];
+}
+
+/** Runs the batch; prints every completion, then the statistics and the device. */
+export async function runBatch(plan: BatchPlan, dev: DeviceInfo, helpers: BatchHelpers): Promise<number> {
+  const { a, dir, ids, text, maxTokens, temp } = plan;
   const tokenizer = text ? await helpers.loadTokenizer(dir) : null;
   const tok: BatchTokenizer = {
     eosTokenIds: helpers.eosIds(dir),
@@ -89,6 +110,7 @@ export async function runBatch(dir: string, a: Parsed, info: CheckpointInfo, hel
     process.stdout.write(`[batch_generate] Prompt: ${s.promptTokens} tokens, ${s.promptTps.toFixed(3)} tokens-per-sec\n`);
     process.stdout.write(`[batch_generate] Generation: ${s.generationTokens} tokens, ${s.generationTps.toFixed(3)} tokens-per-sec\n`);
     process.stdout.write(`[batch_generate] Peak memory: ${s.peakMemory.toFixed(3)} GB\n`);
+    process.stdout.write(`Device: ${dev.device} (${dev.backend} backend${dev.gpu ? `, ${dev.gpu}` : ""})\n`);
   } finally {
     sampler.dispose?.();
     loaded.model.dispose();

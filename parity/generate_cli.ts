@@ -1,20 +1,22 @@
 // `npm run generate -- --model <dir> --prompt "..."`: streams text from the TS model alone and
 // ends with mlx_lm.generate's statistics (prompt and generation tok/s, peak memory).
-import { resolve } from "node:path";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { generate } from "../model/generate.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "./args.ts";
+import { checkCheckpoint } from "../model/gemma4/index.ts";
+import { type FlagSpec, helpText, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
+import { applyDeviceFlag, DEVICE_FLAG } from "./device.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
-import { BATCH_FLAGS, isBatch, runBatch } from "./generate_batch.ts";
+import { checkSpeculativeFlags, faceLoadPromptCache, modelDirOf, SPECULATIVE_FLAGS, speculativeFaceStream } from "./speculative_face.ts";
+import { BATCH_FLAGS, batchPlan, isBatch, runBatch } from "./generate_batch.ts";
 
-const FLAGS: FlagSpec[] = [
+export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (required)" },
-  { name: "prompt", kind: "string", valueName: "text", help: "prompt text, tokenized with the checkpoint's tokenizer.json (repeat for a batch)", repeat: true },
+  { name: "prompt", kind: "string", valueName: "text", help: "prompt text, tokenized with the checkpoint's tokenizer.json (repeat for a batch)", multiple: true },
   { name: "chat", kind: "bool", help: "apply the checkpoint's chat template to --prompt" },
-  { name: "tokens", kind: "string", valueName: "1,2,3", help: "prompt token ids instead of --prompt (output is printed as ids; repeat for a batch)", repeat: true },
+  { name: "tokens", kind: "string", valueName: "1,2,3", help: "prompt token ids instead of --prompt (output is printed as ids; repeat for a batch)", multiple: true },
   { name: "max-tokens", kind: "int", valueName: "N", help: "tokens to generate", default: 100 },
   { name: "temp", kind: "number", valueName: "T", help: "sampling temperature (0 = greedy)", default: 0 },
   { name: "top-p", kind: "number", valueName: "P", help: "nucleus sampling threshold (0 = off)", default: 0 },
@@ -22,6 +24,8 @@ const FLAGS: FlagSpec[] = [
   { name: "min-p", kind: "number", valueName: "P", help: "min-p sampling (0 = off)", default: 0 },
   { name: "seed", kind: "int", valueName: "S", help: "random seed (mx.random.seed)" },
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "prefill chunk size", default: 2048 },
+  DEVICE_FLAG,
+  ...SPECULATIVE_FLAGS,
   ...BATCH_FLAGS,
   { name: "verbose", kind: "bool", help: "stack traces on errors" },
   { name: "help", kind: "bool", help: "show this help" },
@@ -51,9 +55,38 @@ function eosIds(dir: string, info: Record<string, unknown>): number[] {
   return [...ids];
 }
 
+/** Everything checked before the model is loaded (flags, device, checkpoint without its weights, prompt). */
+export async function generatePlan(argv: readonly string[]) {
+  const a: Parsed = parseArgs(argv, FLAGS);
+  if (a.help) return null;
+  checkSpeculativeFlags(a);
+  const batch = isBatch(a);
+  for (const f of ["draft-model", "prompt-cache-file"]) if (batch && a[f] !== undefined) throw new UsageError(`--${f} does not apply to a batch (several prompts)`);
+  const dev = applyDeviceFlag(a.device);
+  const dir = modelDirOf(a);
+  const info = inspectCheckpoint(dir);
+  if (batch) return { a, dev, dir, info, batch: await batchPlan(dir, a, info) };
+  for (const k of ["prompt", "tokens"]) if (Array.isArray(a[k])) a[k] = (a[k] as string[])[0];
+  const prompt = await resolvePrompt(dir, a);
+  const maxTokens = Number(a["max-tokens"]);
+  if (maxTokens < 1) throw new UsageError("--max-tokens must be at least 1");
+  const temp = Number(a.temp);
+  if (temp < 0) throw new UsageError("--temp must be >= 0");
+  for (const k of ["top-p", "min-p"] as const) if (Number(a[k]) < 0 || Number(a[k]) > 1) throw new UsageError(`--${k} must be between 0 and 1`);
+  if (Number(a["top-k"]) < 0) throw new UsageError("--top-k must be >= 0");
+  if (Number(a["prefill-step-size"]) < 1) throw new UsageError("--prefill-step-size must be at least 1");
+  if (a.seed !== undefined && (Number(a.seed) < 0 || !Number.isSafeInteger(Number(a.seed)))) throw new UsageError("--seed must be a non-negative integer");
+  const vocab = Number(info.text.vocab_size ?? 262144);
+  const bad = prompt.find((t) => t >= vocab);
+  if (bad !== undefined) throw new UsageError(`token id ${bad} is outside the vocabulary (vocab_size ${vocab})`);
+  checkPromptLength(prompt, maxTokens, info);
+  checkCheckpoint(dir);
+  return { a, dev, dir, info, prompt, maxTokens, temp, batch: null };
+}
+
 async function main(argv: string[]): Promise<number> {
-  const a = parseArgs(argv, FLAGS);
-  if (a.help) {
+  const plan = await generatePlan(argv);
+  if (plan === null) {
     process.stdout.write(
       helpText(
         "npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [options]",
@@ -63,23 +96,15 @@ async function main(argv: string[]): Promise<number> {
     );
     return 0;
   }
-  if (a.model === undefined) throw new UsageError("--model <dir> is required (see --help)");
-  const dir = resolve(String(a.model));
-  const info = inspectCheckpoint(dir);
-  if (isBatch(a)) {
-    const rootCfg = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
-    return runBatch(dir, a, info, { loadTokenizer, eosIds: (d) => eosIds(d, { ...info.text, ...rootCfg }) });
+  if (plan.batch) {
+    const rootCfg = JSON.parse(readFileSync(join(plan.dir, "config.json"), "utf8")) as Record<string, unknown>;
+    return runBatch(plan.batch, plan.dev, { loadTokenizer, eosIds: (d) => eosIds(d, { ...plan.info.text, ...rootCfg }) });
   }
-  for (const k of ["prompt", "tokens"]) if (Array.isArray(a[k])) a[k] = (a[k] as string[])[0];
-  const prompt = await resolvePrompt(dir, a);
-  const maxTokens = Number(a["max-tokens"]);
-  if (maxTokens < 1) throw new UsageError("--max-tokens must be at least 1");
-  const temp = Number(a.temp);
-  if (temp < 0) throw new UsageError("--temp must be >= 0");
-  checkPromptLength(prompt, maxTokens, info);
+  const { a, dev, dir, info, prompt, maxTokens, temp } = plan;
 
   const tokenizer = typeof a.prompt === "string" ? await loadTokenizer(dir) : null;
-  const { model } = loadGenerationModel(dir);
+  const { loaded, model } = loadGenerationModel(dir);
+  const promptCache = typeof a["prompt-cache-file"] === "string" ? faceLoadPromptCache(a["prompt-cache-file"], dir, loaded) : undefined;
   const rootCfg = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
   const eos = eosIds(dir, { ...info.text, ...rootCfg });
 
@@ -95,9 +120,11 @@ async function main(argv: string[]): Promise<number> {
     eosTokenIds: eos,
     samplerOptions: { temp, topP: Number(a["top-p"]), topK: Number(a["top-k"]), minP: Number(a["min-p"]) },
     seed: typeof a.seed === "number" ? a.seed : undefined,
+    promptCache,
   };
+  const face = speculativeFaceStream(a, dir, loaded, model, prompt, opts);
   process.stdout.write("==========\n");
-  for await (const t of generate(model, prompt, opts)) {
+  for await (const t of face ? face.tokens : generate(model, prompt, opts)) {
     if (t.n === 0) {
       promptTps = prompt.length / ((performance.now() - tic) / 1000);
       tic = performance.now();
@@ -116,17 +143,13 @@ async function main(argv: string[]): Promise<number> {
   process.stdout.write("\n==========\n");
   process.stdout.write(`Prompt: ${prompt.length} tokens, ${promptTps.toFixed(3)} tokens-per-sec\n`);
   process.stdout.write(`Generation: ${n + 1} tokens, ${genTps.toFixed(3)} tokens-per-sec\n`);
+  const stats = face?.stats();
+  if (stats) process.stdout.write(`${stats}\n`);
   process.stdout.write(`Peak memory: ${(mx.getPeakMemory() / 1e9).toFixed(3)} GB\n`);
+  process.stdout.write(`Device: ${dev.device} (${dev.backend} backend${dev.gpu ? `, ${dev.gpu}` : ""})\n`);
+  face?.dispose();
+  for (const c of promptCache ?? []) c.dispose();
   return 0;
 }
 
-const verbose = process.argv.includes("--verbose");
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    const err = e as Error;
-    if (verbose) console.error(err);
-    else process.stderr.write(`error: ${err.message}\n`);
-    process.exit(err instanceof UsageError ? 2 : 1);
-  },
-);
+if (import.meta.main) runMain(main);

@@ -1,7 +1,7 @@
 // parity.html: a self-contained page (no external assets) with inline SVG plots:
 // max-abs and ULP divergence per layer on a log scale (one line per step), and a heatmap of
 // layers × tap kinds.
-import { fmtNum, pct, SUMMARY_HEADER, summaryRow } from "./format.ts";
+import { fmtNum, pct, REFERENCE_HEADER, referenceRow, SUMMARY_HEADER, summaryRow } from "./format.ts";
 import { type ParityReport, type RunResult, runOk, type TapResult } from "./schema.ts";
 
 const esc = (s: string) => s.replaceAll("&", "&amp;").replaceAll("<", "&lt;").replaceAll(">", "&gt;").replaceAll('"', "&quot;");
@@ -119,8 +119,16 @@ function runSection(r: RunResult, open: boolean): string {
 
 export function renderHtml(rep: ParityReport): string {
   const rows = rep.runs.map((r) => `<tr class="${runOk(r) ? "ok" : "bad"}">${summaryRow(r).map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`).join("");
-  const op = rep.opLevel
-    ? `<h2>Op-level parity (binding vs Python MLX)</h2><table id="ops"><tr><th>ops exposed</th><th>ops parity-tested</th><th>cases</th><th>bit-exact cases</th></tr><tr><td>${rep.opLevel.opsExposed}</td><td>${rep.opLevel.opsTested} (${pct(rep.opLevel.opsTested, rep.opLevel.opsExposed)})</td><td>${rep.opLevel.cases}</td><td>${rep.opLevel.bitExact} (${pct(rep.opLevel.bitExact, rep.opLevel.cases)})</td></tr></table>`
+  const o = rep.opLevel;
+  const nonExact = o?.nonExact.length
+    ? `<table id="ops-nonexact"><tr><th>case</th><th>status</th><th>detail</th></tr>${o.nonExact.map((c) => `<tr class="${c.status === "fail" ? "bad" : ""}"><td>${esc(c.id)}</td><td>${c.status}${c.sticky ? " (sticky)" : ""}</td><td>${esc(c.detail)}</td></tr>`).join("")}</table>`
+    : "";
+  const op = o
+    ? `<h2>Op-level parity (binding vs Python MLX, ${esc(o.backend)} backend, ${esc(o.device)})</h2><table id="ops"><tr><th>table</th><th>ops</th><th>ops parity-tested</th><th>cases</th><th>bit-exact cases</th><th>unsupported on ${esc(o.backend)}</th><th>failed</th></tr><tr><td>forward</td><td>${o.opsExposed} exposed</td><td>${o.opsTested} (${pct(o.opsTested, o.opsExposed)})</td><td>${o.cases}</td><td>${o.bitExact} (${pct(o.bitExact, o.cases)})</td><td>${o.unsupported}</td><td>${o.failed}</td></tr><tr><td>vjp</td><td>${o.vjp.opsDifferentiable} differentiable</td><td>${o.vjp.opsTested} (${pct(o.vjp.opsTested, o.vjp.opsDifferentiable)})</td><td>${o.vjp.cases}</td><td>${o.vjp.bitExact} (${pct(o.vjp.bitExact, o.vjp.cases)})</td><td>${o.vjp.unsupported}</td><td>${o.vjp.failed}</td></tr></table>${nonExact}`
+    : "";
+  const rf = rep.reference;
+  const reference = rf
+    ? `<h2>Independent reference (transformers ${esc(rf.versions.transformers ?? "")}, float32, bound ${rf.bound})</h2><table id="reference"><tr>${REFERENCE_HEADER.map((h) => `<th>${h}</th>`).join("")}</tr>${rf.rows.map((r) => `<tr class="${r.ok ? "ok" : "bad"}">${referenceRow(r).map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`).join("")}</table>`
     : "";
   const versions = Object.entries(rep.versions).map(([k, v]) => `<span><b>${esc(k)}</b> ${esc(v)}</span>`).join(" ");
   // Plots: every diverging run opens; with none diverging, the first run opens.
@@ -146,6 +154,7 @@ svg{display:block;margin:8px 0} .title{font-size:13px;font-weight:bold} .tick{fo
 ${op}
 <h2>Models</h2>
 <table id="summary"><tr>${SUMMARY_HEADER.map((h) => `<th>${h}</th>`).join("")}</tr>${rows}</table>
+${reference}
 <h2>Divergence by layer</h2>
 ${sections}
 </body></html>

@@ -25,18 +25,16 @@ export function inspectCheckpoint(dir: string): CheckpointInfo {
   }
   const cfgPath = join(dir, "config.json");
   if (!existsSync(cfgPath)) throw new UsageError(`${dir} has no config.json, so it is not a Hugging Face / MLX checkpoint`);
-  let cfg: Record<string, unknown>;
-  try {
-    cfg = JSON.parse(readFileSync(cfgPath, "utf8")) as Record<string, unknown>;
-  } catch (e) {
-    throw new UsageError(`${cfgPath} is not valid JSON: ${(e as Error).message}`);
-  }
+  const parsed = readJson(cfgPath);
+  if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) throw new UsageError(`${cfgPath} must hold a JSON object`);
+  const cfg = parsed as Record<string, unknown>;
   const modelType = String(cfg.model_type ?? "");
   if (!GEMMA4_TYPES.has(modelType)) {
     throw new UsageError(`${dir} is not a Gemma 4 checkpoint: config.json has model_type '${modelType || "(missing)"}', expected one of ${[...GEMMA4_TYPES].join(", ")}`);
   }
-  const text = (modelType === "gemma4_text" ? cfg : (cfg.text_config as Record<string, unknown> | undefined)) ?? {};
-  if (modelType !== "gemma4_text" && cfg.text_config === undefined) throw new UsageError(`${cfgPath}: a ${modelType} checkpoint needs a text_config`);
+  const tc = cfg.text_config;
+  if (modelType !== "gemma4_text" && (tc === null || typeof tc !== "object" || Array.isArray(tc))) throw new UsageError(`${cfgPath}: a ${modelType} checkpoint needs a text_config object`);
+  const text = (modelType === "gemma4_text" ? cfg : (tc as Record<string, unknown>));
   if (!readdirSync(dir).some((f) => /^model.*\.safetensors$/.test(f))) throw new UsageError(`${dir} has no model*.safetensors weights`);
   // mlx-lm's default when the key is absent.
   const maxPositions = Number(text.max_position_embeddings ?? 131072);
@@ -49,32 +47,111 @@ export function parseTokenList(s: string): number[] {
   return ids;
 }
 
-/** Tokenizes a prompt with the checkpoint's tokenizer.json, optionally through its chat template. */
-export async function tokenizePrompt(dir: string, prompt: string, chat: boolean): Promise<number[]> {
+/** The special-token names transformers passes to a chat template (PreTrainedTokenizerBase.special_tokens_map). */
+const SPECIAL_TOKENS = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
+
+export interface ChatMessage {
+  role: string;
+  content: unknown;
+  [k: string]: unknown;
+}
+
+export interface CheckpointTokenizer {
+  encode(text: string, addSpecialTokens: boolean): number[];
+  decode(ids: number[], skipSpecialTokens: boolean): string;
+  /** tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=...) */
+  renderChat(messages: ChatMessage[], addGenerationPrompt: boolean): string;
+  /** The chat template's file, or null when the checkpoint has none. */
+  templateFile: string | null;
+}
+
+function readJson(file: string): unknown {
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch (e) {
+    throw new UsageError(`cannot read ${file}: ${(e as Error).message}`);
+  }
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw new UsageError(`${file} is not valid JSON: ${(e as Error).message}`);
+  }
+}
+
+/**
+ * The checkpoint's tokenizer (tokenizer.json + tokenizer_config.json) and chat template
+ * (chat_template.jinja, else tokenizer_config.json's chat_template), as transformers reads them.
+ * A file that cannot be read, parsed or used is one UsageError naming it.
+ */
+export async function loadTokenizer(dir: string): Promise<CheckpointTokenizer> {
   const tokPath = join(dir, "tokenizer.json");
   if (!existsSync(tokPath)) throw new UsageError(`--prompt needs ${tokPath}, which is missing (use --tokens 1,2,3 to pass token ids instead)`);
   const cfgPath = join(dir, "tokenizer_config.json");
-  const tokCfg = existsSync(cfgPath) ? (JSON.parse(readFileSync(cfgPath, "utf8")) as Record<string, unknown>) : {};
+  const tokJson = readJson(tokPath);
+  const cfgJson = existsSync(cfgPath) ? readJson(cfgPath) : {};
+  if (tokJson === null || typeof tokJson !== "object" || Array.isArray(tokJson)) throw new UsageError(`${tokPath} must hold a JSON object`);
+  if (cfgJson === null || typeof cfgJson !== "object" || Array.isArray(cfgJson)) throw new UsageError(`${cfgPath} must hold a JSON object`);
+  const tokCfg = cfgJson as Record<string, unknown>;
   const { Tokenizer } = await import("@huggingface/tokenizers");
-  const tokenizer = new Tokenizer(JSON.parse(readFileSync(tokPath, "utf8")), tokCfg);
-  let text = prompt;
-  let addSpecial = true;
-  if (chat) {
-    const file = join(dir, "chat_template.jinja");
-    const template = existsSync(file) ? readFileSync(file, "utf8") : typeof tokCfg.chat_template === "string" ? tokCfg.chat_template : null;
-    if (template === null) throw new UsageError(`--chat needs a chat template (chat_template.jinja or tokenizer_config.json's chat_template) in ${dir}`);
-    const { Template } = await import("@huggingface/jinja");
-    text = new Template(template).render({
-      messages: [{ role: "user", content: prompt }],
-      add_generation_prompt: true,
-      bos_token: tokCfg.bos_token ?? "<bos>",
-      eos_token: tokCfg.eos_token ?? "<eos>",
-    });
-    // The template already writes the BOS token.
-    addSpecial = false;
+  let tokenizer: InstanceType<typeof Tokenizer>;
+  try {
+    tokenizer = new Tokenizer(tokJson as Record<string, unknown>, tokCfg);
+  } catch (e) {
+    throw new UsageError(`${tokPath}: cannot build the tokenizer: ${(e as Error).message}`);
   }
-  const { ids } = tokenizer.encode(text, { add_special_tokens: addSpecial });
-  return Array.from(ids);
+  const jinjaFile = join(dir, "chat_template.jinja");
+  const templateFile = existsSync(jinjaFile) ? jinjaFile : typeof tokCfg.chat_template === "string" ? cfgPath : null;
+  const templateText = templateFile === jinjaFile ? readFileSync(jinjaFile, "utf8") : (tokCfg.chat_template as string | undefined);
+  // special tokens as strings (an AddedToken dict gives its content)
+  const specials: Record<string, string> = {};
+  for (const k of SPECIAL_TOKENS) {
+    const v = tokCfg[k];
+    if (typeof v === "string") specials[k] = v;
+    else if (v && typeof v === "object" && typeof (v as { content?: unknown }).content === "string") specials[k] = (v as { content: string }).content;
+  }
+  const { Template } = await import("@huggingface/jinja");
+  let template: InstanceType<typeof Template> | null = null;
+  return {
+    templateFile,
+    encode(text, addSpecialTokens) {
+      let ids: ArrayLike<number>;
+      try {
+        ids = tokenizer.encode(text, { add_special_tokens: addSpecialTokens }).ids;
+      } catch (e) {
+        throw new UsageError(`${tokPath}: tokenizing failed: ${(e as Error).message}`);
+      }
+      const out = Array.from(ids);
+      const bad = out.find((t) => !Number.isSafeInteger(t) || t < 0);
+      if (bad !== undefined) throw new UsageError(`${tokPath}: the tokenizer produced an invalid token id ${String(bad)} (is a piece missing from the vocabulary?)`);
+      return out;
+    },
+    decode(ids, skipSpecialTokens) {
+      try {
+        return tokenizer.decode(ids, { skip_special_tokens: skipSpecialTokens });
+      } catch (e) {
+        throw new UsageError(`${tokPath}: decoding failed: ${(e as Error).message}`);
+      }
+    },
+    renderChat(messages, addGenerationPrompt) {
+      if (templateFile === null || templateText === undefined) throw new UsageError(`--chat needs a chat template (chat_template.jinja or tokenizer_config.json's chat_template) in ${dir}`);
+      try {
+        template ??= new Template(templateText);
+        // @huggingface/jinja defines the globals transformers adds (raise_exception, strftime_now, namespace)
+        return template.render({ ...specials, messages, add_generation_prompt: addGenerationPrompt });
+      } catch (e) {
+        throw new UsageError(`${templateFile}: chat template: ${(e as Error).message}`);
+      }
+    },
+  };
+}
+
+/** Tokenizes a prompt with the checkpoint's tokenizer.json, optionally through its chat template. */
+export async function tokenizePrompt(dir: string, prompt: string, chat: boolean): Promise<number[]> {
+  const tok = await loadTokenizer(dir);
+  // The chat template writes the BOS token itself.
+  if (chat) return tok.encode(tok.renderChat([{ role: "user", content: prompt }], true), false);
+  return tok.encode(prompt, true);
 }
 
 export function checkPromptLength(ids: readonly number[], steps: number, info: CheckpointInfo): void {

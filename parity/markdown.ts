@@ -1,5 +1,5 @@
 // parity.md: the report as Markdown.
-import { fmtDivergence, fmtNum, pct, SUMMARY_HEADER, summaryRow } from "./format.ts";
+import { fmtDivergence, fmtNum, pct, REFERENCE_HEADER, referenceRow, SUMMARY_HEADER, summaryRow } from "./format.ts";
 import type { ParityReport } from "./schema.ts";
 
 const esc = (s: string) => s.replaceAll("|", "\\|");
@@ -13,8 +13,15 @@ export function renderMarkdown(rep: ParityReport): string {
   if (rep.opLevel) {
     const o = rep.opLevel;
     out.push("## Op-level parity (binding vs Python MLX)", "");
-    out.push("| ops exposed | ops parity-tested | cases | bit-exact cases |", "|---|---|---|---|");
-    out.push(`| ${o.opsExposed} | ${o.opsTested} (${pct(o.opsTested, o.opsExposed)}) | ${o.cases} | ${o.bitExact} (${pct(o.bitExact, o.cases)}) |`, "");
+    out.push(`Backend ${o.backend}, device ${o.device}.`, "");
+    out.push(`| table | ops | ops parity-tested | cases | bit-exact cases | unsupported on ${o.backend} | failed |`, "|---|---|---|---|---|---|---|");
+    out.push(`| forward | ${o.opsExposed} exposed | ${o.opsTested} (${pct(o.opsTested, o.opsExposed)}) | ${o.cases} | ${o.bitExact} (${pct(o.bitExact, o.cases)}) | ${o.unsupported} | ${o.failed} |`);
+    out.push(`| vjp | ${o.vjp.opsDifferentiable} differentiable | ${o.vjp.opsTested} (${pct(o.vjp.opsTested, o.vjp.opsDifferentiable)}) | ${o.vjp.cases} | ${o.vjp.bitExact} (${pct(o.vjp.bitExact, o.vjp.cases)}) | ${o.vjp.unsupported} | ${o.vjp.failed} |`, "");
+    if (o.nonExact.length) {
+      out.push("Every case that is not bit-exact (unsupported: both sides raised this same MLX error):", "", "| case | status | detail |", "|---|---|---|");
+      for (const c of o.nonExact) out.push(`| ${esc(c.id)} | ${c.status}${c.sticky ? " (sticky)" : ""} | ${esc(c.detail)} |`);
+      out.push("");
+    }
   }
   if (rep.runs.length) {
     out.push("## Models", "");
@@ -34,6 +41,14 @@ export function renderMarkdown(rep: ParityReport): string {
       }
       out.push("");
     }
+  }
+  if (rep.reference) {
+    const rf = rep.reference;
+    out.push("## Independent reference (transformers)", "");
+    out.push(`TS against mlx-lm (byte for byte) and both against Hugging Face transformers ${rf.versions.transformers} (torch ${rf.versions.torch}), float32, on the reference's tokens; bound ${rf.bound} relative (oracle/reference.ts says why).`, "");
+    out.push("| " + REFERENCE_HEADER.join(" | ") + " |", "|" + REFERENCE_HEADER.map(() => "---").join("|") + "|");
+    for (const r of rf.rows) out.push("| " + referenceRow(r).map(esc).join(" | ") + " |");
+    out.push("");
   }
   return out.join("\n");
 }

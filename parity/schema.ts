@@ -61,11 +61,52 @@ export interface RunResult {
   seconds: number;
 }
 
+/** A case of the op table that is not bit-exact (every one is listed). */
+export interface NonExactCase {
+  id: string;
+  op: string;
+  status: "unsupported" | "fail";
+  detail: string;
+  /** It left a sticky error behind; the processes were restarted after it. */
+  sticky: boolean;
+}
+
 export interface OpLevelSummary {
   opsExposed: number;
   opsTested: number;
   cases: number;
   bitExact: number;
+  /** Cases both sides rejected with the same MLX error, on `backend`. */
+  unsupported: number;
+  failed: number;
+  /** The MLX backend and device the cases ran on, e.g. "cuda" / "gpu". */
+  backend: string;
+  device: string;
+  /** Worker processes used (more than one after a case poisoned a process). */
+  workers: number;
+  /** The gradient table: each differentiable op's vjp against Python's mx.vjp. */
+  vjp: { opsDifferentiable: number; opsTested: number; cases: number; bitExact: number; unsupported: number; failed: number };
+  /** Forward and vjp cases ("vjp:" ids) that are not bit-exact. */
+  nonExact: NonExactCase[];
+}
+
+/** One float32 fixture against the independent reference (transformers; oracle/reference.ts). */
+export interface ReferenceRow {
+  checkpoint: string;
+  /** TS logits equal mlx-lm's byte for byte on the reference's tokens. */
+  tsEqualsMlxLm: boolean;
+  /** Relative differences (max |a - b| / max |reference|) to transformers' float32 run. */
+  tsVsTransformers: { logits: number; hidden: number };
+  mlxLmVsTransformers: { logits: number };
+  ok: boolean;
+}
+
+export interface ReferenceSummary {
+  /** The one recorded bound (oracle/reference.ts REFERENCE_BOUND). */
+  bound: number;
+  /** torch / transformers versions of the exported reference. */
+  versions: Record<string, string>;
+  rows: ReferenceRow[];
 }
 
 export interface ParityReport {
@@ -75,7 +116,9 @@ export interface ParityReport {
   budget: { ulp: number; atol: number };
   opLevel: OpLevelSummary | null;
   runs: RunResult[];
-  /** True when every run is within budget (and every op case bit-exact). */
+  /** The three-way check on the float32 fixtures (fixture runs only; null with --model). */
+  reference?: ReferenceSummary | null;
+  /** True when every run is within budget, every op case bit-exact or unsupported on the backend, and every reference row ok. */
   ok: boolean;
 }
 
@@ -83,7 +126,9 @@ export function runOk(r: RunResult): boolean {
   return r.withinBudget === r.tapsCompared;
 }
 
-export function reportOk(runs: RunResult[], op: OpLevelSummary | null): boolean {
-  const opOk = op === null || (op.bitExact === op.cases && op.opsTested === op.opsExposed);
-  return opOk && runs.every(runOk);
+export function reportOk(runs: RunResult[], op: OpLevelSummary | null, reference: ReferenceSummary | null = null): boolean {
+  const opOk =
+    op === null ||
+    (op.failed === 0 && op.bitExact + op.unsupported === op.cases && op.opsTested === op.opsExposed && op.vjp.failed === 0 && op.vjp.bitExact + op.vjp.unsupported === op.vjp.cases && op.vjp.opsTested === op.vjp.opsDifferentiable);
+  return opOk && runs.every(runOk) && (reference === null || reference.rows.every((r) => r.ok));
 }

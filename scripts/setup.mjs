@@ -4,7 +4,7 @@
 // result), so a second run costs well under a second. Failures end with one clear message.
 import { execFileSync, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -47,7 +47,26 @@ function npmDeps() {
   writeFileSync(stamp, want);
 }
 
-// 2. Python venv with the pinned oracle packages (requirements.txt decides).
+// The MLX backend wheel: MLX_BACKEND=cpu|cuda on Linux (default cpu), metal on macOS. The oracle
+// venv and the shim always use the same wheel, pinned in requirements/<backend>.txt.
+const BACKENDS = isMac ? ["metal"] : ["cpu", "cuda"];
+function backendChoice() {
+  const want = process.env.MLX_BACKEND || (isMac ? "metal" : "cpu");
+  if (!BACKENDS.includes(want)) {
+    fail(`MLX_BACKEND=${want} is not a backend for ${process.platform}.`,
+      isMac ? "On macOS the backend is metal (mlx-metal, whose CPU device is there too): unset MLX_BACKEND." : "On Linux use MLX_BACKEND=cpu (the default) or MLX_BACKEND=cuda (an NVIDIA GPU with a CUDA 13 driver).");
+  }
+  if (want === "cuda") {
+    if (process.arch !== "x64" && process.arch !== "arm64") fail(`MLX_BACKEND=cuda: mlx-cuda-13 has no wheel for ${process.arch}.`, "Use MLX_BACKEND=cpu.");
+    if (!existsSync("/proc/driver/nvidia/version") && !which("nvidia-smi")) {
+      fail("MLX_BACKEND=cuda, but this machine has no NVIDIA GPU driver (no /proc/driver/nvidia/version, no nvidia-smi).",
+        "mlx-cuda-13 needs an NVIDIA GPU with a CUDA 13 driver. Unset MLX_BACKEND (or set MLX_BACKEND=cpu) to use MLX's CPU backend.");
+    }
+  }
+  return want;
+}
+
+// 2. Python venv with the pinned oracle packages (requirements.txt + requirements/<backend>.txt decide).
 function findPython() {
   for (const cand of [process.env.PYTHON, "python3", "python"]) {
     if (!cand) continue;
@@ -60,11 +79,12 @@ function findPython() {
   return null;
 }
 
-function venv() {
+function venv(backend) {
   const dir = join(root, ".venv");
   const py = join(dir, "bin", "python");
   const stamp = join(dir, ".requirements.sha256");
-  const want = sha(readOr(join(root, "requirements.txt")), process.platform, process.arch);
+  const reqs = join("requirements", `${backend}.txt`);
+  const want = sha(readOr(join(root, "requirements.txt")), readOr(join(root, reqs)), process.platform, process.arch, backend);
   if (readOr(stamp) === want && existsSync(py)) return py;
   const base = findPython();
   if (!base) fail("Python 3.10+ was not found on PATH.", "Install Python 3.10 or newer (e.g. `apt-get install python3 python3-venv`), or set PYTHON=/path/to/python3.");
@@ -73,25 +93,46 @@ function venv() {
     rmSync(dir, { recursive: true, force: true });
     run(base, ["-m", "venv", dir], "could not create the Python venv", "Install the venv module (Debian: `apt-get install python3-venv`).");
   }
-  log("installing the pinned oracle packages (pip install -r requirements.txt)");
-  run(py, ["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", "requirements.txt"], "pip install of the pinned oracle packages failed",
-    "Check access to PyPI; the pins need Linux x86_64/aarch64 (mlx-cpu) or macOS arm64 (mlx-metal) with Python 3.10+.");
+  // Backend wheels ship the same files (mlx/lib/libmlx.so, the headers): drop the others first.
+  const others = ["mlx-cpu", "mlx-cuda-13", "mlx-metal"].filter((w) => !readOr(join(root, reqs)).includes(`${w}==`));
+  spawnSync(py, ["-m", "pip", "uninstall", "--disable-pip-version-check", "-q", "-y", ...others], { cwd: root, stdio: "ignore" });
+  log(`installing the pinned oracle packages for the ${backend} backend (pip install -r ${reqs})`);
+  run(py, ["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", reqs], "pip install of the pinned oracle packages failed",
+    "Check access to PyPI; the pins need Linux x86_64/aarch64 (mlx-cpu, mlx-cuda-13) or macOS arm64 (mlx-metal) with Python 3.10+.");
+  if (backend === "cuda") {
+    const r = spawnSync(py, ["-I", "-c", "import mlx.core as mx, sys; sys.exit(0 if mx.cuda.is_available() else 3)"], { cwd: root, encoding: "utf8" });
+    if (r.status !== 0) fail("mlx-cuda-13 is installed, but MLX finds no usable CUDA GPU here.", `Check the NVIDIA driver (CUDA 13) with nvidia-smi. ${(r.stderr ?? "").trim().split("\n").pop() ?? ""}`);
+  }
   writeFileSync(stamp, want);
   return py;
 }
 
+// MLX_DEVICE=cpu|gpu (the device of a test or parity run, on both sides) must exist here.
+function checkDevice(py) {
+  const want = process.env.MLX_DEVICE;
+  if (!want) return;
+  if (want !== "cpu" && want !== "gpu") fail(`MLX_DEVICE=${want} is not a device.`, "Use MLX_DEVICE=cpu or MLX_DEVICE=gpu, or leave it unset for MLX's default device.");
+  const r = spawnSync(py, ["-I", "-c", "import mlx.core as mx, sys; sys.exit(0 if mx.is_available(mx.gpu) else 3)"], { cwd: root });
+  if (want === "gpu" && r.status !== 0) {
+    fail("MLX_DEVICE=gpu, but this libmlx has no GPU here (CPU backend only).", "On Linux with an NVIDIA GPU, run setup with MLX_BACKEND=cuda; on macOS the Metal backend provides the GPU. Unset MLX_DEVICE to use the default device.");
+  }
+}
+
 // 3. The native shim, linked against the wheel's libmlx with an rpath.
-function shim(py) {
+function shim(py, backend) {
   const cxx = process.env.CXX ?? (which("g++") ? "g++" : which("clang++") ? "clang++" : null);
   if (!cxx) fail("no C++ compiler (g++ or clang++) on PATH.", "Install one (Debian: `apt-get install g++`; macOS: `xcode-select --install`). MLX's compile() also needs g++ at run time on Linux.");
   const mlxDir = execFileSync(py, ["-I", "-c", "import mlx, os; print(os.path.dirname(mlx.__path__[0]) + '/mlx')"], { encoding: "utf8" }).trim();
   const inc = join(mlxDir, "include");
   const libDir = join(mlxDir, "lib");
-  if (!existsSync(join(inc, "mlx", "mlx.h"))) fail(`MLX headers not found under ${inc}.`, "The backend wheel (mlx-cpu on Linux, mlx-metal on macOS) must be installed: delete .venv and rerun.");
+  if (!existsSync(join(inc, "mlx", "mlx.h"))) fail(`MLX headers not found under ${inc}.`, "The backend wheel (requirements/<backend>.txt) must be installed: delete .venv and rerun.");
   const src = join(root, "mlx", "native", "shim.cpp");
   const out = join(root, "mlx", "build", `libmlx_bun.${isMac ? "dylib" : "so"}`);
   const args = ["-std=c++20", "-O2", "-fPIC", "-shared", `-I${inc}`, src, "-o", `${out}.tmp`, `-L${libDir}`, "-lmlx", `-Wl,-rpath,${libDir}`];
-  const want = sha(readOr(src), args.join(" "), cxx);
+  // The backend and the library's identity are part of the key: switching wheels rebuilds.
+  const lib = join(libDir, `libmlx.${isMac ? "dylib" : "so"}`);
+  const libId = existsSync(lib) ? `${statSync(lib).size}:${statSync(lib).mtimeMs}` : "";
+  const want = sha(readOr(src), args.join(" "), cxx, backend, libId);
   const stamp = `${out}.sha256`;
   if (readOr(stamp) === want && existsSync(out)) return;
   log(`building the native shim with ${cxx}`);
@@ -129,9 +170,24 @@ function checkpoints(py) {
   if (built) log(`built ${built} fixture checkpoints with mlx-lm`);
 }
 
+// 6. The speculative-decoding fixtures (perturbed drafts, window-64 copies, gemma4_assistant MTP
+// drafters built with mlx-vlm's classes) from the fixture checkpoints; skipped when up to date.
+function speculativeFixtures(py) {
+  const r = spawnSync(py, [join(root, "oracle", "python", "make_speculative_fixtures.py")], { cwd: root, encoding: "utf8" });
+  if (r.status !== 0) {
+    process.stderr.write(r.stdout + r.stderr);
+    fail("building the speculative-decoding fixtures failed", "See the output above (oracle/python/make_speculative_fixtures.py).");
+  }
+  const built = (r.stdout.match(/: built/g) ?? []).length;
+  if (built) log(`built ${built} speculative-decoding fixtures`);
+}
+
 npmDeps();
-const py = venv();
-shim(py);
+const backend = backendChoice();
+const py = venv(backend);
+checkDevice(py);
+shim(py, backend);
 chromium();
 checkpoints(py);
+speculativeFixtures(py);
 if (!which("g++") && !isMac) log("warning: g++ is not on PATH, so MLX compile() is a no-op in both Python and TS.");

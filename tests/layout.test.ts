@@ -1,7 +1,8 @@
 // The floors of the project: a face (parity/, bench/) stands on the library folders (mlx/,
 // model/, oracle/) and never on test code (suites/, tests/).
 import { describe, expect, it } from "vitest";
-import { readdirSync, readFileSync } from "node:fs";
+import { spawnSync } from "node:child_process";
+import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join, relative, resolve } from "node:path";
 import { REPO_ROOT } from "../oracle/client.ts";
 
@@ -42,5 +43,16 @@ describe("layout", () => {
     const text = `import { x } from "../suites/ops/cases.ts";\nconst y = await import("../tests/z.ts");`;
     const found = [...text.matchAll(SPEC)].map((m) => relative(REPO_ROOT, resolve(probe, "..", m[1]!)));
     expect(found).toEqual(["suites/ops/cases.ts", "tests/z.ts"]);
+  });
+
+  it("no tracked file names this checkout's own path", () => {
+    const files = spawnSync("git", ["ls-files", "-z"], { cwd: REPO_ROOT, encoding: "utf8" }).stdout.split("\0").filter(Boolean);
+    expect(files.length).toBeGreaterThan(100);
+    const hits = files.filter((f) => {
+      const p = join(REPO_ROOT, f);
+      if (statSync(p, { throwIfNoEntry: false })?.isFile() !== true || statSync(p).size > 5_000_000) return false;
+      return readFileSync(p, "latin1").includes(REPO_ROOT);
+    });
+    expect(hits).toEqual([]);
   });
 });

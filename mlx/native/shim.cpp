@@ -18,12 +18,16 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "mlx/backend/cuda/cuda.h"
+#include "mlx/backend/gpu/device_info.h"
+#include "mlx/backend/metal/metal.h"
 #include "mlx/compile_impl.h"
 #include "mlx/primitives.h"
 #include "mlx/mlx.h"
@@ -243,7 +247,16 @@ array weak_scalar(double v, int kind, mx::Dtype like) {
   throw std::invalid_argument("unknown scalar kind " + std::to_string(kind));
 }
 
-std::optional<int> opt_int(int v) {
+// Index checks (defined in the reliability section): MLX's CPU kernels address memory with
+// index values unchecked, so an out-of-range index read or wrote outside the array.
+void check_indices(const array& idx, int64_t size, const char* what);
+void check_batch_indices(const std::optional<array>& idx, const array& operand, const char* what);
+void check_dynamic_start(const array& start, const std::vector<int>& axes, const array& src, const mx::Shape& window);
+
+// Quantization group size / bits: negative means "the mode's default"; 0 is refused (MLX divides
+// by it: SIGFPE, in Python too).
+std::optional<int> opt_int(int v, const char* what = "group_size and bits") {
+  if (v == 0) throw std::invalid_argument(std::string(what) + " must be positive");
   return v < 0 ? std::nullopt : std::optional<int>(v);
 }
 
@@ -308,6 +321,17 @@ array reduce_all(int op, const array& a, bool keepdims, int ddof) {
     case kStd: return mx::std(a, keepdims, ddof);
   }
   throw std::invalid_argument("unknown reduction " + std::to_string(op));
+}
+
+// The arrays a JS callback returned (a vector it built with mlxb_vec_new, freed here); NULL
+// means the JS function threw (the TS side holds the exception).
+std::vector<array> take_js_outputs(Vec* out) {
+  if (out == nullptr) throw std::runtime_error("the traced JS function failed");
+  if (out->magic != kVecLive) throw std::runtime_error("the traced JS function returned an invalid vector");
+  std::vector<array> result = std::move(out->items);
+  out->magic = kDead;
+  delete out;
+  return result;
 }
 
 // Compiled closures: a JS trace callback wrapped into the std::function MLX compiles.
@@ -668,7 +692,11 @@ Arr* mlxb_slice(const Arr* a, const int32_t* start, const int32_t* stop, const i
 }
 Arr* mlxb_slice_dynamic(const Arr* a, const Arr* start, const int32_t* axes, int naxes, const int32_t* sizes, int nsizes) {
   GUARD_PTR("slice", {
-    return wrap(mx::slice(A(a), A(start), ints_of(axes, naxes), shape_of(sizes, nsizes)));
+    auto ax = ints_of(axes, naxes);
+    auto sz = shape_of(sizes, nsizes);
+    array out = mx::slice(A(a), A(start), ax, sz);
+    check_dynamic_start(A(start), ax, A(a), sz);
+    return wrap(out);
   })
 }
 Arr* mlxb_slice_update(const Arr* src, const Arr* upd, const int32_t* start, const int32_t* stop, const int32_t* strides, int n) {
@@ -678,20 +706,35 @@ Arr* mlxb_slice_update(const Arr* src, const Arr* upd, const int32_t* start, con
 }
 Arr* mlxb_slice_update_dynamic(const Arr* src, const Arr* upd, const Arr* start, const int32_t* axes, int naxes) {
   GUARD_PTR("slice_update", {
-    return wrap(mx::slice_update(A(src), A(upd), A(start), ints_of(axes, naxes)));
+    auto ax = ints_of(axes, naxes);
+    array out = mx::slice_update(A(src), A(upd), A(start), ax);
+    // the window is the update as MLX broadcast it (the primitive's second input)
+    check_dynamic_start(A(start), ax, A(src), out.inputs()[1].shape());
+    return wrap(out);
   })
 }
 // has_axis == 0: index the flattened array.
 Arr* mlxb_take(const Arr* a, const Arr* idx, int axis, int has_axis) {
   GUARD_PTR("take", {
-    return wrap(has_axis ? mx::take(A(a), A(idx), axis) : mx::take(A(a), A(idx)));
+    const array& x = A(a);
+    array out = has_axis ? mx::take(x, A(idx), axis) : mx::take(x, A(idx));
+    check_indices(A(idx), has_axis ? x.shape(axis < 0 ? axis + x.ndim() : axis) : static_cast<int64_t>(x.size()), "take");
+    return wrap(out);
   })
 }
 Arr* mlxb_take_along_axis(const Arr* a, const Arr* idx, int axis) {
-  GUARD_PTR("take_along_axis", { return wrap(mx::take_along_axis(A(a), A(idx), axis)); })
+  GUARD_PTR("take_along_axis", {
+    array out = mx::take_along_axis(A(a), A(idx), axis);
+    check_indices(A(idx), A(a).shape(axis < 0 ? axis + A(a).ndim() : axis), "take_along_axis");
+    return wrap(out);
+  })
 }
 Arr* mlxb_put_along_axis(const Arr* a, const Arr* idx, const Arr* vals, int axis) {
-  GUARD_PTR("put_along_axis", { return wrap(mx::put_along_axis(A(a), A(idx), A(vals), axis)); })
+  GUARD_PTR("put_along_axis", {
+    array out = mx::put_along_axis(A(a), A(idx), A(vals), axis);
+    check_indices(A(idx), A(a).shape(axis < 0 ? axis + A(a).ndim() : axis), "put_along_axis");
+    return wrap(out);
+  })
 }
 // has_axis == 0: roll the flattened array.
 Arr* mlxb_roll(const Arr* a, int shift, int axis, int has_axis) {
@@ -723,6 +766,8 @@ Arr* mlxb_trilu(const Arr* a, int k, int upper) {
 // mx.depends(inputs, dependencies): the inputs, made to depend on the dependencies.
 Vec* mlxb_depends(const double* inputs, int n, const double* deps, int ndeps) {
   GUARD_PTR("depends", {
+    // MLX indexes the first input unchecked (Python's mx.depends([], deps) segfaults).
+    if (n <= 0) throw std::invalid_argument("depends needs at least one input array");
     auto* v = new Vec();
     v->items = mx::depends(arrays_of(inputs, n), arrays_of(deps, ndeps));
     return v;
@@ -759,14 +804,22 @@ Arr* mlxb_quantized_matmul(const Arr* x, const Arr* w, const Arr* scales, const 
 }
 
 Arr* mlxb_gather_mm(const Arr* a, const Arr* b, const Arr* lhs, const Arr* rhs, int sorted) {
-  GUARD_PTR("gather_mm", { return wrap(mx::gather_mm(A(a), A(b), opt(lhs), opt(rhs), sorted != 0)); })
+  GUARD_PTR("gather_mm", {
+    array out = mx::gather_mm(A(a), A(b), opt(lhs), opt(rhs), sorted != 0);
+    check_batch_indices(opt(lhs), A(a), "lhs_indices");
+    check_batch_indices(opt(rhs), A(b), "rhs_indices");
+    return wrap(out);
+  })
 }
 
 Arr* mlxb_gather_qmm(const Arr* x, const Arr* w, const Arr* scales, const Arr* biases, const Arr* lhs, const Arr* rhs,
                      int transpose, int group_size, int bits, const char* mode, const Arr* global_scale, int sorted) {
   GUARD_PTR("gather_qmm", {
-    return wrap(mx::gather_qmm(A(x), A(w), A(scales, "scales"), opt(biases), opt(lhs), opt(rhs), transpose != 0,
-                               opt_int(group_size), opt_int(bits), mode, opt(global_scale), sorted != 0));
+    array out = mx::gather_qmm(A(x), A(w), A(scales, "scales"), opt(biases), opt(lhs), opt(rhs), transpose != 0,
+                               opt_int(group_size), opt_int(bits), mode, opt(global_scale), sorted != 0);
+    check_batch_indices(opt(lhs), A(x), "lhs_indices");
+    check_batch_indices(opt(rhs), A(w), "rhs_indices");
+    return wrap(out);
   })
 }
 
@@ -927,12 +980,7 @@ Compiled* mlxb_compile(TraceFn trace, int shapeless) {
       Vec* out = trace(in);
       in->magic = kDead;
       delete in;
-      if (out == nullptr) throw std::runtime_error("the traced JS function failed");
-      if (out->magic != kVecLive) throw std::runtime_error("the traced JS function returned an invalid vector");
-      std::vector<array> result = std::move(out->items);
-      out->magic = kDead;
-      delete out;
-      return result;
+      return take_js_outputs(out);
     };
     c->fn = mx::detail::compile(body, c->id, shapeless != 0);
     return c;
@@ -962,6 +1010,201 @@ int mlxb_compiled_free(Compiled* c) {
     delete c;
     return 0;
   })
+}
+
+// ---------------------------------------------------------------- autodiff
+
+}  // extern "C"
+
+namespace {
+
+// JS functions enter the transforms (vjp, jvp, value_and_grad, checkpoint) through one
+// trampoline the TS side registers once: trampoline(fn_id, inputs) -> outputs, NULL when the JS
+// function threw (the TS side keeps that error and rethrows it after the native call fails).
+// A closure owns its function id through a shared JsFn. When MLX drops the closure (vjp and
+// value_and_grad at the end of the call; a checkpoint when its graph node is freed, possibly on
+// the stream's worker thread) the id is queued for the TS side to release, without calling JS.
+using Trampoline = Vec* (*)(double fn_id, Vec* inputs);
+Trampoline g_trampoline = nullptr;
+std::mutex g_released_mutex;
+std::vector<double> g_released;
+
+struct JsFn {
+  double id;
+  explicit JsFn(double i) : id(i) {}
+  JsFn(const JsFn&) = delete;
+  JsFn& operator=(const JsFn&) = delete;
+  ~JsFn() {
+    std::lock_guard<std::mutex> lock(g_released_mutex);
+    g_released.push_back(id);
+  }
+};
+
+using ArrayFn = std::function<std::vector<array>(const std::vector<array>&)>;
+
+ArrayFn js_function(double id) {
+  auto fn = std::make_shared<JsFn>(id);
+  return [fn](const std::vector<array>& inputs) {
+    if (g_trampoline == nullptr) throw std::runtime_error("no JS trampoline registered");
+    auto in = std::make_unique<Vec>();
+    in->items = inputs;
+    Vec* out = g_trampoline(fn->id, in.get());
+    in->magic = kDead;
+    return take_js_outputs(out);
+  };
+}
+
+Vec* vec_of(std::vector<array> a, const std::vector<array>& b) {
+  auto* v = new Vec();
+  v->items = std::move(a);
+  v->items.insert(v->items.end(), b.begin(), b.end());
+  return v;
+}
+
+}  // namespace
+
+extern "C" {
+
+int mlxb_set_trampoline(Trampoline t) {
+  g_trampoline = t;
+  return 0;
+}
+
+// The id of a closure MLX has dropped since the last call, or -1 when there is none.
+double mlxb_next_released() {
+  std::lock_guard<std::mutex> lock(g_released_mutex);
+  if (g_released.empty()) return -1;
+  double id = g_released.back();
+  g_released.pop_back();
+  return id;
+}
+
+// mx.vjp(fun, primals, cotangents): the outputs, then one vjp per primal.
+Vec* mlxb_vjp(double fn, const double* primals, int np, const double* cotans, int nc) {
+  GUARD_PTR("vjp", {
+    auto [outs, vjps] = mx::vjp(js_function(fn), arrays_of(primals, np), arrays_of(cotans, nc));
+    return vec_of(std::move(outs), vjps);
+  })
+}
+
+// mx.jvp(fun, primals, tangents): the outputs, then one jvp per output.
+Vec* mlxb_jvp(double fn, const double* primals, int np, const double* tangents, int nt) {
+  GUARD_PTR("jvp", {
+    auto [outs, jvps] = mx::jvp(js_function(fn), arrays_of(primals, np), arrays_of(tangents, nt));
+    return vec_of(std::move(outs), jvps);
+  })
+}
+
+// value_and_grad(fun, argnums)(inputs), the call Python's mx.value_and_grad makes with every
+// array of every argument as an input and the flat positions of the differentiated ones as
+// argnums: the values (outputs after the first under stop_gradient), then one gradient per argnum.
+Vec* mlxb_value_and_grad(double fn, const int32_t* argnums, int nargnums, const double* inputs, int n) {
+  GUARD_PTR("value_and_grad", {
+    auto [values, grads] = mx::value_and_grad(js_function(fn), ints_of(argnums, nargnums))(arrays_of(inputs, n));
+    return vec_of(std::move(values), grads);
+  })
+}
+
+// mx.checkpoint(fun)(inputs): the outputs; the closure stays in their graph for the recompute.
+Vec* mlxb_checkpoint(double fn, const double* inputs, int n) {
+  GUARD_PTR("checkpoint", {
+    return vec_of(mx::checkpoint(js_function(fn))(arrays_of(inputs, n)), {});
+  })
+}
+
+// ---------------------------------------------------------------- reliability (issue 15)
+
+}  // extern "C"
+
+namespace {
+
+// The values of an evaluated integer array as int64 (uint64 beyond INT64_MAX saturates).
+std::vector<int64_t> int_values(const array& x) {
+  array c = x.flags().row_contiguous ? x : mx::contiguous(x);
+  c.eval();
+  std::vector<int64_t> out(c.size());
+  auto read = [&](auto* p) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<int64_t>(p[i]);
+  };
+  switch (c.dtype().val()) {
+    case mx::Dtype::Val::int8: read(c.data<int8_t>()); break;
+    case mx::Dtype::Val::int16: read(c.data<int16_t>()); break;
+    case mx::Dtype::Val::int32: read(c.data<int32_t>()); break;
+    case mx::Dtype::Val::int64: read(c.data<int64_t>()); break;
+    case mx::Dtype::Val::uint8: read(c.data<uint8_t>()); break;
+    case mx::Dtype::Val::uint16: read(c.data<uint16_t>()); break;
+    case mx::Dtype::Val::uint32: read(c.data<uint32_t>()); break;
+    case mx::Dtype::Val::uint64: {
+      const uint64_t* p = c.data<uint64_t>();
+      for (size_t i = 0; i < out.size(); ++i) out[i] = p[i] > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(p[i]);
+      break;
+    }
+    default: out.clear();
+  }
+  return out;
+}
+
+// Indices already evaluated (they came from outside the graph: token ids, user data) must lie in
+// [-size, size) (negative ones count from the end, unsigned ones from 0). Indices computed inside
+// the graph (argmax, topk) are not evaluated yet and are in range by construction: not checked,
+// so the graph keeps its laziness and compiled tracing is unaffected.
+void check_indices(const array& idx, int64_t size, const char* what) {
+  if (!idx.is_available() || idx.size() == 0 || !mx::issubdtype(idx.dtype(), mx::integer)) return;
+  bool is_signed = mx::issubdtype(idx.dtype(), mx::signedinteger);
+  for (int64_t v : int_values(idx)) {
+    if (v >= size || (is_signed ? v < -size : v < 0)) {
+      throw std::out_of_range(std::string(what) + ": index " + std::to_string(v) + " is out of range for an axis of size " + std::to_string(size));
+    }
+  }
+}
+
+// gather_mm / gather_qmm: an index selects one matrix of the operand's batch (its leading axes).
+void check_batch_indices(const std::optional<array>& idx, const array& operand, const char* what) {
+  if (!idx) return;
+  int64_t batch = 1;
+  for (int i = 0; i + 2 < static_cast<int>(operand.ndim()); ++i) batch *= operand.shape(i);
+  if (!idx->is_available() || idx->size() == 0) return;
+  for (int64_t v : int_values(*idx)) {
+    if (v < 0 || v >= batch) throw std::out_of_range(std::string(what) + ": index " + std::to_string(v) + " is out of range for a batch of " + std::to_string(batch));
+  }
+}
+
+// Dynamic slice / slice update: start[i] on axes[i] must leave room for the window there.
+void check_dynamic_start(const array& start, const std::vector<int>& axes, const array& src, const mx::Shape& window) {
+  if (!start.is_available()) return;
+  auto v = int_values(start);
+  for (size_t i = 0; i < axes.size() && i < v.size(); ++i) {
+    int ax = axes[i] < 0 ? axes[i] + static_cast<int>(src.ndim()) : axes[i];
+    int64_t room = static_cast<int64_t>(src.shape(ax)) - window[ax];
+    if (v[i] < 0 || v[i] > room) {
+      throw std::out_of_range("start " + std::to_string(v[i]) + " on axis " + std::to_string(ax) + " leaves no room for a window of " +
+                              std::to_string(window[ax]) + " in an axis of size " + std::to_string(src.shape(ax)));
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Byte length of a loaded tensor or metadata key: a key with an embedded NUL byte would otherwise
+// be read back cut short (and could collide with another key). -1 for a bad index.
+int mlxb_loaded_key_length(const Loaded* l, int which, int i) {
+  if (!l) return -1;
+  if (which == 0) return i >= 0 && i < static_cast<int>(l->arrays.size()) ? static_cast<int>(l->arrays[i].first.size()) : -1;
+  return i >= 0 && i < static_cast<int>(l->meta.size()) ? static_cast<int>(l->meta[i].first.size()) : -1;
+}
+
+// ---------------------------------------------------------------- tuner (mlx_lm/tuner)
+
+// mx.random.bernoulli(p, shape, key) (nn.Dropout's mask): bits(shape) < p * nextafter(2^32 - 1).
+Arr* mlxb_random_bernoulli(const Arr* p, const int32_t* shape, int ndim, const Arr* key) {
+  GUARD_PTR("random.bernoulli", { return wrap(mx::random::bernoulli(A(p), shape_of(shape, ndim), opt(key))); })
+}
+
+// mx.fast.cross_entropy(logits, targets): nn.losses.cross_entropy's GPU path.
+Arr* mlxb_fast_cross_entropy(const Arr* logits, const Arr* targets) {
+  GUARD_PTR("fast.cross_entropy", { return wrap(mx::fast::cross_entropy(A(logits), A(targets))); })
 }
 
 // ---------------------------------------------------------------- benchmark support
@@ -1028,6 +1271,32 @@ double mlxb_set_limit(int which, double bytes) {
     set_error("set_limit", e.what());
   }
   return -1;
+}
+
+// The GPU backend this libmlx was built with and can use here: 0 none (CPU only), 1 Metal, 2 CUDA.
+// A CUDA wheel on a machine without a usable NVIDIA GPU answers 0.
+int mlxb_gpu_backend() {
+  GUARD_INT("gpu_backend", {
+    if (mx::metal::is_available()) return 1;
+    if (mx::cu::is_available()) return 2;
+    return 0;
+  })
+}
+// The GPU's name (gpu::device_info "device_name"), or "" when there is none.
+const char* mlxb_gpu_name() {
+  static std::string name;
+  try {
+    name.clear();
+    if (mx::gpu::is_available()) {
+      const auto& info = mx::gpu::device_info(0);
+      auto it = info.find("device_name");
+      if (it != info.end() && std::holds_alternative<std::string>(it->second)) name = std::get<std::string>(it->second);
+    }
+  } catch (const std::exception& e) {
+    set_error("gpu_name", e.what());
+    return nullptr;
+  }
+  return name.c_str();
 }
 
 // device type: 0 cpu, 1 gpu.

@@ -149,6 +149,8 @@ export function shapeArg(shape: readonly number[], op: string): Int32Array {
   for (let i = 0; i < shape.length; i++) {
     const d = shape[i]!;
     if (!Number.isInteger(d)) throw new MlxError(op, `shape entries must be integers, got ${String(d)}`);
+    // Int32Array would wrap an out-of-range entry silently (2**32 + 2 becomes 2).
+    if (d > 2147483647 || d < -2147483648) throw new MlxError(op, `shape entries must fit in int32, got ${d}`);
     s[i] = d;
   }
   return s;

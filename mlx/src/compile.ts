@@ -100,3 +100,28 @@ export function setCompileMode(mode: "disabled" | "no_simplify" | "no_fuse" | "e
   const code = ["disabled", "no_simplify", "no_fuse", "enabled"].indexOf(mode);
   checkStatus(lib.mlxb_set_compile_mode(code), "set_compile_mode");
 }
+
+/**
+ * Several captured states as one, in order (Python's `inputs=[model.state, optimizer.state,
+ * mx.random.state]`). set() splits its arrays by the sizes the last get() saw: inside a trace
+ * that is the outputs' get() at the end of the trace, in a replayed call the inputs' get().
+ */
+export function combineStates(...states: CompileState[]): CompileState {
+  let sizes: number[] = [];
+  return {
+    get() {
+      const parts = states.map((s) => s.get());
+      sizes = parts.map((p) => p.length);
+      return parts.flat();
+    },
+    set(arrays) {
+      const total = sizes.reduce((a, b) => a + b, 0);
+      if (arrays.length !== total) throw new MlxError("compile", `combined state: ${arrays.length} arrays for ${total} slots`);
+      let at = 0;
+      states.forEach((s, i) => {
+        s.set(arrays.slice(at, at + sizes[i]!));
+        at += sizes[i]!;
+      });
+    },
+  };
+}

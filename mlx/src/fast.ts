@@ -57,3 +57,8 @@ export function scaledDotProductAttention(
     op,
   );
 }
+
+/** mx.fast.cross_entropy(logits, targets): per-position CE over the last axis (nn.losses' GPU path). */
+export function crossEntropy(logits: MlxArray, targets: MlxArray): MlxArray {
+  return own(lib.mlxb_fast_cross_entropy(need(logits, "fast.cross_entropy", "logits").handle, need(targets, "fast.cross_entropy", "targets").handle), "fast.cross_entropy");
+}

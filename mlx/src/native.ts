@@ -121,6 +121,8 @@ const symbols = {
   mlxb_reset_peak_memory: { args: [], returns: i32 },
   mlxb_clear_cache: { args: [], returns: i32 },
   mlxb_set_limit: { args: [i32, f64], returns: f64 },
+  mlxb_gpu_backend: { args: [], returns: i32 },
+  mlxb_gpu_name: { args: [], returns: ptr },
   mlxb_default_device: { args: [], returns: i32 },
   mlxb_set_default_device: { args: [i32], returns: i32 },
   mlxb_is_available: { args: [i32], returns: i32 },
@@ -137,6 +139,18 @@ const symbols = {
   mlxb_array_id: { args: [ptr], returns: f64 },
   mlxb_graph_nodes: { args: [ptr], returns: ptr },
   mlxb_graph_replay: { args: [ptr, ptr, ptr, i32], returns: ptr },
+  // autodiff (autodiff.ts): one JS trampoline, closures released through a queue
+  mlxb_set_trampoline: { args: [FFIType.function], returns: i32 },
+  mlxb_next_released: { args: [], returns: f64 },
+  mlxb_vjp: { args: [f64, ptr, i32, ptr, i32], returns: ptr },
+  mlxb_jvp: { args: [f64, ptr, i32, ptr, i32], returns: ptr },
+  mlxb_value_and_grad: { args: [f64, ptr, i32, ptr, i32], returns: ptr },
+  mlxb_checkpoint: { args: [f64, ptr, i32], returns: ptr },
+  // reliability (issue 15)
+  mlxb_loaded_key_length: { args: [ptr, i32, i32], returns: i32 },
+  // tuner (mlx_lm/tuner)
+  mlxb_random_bernoulli: { args: [ptr, ptr, i32, ptr], returns: ptr },
+  mlxb_fast_cross_entropy: { args: [ptr, ptr], returns: ptr },
 } as const;
 
 type Arg = number | ArrayBufferView | null;

@@ -509,9 +509,16 @@ export interface QuantArgs {
   globalScale?: MlxArray | null;
 }
 
+/** group_size / bits: -1 (the mode's default) when absent, else a positive int32 (FFI would truncate 1.5 to 1). */
+function quantParam(v: number | undefined, name: string, op: string): number {
+  if (v === undefined) return -1;
+  if (!Number.isInteger(v) || v <= 0 || v > 2147483647) throw new MlxError(op, `${name} must be a positive integer, got ${v}`);
+  return v;
+}
+
 /** mx.quantize → [wq, scales, biases] (affine) or [wq, scales] (fp modes). */
 export function quantize(w: MlxArray, { groupSize, bits, mode = "affine", globalScale }: QuantArgs = {}): MlxArray[] {
-  return ownVec(lib.mlxb_quantize(arr(w, "quantize").handle, groupSize ?? -1, bits ?? -1, cstr(mode), globalScale ? globalScale.handle : 0), "quantize");
+  return ownVec(lib.mlxb_quantize(arr(w, "quantize").handle, quantParam(groupSize, "group_size", "quantize"), quantParam(bits, "bits", "quantize"), cstr(mode), globalScale ? globalScale.handle : 0), "quantize");
 }
 
 export function dequantize(
@@ -525,8 +532,8 @@ export function dequantize(
       arr(w, "dequantize").handle,
       arr(scales, "dequantize", "scales").handle,
       biases ? biases.handle : 0,
-      groupSize ?? -1,
-      bits ?? -1,
+      quantParam(groupSize, "group_size", "dequantize"),
+      quantParam(bits, "bits", "dequantize"),
       cstr(mode),
       globalScale ? globalScale.handle : 0,
       dtype === undefined ? -1 : dtypeCode(dtype),
@@ -550,8 +557,8 @@ export function quantizedMatmul(
       arr(scales, "quantized_matmul", "scales").handle,
       biases ? biases.handle : 0,
       transpose ? 1 : 0,
-      groupSize ?? -1,
-      bits ?? -1,
+      quantParam(groupSize, "group_size", "quantized_matmul"),
+      quantParam(bits, "bits", "quantized_matmul"),
       cstr(mode),
     ),
     "quantized_matmul",
@@ -587,8 +594,8 @@ export function gatherQmm(
       lhsIndices ? lhsIndices.handle : 0,
       rhsIndices ? rhsIndices.handle : 0,
       transpose ? 1 : 0,
-      groupSize ?? -1,
-      bits ?? -1,
+      quantParam(groupSize, "group_size", "gather_qmm"),
+      quantParam(bits, "bits", "gather_qmm"),
       cstr(mode),
       globalScale ? globalScale.handle : 0,
       sortedIndices ? 1 : 0,

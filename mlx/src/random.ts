@@ -117,3 +117,14 @@ export function categorical(
     own(lib.mlxb_random_categorical(logits.handle, axis, s, shape === undefined ? -1 : s.length, numSamples ?? 0, kh), "random.categorical"),
   );
 }
+
+/** mx.random.bernoulli(p, shape, key): a Python float p becomes a float32 array, as in Python. */
+export function bernoulli(p: number | MlxArray, { shape, key: k }: { shape?: readonly number[]; key?: MlxArray } = {}): MlxArray {
+  const pa = p instanceof MlxArray ? p : own(lib.mlxb_scalar(p, 0, dtypeCode("float32")), "random.bernoulli");
+  try {
+    const s = shapeArg(shape ?? pa.shape, "random.bernoulli");
+    return withKey(k, (kh) => own(lib.mlxb_random_bernoulli(pa.handle, s, s.length, kh), "random.bernoulli"));
+  } finally {
+    if (pa !== p) pa.dispose();
+  }
+}

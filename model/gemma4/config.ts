@@ -131,11 +131,9 @@ export function modelArgsFromDict(params: Record<string, unknown>, file = "confi
   if (a.layer_types === null || a.layer_types === undefined) {
     const p = a.sliding_window_pattern;
     const n = a.num_hidden_layers;
-    if (isPosInt(p) && isPosInt(n)) {
-      const pattern: LayerType[] = [...new Array<LayerType>(p - 1).fill("sliding_attention"), "full_attention"];
-      const rep: LayerType[] = [];
-      for (let i = 0; i < Math.floor(n / pattern.length) + 1; i++) rep.push(...pattern);
-      a.layer_types = rep.slice(0, n);
+    // (pattern * (n // p + 1))[:n] with pattern = [sliding] * (p - 1) + [full]: entry i is pattern[i % p]
+    if (isPosInt(p) && isPosInt(n) && n <= MAX_LAYERS) {
+      a.layer_types = Array.from({ length: n }, (_, i): LayerType => (i % p === p - 1 ? "full_attention" : "sliding_attention"));
     }
   }
   const args = a as unknown as ModelArgs;
@@ -143,8 +141,13 @@ export function modelArgsFromDict(params: Record<string, unknown>, file = "confi
   return args;
 }
 
+/** MLX shape entries are int32: no dimension (nor product of dimensions forming one) may exceed this. */
+export const MAX_DIM = 2 ** 31 - 1;
+/** A sanity bound (Gemma 4 models have up to 60 layers): the model builds one module per layer. */
+export const MAX_LAYERS = 4096;
+
 function isPosInt(v: unknown): v is number {
-  return typeof v === "number" && Number.isInteger(v) && v > 0;
+  return typeof v === "number" && Number.isInteger(v) && v > 0 && v <= MAX_DIM;
 }
 
 function isNonNegInt(v: unknown): v is number {
@@ -160,7 +163,11 @@ export function validateModelArgs(a: ModelArgs, file = "config.json", keyPrefix 
   const posInt = (key: keyof ModelArgs) => {
     const v = a[key];
     if (v === undefined || v === null) throw err(key, "is required (a positive integer)");
-    if (!isPosInt(v)) throw err(key, `must be a positive integer, got ${JSON.stringify(v)}`);
+    if (!isPosInt(v)) throw err(key, `must be a positive integer${typeof v === "number" && v > MAX_DIM ? ` of at most ${MAX_DIM}` : ""}, got ${JSON.stringify(v)}`);
+  };
+  /** A dimension the model builds as a product of config values must fit an MLX shape entry. */
+  const fits = (key: string, what: string, n: number) => {
+    if (n > MAX_DIM) throw err(key, `${what} = ${n} exceeds the largest MLX dimension (${MAX_DIM})`);
   };
   for (const k of [
     "hidden_size",
@@ -176,6 +183,8 @@ export function validateModelArgs(a: ModelArgs, file = "config.json", keyPrefix 
   ] as const) {
     posInt(k);
   }
+  if (a.num_hidden_layers > MAX_LAYERS) throw err("num_hidden_layers", `must be at most ${MAX_LAYERS} (a sanity bound), got ${a.num_hidden_layers}`);
+  fits("intermediate_size", "2 * intermediate_size (double-wide MLP)", 2 * a.intermediate_size);
   if (typeof a.model_type !== "string") throw err("model_type", `must be a string, got ${JSON.stringify(a.model_type)}`);
   if (a.global_head_dim !== null && a.global_head_dim !== 0 && !isPosInt(a.global_head_dim)) {
     throw err("global_head_dim", `must be a positive integer (or 0/null to use head_dim), got ${JSON.stringify(a.global_head_dim)}`);
@@ -195,7 +204,10 @@ export function validateModelArgs(a: ModelArgs, file = "config.json", keyPrefix 
   if (ple !== null && ple !== 0 && !isPosInt(ple)) {
     throw err("hidden_size_per_layer_input", `must be a positive integer, or 0/null to disable per-layer inputs; got ${JSON.stringify(ple)}`);
   }
-  if (ple) posInt("vocab_size_per_layer_input");
+  if (ple) {
+    posInt("vocab_size_per_layer_input");
+    fits("hidden_size_per_layer_input", "num_hidden_layers * hidden_size_per_layer_input", a.num_hidden_layers * ple);
+  }
 
   // layer types
   if (!Array.isArray(a.layer_types)) throw err("layer_types", "must be a list of layer types");
@@ -232,6 +244,8 @@ export function validateModelArgs(a: ModelArgs, file = "config.json", keyPrefix 
     const hd = t === "full_attention" ? globalHd : a.head_dim;
     const hdKey = t === "full_attention" && a.global_head_dim ? "global_head_dim" : "head_dim";
     if (hd % 2 !== 0) throw err(hdKey, `RoPE needs an even head dimension, got ${hd}`);
+    fits("num_attention_heads", `num_attention_heads * ${hdKey} (${t} query rows)`, a.num_attention_heads * hd);
+    fits(key, `${key} * ${hdKey} (${t} key rows)`, nKv * hd);
     // rope entry for this layer type (rope_utils.initialize_rope)
     if (typeof a.rope_parameters !== "object" || a.rope_parameters === null) throw err("rope_parameters", "must be an object");
     const rp = a.rope_parameters[t] ?? {};
@@ -259,6 +273,7 @@ export function validateModelArgs(a: ModelArgs, file = "config.json", keyPrefix 
       if (!isPosInt(a[k])) throw err(k, `enable_moe_block needs a positive integer ${k}, got ${JSON.stringify(a[k])}`);
     }
     if (a.top_k_experts! > a.num_experts!) throw err("top_k_experts", `top_k_experts (${a.top_k_experts}) exceeds num_experts (${a.num_experts})`);
+    fits("moe_intermediate_size", "2 * moe_intermediate_size (fused gate/up projection)", 2 * a.moe_intermediate_size!);
   }
 }
 

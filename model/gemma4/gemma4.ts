@@ -53,10 +53,10 @@ export class Model extends Module {
     return this.language_model.sanitize(out);
   }
 
-  /** Releases the weights and the compiled decode closures that hold them. */
+  /** Releases the weights, the private arrays (RoPE frequencies) and the compiled decode closures. */
   dispose(): void {
     this.language_model.model.disposeCompiled();
-    for (const p of this.parameters().values()) p.dispose();
+    this.disposeArrays();
   }
 
   get layers(): gemma4_text.DecoderLayer[] {

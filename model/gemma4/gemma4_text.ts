@@ -43,12 +43,20 @@ export type { ModelArgs } from "./config.ts";
 
 /**
  * Decode steps (L = 1 with a cache, no taps) run through per-layer compiled closures
- * (DecoderLayer.decodeCompiled). GEMMA4_DECODE_COMPILE=0, or setDecodeCompile(false), turns
- * that off: every call then builds Python's graph op by op.
+ * (DecoderLayer.decodeCompiled) where that route is proven bit-exact against mlx-lm's uncompiled
+ * step: on the CPU device. On a GPU device it is off by default: on CUDA (H200, MLX 0.32.4) the
+ * compiled route gave other bytes than the op-by-op route on 7 of 7 fixtures
+ * (suites/gemma4/decode_compile.test.ts; bench/PARITY-cuda.md), and Metal is not measured.
+ * GEMMA4_DECODE_COMPILE=1 (or setDecodeCompile(true)) forces it on everywhere, =0 (false) off
+ * everywhere: every call then builds Python's graph op by op.
  */
-let decodeCompile = process.env.GEMMA4_DECODE_COMPILE !== "0";
-export function setDecodeCompile(on: boolean): void {
+let decodeCompile: boolean | "auto" = process.env.GEMMA4_DECODE_COMPILE === "0" ? false : process.env.GEMMA4_DECODE_COMPILE === "1" ? true : "auto";
+export function setDecodeCompile(on: boolean | "auto"): void {
   decodeCompile = on;
+}
+/** Whether one-token calls take the compiled decode route now (see decodeCompile). */
+export function decodeCompileOn(): boolean {
+  return decodeCompile === "auto" ? mx.defaultDevice() === "cpu" : decodeCompile;
 }
 
 /** The cache interface the model consumes (implemented by model/cache/). */
@@ -599,7 +607,7 @@ export class DecoderLayer extends Module {
     if (taps && per_layer_input !== null && this.per_layer_input_gate !== null) taps(`${tp}per_layer_input`, per_layer_input);
     // the decode route needs the RoPE offset as an array: a cache, or a source layer that had one
     const offsetIsArray = shared_kv === null ? cache !== null : offset instanceof mx.MlxArray;
-    if (!taps && decodeCompile && offsetIsArray && x.shape[1] === 1) {
+    if (!taps && offsetIsArray && x.shape[1] === 1 && decodeCompileOn()) {
       return this.decodeCompiled(x, mask, cache, per_layer_input, shared_kv, offset);
     }
     const residual0 = x;
@@ -766,6 +774,14 @@ export interface TextModelCallOptions {
   input_embeddings?: MlxArray | null;
   per_layer_inputs?: MlxArray | null;
   taps?: TapSink;
+  /**
+   * mlx-vlm's `shared_kv_sink` (speculative decoding hook): filled after the layers with the
+   * (keys, values) each layer attended over, the last layer of each type winning, as
+   * caller-owned handles.
+   */
+  shared_kv_sink?: Map<LayerType, KV>;
+  /** mlx-vlm's `skip_final_norm`: return the last layer's output before the final norm. */
+  skip_final_norm?: boolean;
 }
 
 export class Gemma4TextModel extends Module {
@@ -967,11 +983,12 @@ export class Gemma4TextModel extends Module {
     for (const l of this.layers) l.disposeCompiled();
   }
 
-  call(inputs: MlxArray | null, { cache = null, input_embeddings = null, per_layer_inputs = null, taps }: TextModelCallOptions = {}): MlxArray {
+  call(inputs: MlxArray | null, opts: TextModelCallOptions = {}): MlxArray {
+    const { cache = null, input_embeddings = null, per_layer_inputs = null, taps } = opts;
     using stack = new DisposableStack();
     if (taps && inputs !== null) taps("inputs", inputs);
     const oneToken = inputs !== null && input_embeddings === null && per_layer_inputs === null && inputs.shape[1] === 1;
-    const [h0, perLayer] = !taps && decodeCompile && oneToken ? this.embedCompiled(inputs!) : this.embed(inputs, input_embeddings, per_layer_inputs, taps);
+    const [h0, perLayer] = !taps && oneToken && decodeCompileOn() ? this.embedCompiled(inputs!) : this.embed(inputs, input_embeddings, per_layer_inputs, taps);
     let h = stack.use(h0);
     for (const p of perLayer) if (p) stack.use(p);
 
@@ -1002,6 +1019,17 @@ export class Gemma4TextModel extends Module {
       h = stack.use(hn);
       intermediates[idx] = [kv, off];
     }
+    const sink = opts.shared_kv_sink;
+    if (sink) {
+      this.layers.forEach((l, idx) => {
+        const kv = intermediates[idx]![0];
+        if (!kv) return;
+        const old = sink.get(l.layer_type);
+        if (old) disposeKV(old);
+        sink.set(l.layer_type, [mx.alias(kv[0]), mx.alias(kv[1])]);
+      });
+    }
+    if (opts.skip_final_norm) return mx.alias(h);
     const out = this.norm.call(h);
     if (taps) taps("norm", out);
     return out;
@@ -1046,10 +1074,10 @@ export class Model extends Module {
     return logits;
   }
 
-  /** Releases the weights and the compiled decode closures that hold them. */
+  /** Releases the weights, the private arrays (RoPE frequencies) and the compiled decode closures. */
   dispose(): void {
     this.model.disposeCompiled();
-    for (const p of this.parameters().values()) p.dispose();
+    this.disposeArrays();
   }
 
   /** Model.sanitize: drops / renames checkpoint keys, in Python's rule order. */

@@ -2,6 +2,6 @@
 export * from "./config.ts";
 export * as gemma4_text from "./gemma4_text.ts";
 export * as gemma4 from "./gemma4.ts";
-export { type AnyModel, type LoadedModel, loadModel, loadWeights, WeightsError, checkSafetensors } from "./weights.ts";
+export { type AnyModel, type LoadedModel, loadModel, loadWeights, WeightsError, checkSafetensors, checkCheckpoint } from "./weights.ts";
 export type { TapMeta, TapSink, TapValue } from "./taps.ts";
 export { prefixed } from "./taps.ts";

@@ -96,6 +96,7 @@ export class QuantizedSwitchLinear extends Module implements SwitchProj {
     this.scales = placeholder([num_experts, output_dims, input_dims / this.group_size]);
     this.biases = this.mode === "affine" ? placeholder([num_experts, output_dims, input_dims / this.group_size]) : null;
     if (bias) this.bias = placeholder([num_experts, output_dims]);
+    this.freeze(); // as Python's constructor: quantized parameters are not trainable
   }
 
   call(x: MlxArray, indices: MlxArray, sorted_indices = false): MlxArray {

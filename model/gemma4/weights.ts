@@ -55,9 +55,14 @@ const ST_DTYPES: Record<string, [mx.Dtype, number]> = {
   F64: ["float64", 8],
 };
 
+/** The safetensors format's own limit on the header (MLX and the Rust reference refuse longer ones). */
+const MAX_HEADER = 100_000_000;
+
 /**
  * Checks a .safetensors file's header against its size before MLX maps it: a truncated or
- * corrupt file otherwise fails lazily, at the first eval, far from the file name.
+ * corrupt file otherwise fails lazily, at the first eval, far from the file name. Every
+ * problem the format allows (wrong types, unknown dtypes, shapes and offsets that disagree,
+ * overflow, ranges past the end or overlapping each other) is one WeightsError naming the key.
  */
 export function checkSafetensors(file: string): void {
   let fd: number;
@@ -71,36 +76,60 @@ export function checkSafetensors(file: string): void {
     if (size < 8) throw new WeightsError(file, [], `truncated safetensors file: ${size} bytes, no header`);
     const lenBuf = Buffer.alloc(8);
     readSync(fd, lenBuf, 0, 8, 0);
-    const hlen = Number(lenBuf.readBigUInt64LE(0));
-    if (hlen <= 0 || 8 + hlen > size) {
+    const hlen = lenBuf.readBigUInt64LE(0);
+    if (hlen === 0n || hlen >= BigInt(MAX_HEADER)) throw new WeightsError(file, [], `corrupt safetensors file: header length ${hlen} is not between 1 and ${MAX_HEADER} bytes`);
+    if (8n + hlen > BigInt(size)) {
       throw new WeightsError(file, [], `truncated or corrupt safetensors file: header of ${hlen} bytes does not fit in ${size} bytes`);
     }
-    const hbuf = Buffer.alloc(hlen);
-    readSync(fd, hbuf, 0, hlen, 8);
-    let header: Record<string, unknown>;
+    const hbuf = Buffer.alloc(Number(hlen));
+    readSync(fd, hbuf, 0, hbuf.length, 8);
+    let header: unknown;
     try {
-      header = JSON.parse(hbuf.toString("utf8")) as Record<string, unknown>;
+      header = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(hbuf));
     } catch (e) {
       throw new WeightsError(file, [], `corrupt safetensors header: ${(e as Error).message}`);
     }
-    const dataSize = size - 8 - hlen;
-    for (const [key, info] of Object.entries(header)) {
-      if (key === "__metadata__") continue;
-      const t = info as { dtype?: string; shape?: number[]; data_offsets?: [number, number] };
-      const dt = t.dtype ? ST_DTYPES[t.dtype] : undefined;
-      if (!dt) throw new WeightsError(file, [key], `unsupported or missing dtype ${JSON.stringify(t.dtype)}`);
-      if (!Array.isArray(t.shape) || !Array.isArray(t.data_offsets) || t.data_offsets.length !== 2) {
-        throw new WeightsError(file, [key], "malformed tensor entry (needs shape and data_offsets)");
-      }
-      const [b, e] = t.data_offsets;
-      const n = t.shape.reduce((x, y) => x * y, 1) * dt[1];
-      if (e - b !== n) throw new WeightsError(file, [key], `data_offsets [${b}, ${e}] hold ${e - b} bytes, shape [${t.shape}] of ${t.dtype} needs ${n}`);
-      if (e > dataSize) {
-        throw new WeightsError(file, [key], `truncated safetensors file: tensor ends at byte ${e} of a ${dataSize}-byte data section`);
-      }
-    }
+    if (header === null || typeof header !== "object" || Array.isArray(header)) throw new WeightsError(file, [], "corrupt safetensors header: not a JSON object");
+    checkHeader(file, header as Record<string, unknown>, size - 8 - Number(hlen));
   } finally {
     closeSync(fd);
+  }
+}
+
+function checkHeader(file: string, header: Record<string, unknown>, dataSize: number): void {
+  const bad = (key: string, detail: string) => new WeightsError(file, [key], detail);
+  const meta = header.__metadata__;
+  if (meta !== undefined) {
+    if (meta === null || typeof meta !== "object" || Array.isArray(meta)) throw bad("__metadata__", "must be an object of strings");
+    for (const [k, v] of Object.entries(meta)) if (typeof v !== "string") throw bad(`__metadata__.${k}`, `metadata values must be strings, got ${JSON.stringify(v)}`);
+  }
+  const ranges: [number, number, string][] = [];
+  for (const [key, info] of Object.entries(header)) {
+    if (key === "__metadata__") continue;
+    if (key.includes("\0")) throw bad(key, "tensor name contains a NUL byte");
+    if (info === null || typeof info !== "object" || Array.isArray(info)) throw bad(key, "malformed tensor entry (not an object)");
+    const t = info as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
+    const dt = typeof t.dtype === "string" && Object.hasOwn(ST_DTYPES, t.dtype) ? ST_DTYPES[t.dtype] : undefined;
+    if (!dt) throw bad(key, `unsupported or missing dtype ${JSON.stringify(t.dtype)} (expected one of ${Object.keys(ST_DTYPES).join(", ")})`);
+    const shape = t.shape;
+    if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && d >= 0 && d <= 2 ** 31 - 1)) {
+      throw bad(key, `shape must be a list of non-negative int32 dimensions, got ${JSON.stringify(shape)}`);
+    }
+    const off = t.data_offsets;
+    if (!Array.isArray(off) || off.length !== 2 || !off.every((o) => Number.isSafeInteger(o) && o >= 0)) {
+      throw bad(key, `data_offsets must be two non-negative integers, got ${JSON.stringify(off)}`);
+    }
+    const [b, e] = off as [number, number];
+    const need = (shape as number[]).reduce((x, y) => x * BigInt(y), BigInt(dt[1]));
+    if (e < b || BigInt(e - b) !== need) throw bad(key, `data_offsets [${b}, ${e}] hold ${e - b} bytes, shape [${shape}] of ${t.dtype} needs ${need}`);
+    if (e > dataSize) throw bad(key, `truncated safetensors file: tensor ends at byte ${e} of a ${dataSize}-byte data section`);
+    if (e > b) ranges.push([b, e, key]);
+  }
+  ranges.sort((x, y) => x[0] - y[0]);
+  for (let i = 1; i < ranges.length; i++) {
+    const [b, , k] = ranges[i]!;
+    const [, pe, pk] = ranges[i - 1]!;
+    if (b < pe) throw new WeightsError(file, [pk, k], `corrupt safetensors header: the data of ${pk} and ${k} overlap`);
   }
 }
 
@@ -297,10 +326,12 @@ export function buildModel(config: LoadedConfig): AnyModel {
 export function loadModel(dir: string, { lazy = false }: { lazy?: boolean } = {}): LoadedModel {
   const config = loadConfig(dir);
   let weights = loadWeights(dir);
+  let model: AnyModel | undefined;
   try {
-    const model = buildModel(config);
+    model = buildModel(config);
     weights = model.sanitize(weights);
     quantizeModel(model, config, weights);
+    model.eval(); // as load_model: a loaded model is in eval mode (Dropout off until train())
     loadWeightsStrict(model, weights, dir);
     if (!lazy) {
       const ps = [...model.parameters().values()];
@@ -314,6 +345,19 @@ export function loadModel(dir: string, { lazy = false }: { lazy?: boolean } = {}
     return { model, config, text };
   } catch (e) {
     for (const w of weights.values()) if (!w.array.disposed) w.array.dispose();
+    model?.dispose();
     throw e;
   }
+}
+
+/**
+ * Everything loadModel refuses, checked without reading the weights: the config, the shard
+ * index, every file's header against its size, and every parameter's presence and shape. MLX
+ * maps safetensors lazily, so building and checking the model reads no tensor data. Used to
+ * refuse a bad checkpoint before an oracle process is started for it.
+ */
+export function checkCheckpoint(dir: string): LoadedConfig {
+  const { model, config } = loadModel(dir, { lazy: true });
+  model.dispose();
+  return config;
 }

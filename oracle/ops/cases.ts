@@ -672,6 +672,20 @@ for (const q of QMODES) {
   }
 }
 
+// quantized_matmul with one quantization group per row (K == group_size) and several rows of x:
+// the fixtures' router projections (8-bit g64, K = 64, N = 8) and c4_e4b/mixed's per-layer
+// projection (4-bit g64, N = 192). On CUDA with compute capability 9 these are the only shapes
+// MLX sends to its qmm_sm90 kernel (group_size >= K, more than one row), where the two processes
+// computed different values (bench/PARITY-cuda.md).
+for (const dt of FLOATS) {
+  const run = (xs: Operand[], p: Params) => mx.quantizedMatmul(A(xs, 0), A(xs, 1), A(xs, 2), A(xs, 3), { ...qargs(p), transpose: true });
+  for (const [bits, n] of [[8, 8], [4, 192], [4, 8]] as const) {
+    const q: QMode = { mode: "affine", groupSize: 64, bits };
+    const ins = qinputs(q, [n, 64]).map((s, i) => (i >= 1 && "dtype" in s ? { ...s, dtype: dt } : s));
+    for (const m of [5, 36]) add("quantizedMatmul", "quantized_matmul", [arr([1, m, 64], dt), ...ins], { ...qparams(q), has_biases: true, transpose: true }, run);
+  }
+}
+
 // nvfp4 with a global scale (Python `global_scale=`)
 for (const dt of FLOATS) {
   const gsc: Gen = { values: [0.75] };
@@ -775,6 +789,20 @@ for (const k of [[0, 0], [0, 42], [7, 123456]]) {
     add("random.categorical", "random.categorical", [arr([2, 10], dt, "wide"), KEY(k)], { axis: -1, num_samples: 4 }, ct);
     add("random.categorical", "random.categorical", [arr([2, 10], dt, "wide"), KEY(k)], { axis: -1, shape: [3, 2] }, ct);
   }
+}
+
+// ---------------------------------------------------------------- tuner (nn.Dropout's mask, nn.losses' GPU cross-entropy)
+
+for (const k of [[0, 0], [7, 123456]]) {
+  const b = (xs: Operand[], p: Params) => mx.random.bernoulli(p.p as number, { shape: p.shape as number[], key: A(xs) });
+  add("random.bernoulli", "random.bernoulli", [KEY(k)], { p: 0.9, shape: [4, 8] }, b);
+  add("random.bernoulli", "random.bernoulli", [KEY(k)], { p: 0.5, shape: [3, 5] }, b);
+  add("random.bernoulli", "random.bernoulli", [arr([3, 5], "float32", "unit"), KEY(k)], {}, (xs) => mx.random.bernoulli(A(xs), { key: A(xs, 1) }));
+}
+for (const dt of FLOATS) {
+  const ce = (xs: Operand[]) => mx.fast.crossEntropy(A(xs), A(xs, 1));
+  add("fast.crossEntropy", "fast.cross_entropy", [arr([2, 5, 16], dt, "wide"), arr([2, 5], "int32", { index: 16 })], {}, ce);
+  add("fast.crossEntropy", "fast.cross_entropy", [arr([7, 33], dt), arr([7], "uint32", { index: 33 })], {}, ce);
 }
 
 // ---------------------------------------------------------------- exports

@@ -4,14 +4,25 @@ import * as mx from "@mlx-bun/mlx";
 import type { Dtype, MlxArray } from "@mlx-bun/mlx";
 import type { Operand } from "@mlx-bun/mlx/ops";
 import type { ArraySpec, Gen, InputSpec, OpCase, View } from "./cases.ts";
-import type { OpInput, OracleClient } from "../client.ts";
+import type { OpInput, OracleClient, OracleError } from "../client.ts";
 import type { NpyRecord } from "../npy.ts";
+
+/**
+ * exact: every output byte-identical. unsupported: both sides rejected the case with the same
+ * MLX error (a fact about the backend, e.g. float64 on a GPU), counted apart from exact and from
+ * failures. fail: anything else (a byte difference, one side failing, or different errors).
+ */
+export type CaseStatus = "exact" | "unsupported" | "fail";
 
 export interface CaseResult {
   id: string;
   op: string;
+  status: CaseStatus;
+  /** status === "exact" */
   ok: boolean;
   detail?: string;
+  /** The case left a sticky error behind (the process could no longer run ops): both were restarted. */
+  sticky?: boolean;
 }
 
 // ---------------------------------------------------------------- seeded inputs
@@ -91,7 +102,7 @@ export function inputBytes(spec: ArraySpec, seed: string): Uint8Array {
   return a.toBytes();
 }
 
-function applyView(a: MlxArray, view: View | undefined): MlxArray {
+export function applyView(a: MlxArray, view: View | undefined): MlxArray {
   if (!view) return a;
   if ("transpose" in view) return view.transpose === null ? mx.transpose(a) : mx.transpose(a, view.transpose);
   return mx.slice(a, view.slice.start, view.slice.stop, view.slice.strides);
@@ -138,6 +149,22 @@ interface TsOut {
   bytes: Uint8Array;
 }
 
+/** The MLX message of a failure on either side: the binding's MlxError detail, Python's str(e). */
+function mlxMessage(e: Error): string {
+  if (e instanceof mx.MlxError) return e.detail;
+  const py = (e as OracleError).pythonMessage;
+  return py ?? e.message;
+}
+
+function classify(ts: TsOut[] | Error, py: NpyRecord[] | Error): { status: CaseStatus; detail?: string } {
+  if (ts instanceof Error && py instanceof Error) {
+    const [a, b] = [mlxMessage(ts), mlxMessage(py)];
+    return a === b ? { status: "unsupported", detail: a } : { status: "fail", detail: `both failed, differently: TS ${ts.message} | Python ${py.message}` };
+  }
+  const detail = compare(ts, py);
+  return detail === undefined ? { status: "exact" } : { status: "fail", detail };
+}
+
 function compare(ts: TsOut[] | Error, py: NpyRecord[] | Error): string | undefined {
   if (ts instanceof Error && py instanceof Error) return `both failed: TS ${ts.message} | ${py.message}`;
   if (ts instanceof Error) return `TS failed: ${ts.message}`;
@@ -165,18 +192,41 @@ function compare(ts: TsOut[] | Error, py: NpyRecord[] | Error): string | undefin
   return undefined;
 }
 
-/** Runs the cases against the oracle; at most `window` requests in flight. */
-export async function runCases(cases: readonly OpCase[], oracle: OracleClient, window = 32): Promise<CaseResult[]> {
+export interface RunOptions {
+  /** At most this many oracle requests in flight. */
+  window?: number;
+  /**
+   * Stop issuing cases after the first one that is not exact (the in-flight ones finish), so the
+   * caller can check that both processes still work before going on (oracle/ops/isolated.ts).
+   */
+  stopAfterFailure?: boolean;
+  onResult?: (r: CaseResult, index: number) => void;
+}
+
+/**
+ * Runs the cases against the oracle; at most `window` requests in flight. Returns one result per
+ * case run, in case order; with stopAfterFailure the list may end early.
+ */
+export async function runCases(cases: readonly OpCase[], oracle: OracleClient, opts: RunOptions | number = {}): Promise<CaseResult[]> {
+  const { window = 32, stopAfterFailure = false, onResult } = typeof opts === "number" ? { window: opts } : opts;
   const results: CaseResult[] = new Array(cases.length);
   const inflight = new Set<Promise<void>>();
+  let stop = false;
+  let issued = 0;
+  const record = (i: number, r: CaseResult) => {
+    results[i] = r;
+    if (r.status !== "exact" && stopAfterFailure) stop = true;
+    onResult?.(r, i);
+  };
   try {
-    for (let i = 0; i < cases.length; i++) {
+    for (let i = 0; i < cases.length && !stop; i++) {
       const c = cases[i]!;
+      issued = i + 1;
       let prep: Prepared;
       try {
         prep = prepare(c);
       } catch (e) {
-        results[i] = { id: c.id, op: c.op, ok: false, detail: `input preparation failed: ${(e as Error).message}` };
+        record(i, { id: c.id, op: c.op, status: "fail", ok: false, detail: `input preparation failed: ${(e as Error).message}` });
         continue;
       }
       const params = prep.views.some((v) => v !== null) ? { ...c.params, _views: prep.views } : c.params;
@@ -194,9 +244,10 @@ export async function runCases(cases: readonly OpCase[], oracle: OracleClient, w
       } finally {
         for (const a of prep.owned) a.dispose();
       }
+      if (ts instanceof Error && stopAfterFailure) stop = true;
       const p = py.then((out) => {
-        const detail = compare(ts, out);
-        results[i] = { id: c.id, op: c.op, ok: detail === undefined, ...(detail ? { detail } : {}) };
+        const { status, detail } = classify(ts, out);
+        record(i, { id: c.id, op: c.op, status, ok: status === "exact", ...(detail ? { detail } : {}) });
       });
       inflight.add(p);
       void p.finally(() => inflight.delete(p));
@@ -206,7 +257,7 @@ export async function runCases(cases: readonly OpCase[], oracle: OracleClient, w
   } finally {
     await Promise.allSettled(inflight);
   }
-  return results;
+  return results.slice(0, issued);
 }
 
 export interface Coverage {
@@ -215,6 +266,8 @@ export interface Coverage {
   untested: string[];
   cases: number;
   bitExact: number;
+  /** Both sides rejected the case with the same MLX error (see CaseStatus). */
+  unsupported: CaseResult[];
   failures: CaseResult[];
 }
 
@@ -225,7 +278,15 @@ export function coverage(exposed: string[], cases: readonly OpCase[], results: C
     tested: exposed.filter((o) => tested.has(o)),
     untested: exposed.filter((o) => !tested.has(o)),
     cases: results.length,
-    bitExact: results.filter((r) => r.ok).length,
-    failures: results.filter((r) => !r.ok),
+    bitExact: results.filter((r) => r.status === "exact").length,
+    unsupported: results.filter((r) => r.status === "unsupported"),
+    failures: results.filter((r) => r.status === "fail"),
   };
+}
+
+/** Unsupported cases grouped by their MLX message: [message, case ids]. */
+export function groupUnsupported(rs: readonly CaseResult[]): [string, string[]][] {
+  const m = new Map<string, string[]>();
+  for (const r of rs) m.set(r.detail ?? "", [...(m.get(r.detail ?? "") ?? []), r.id]);
+  return [...m].sort((a, b) => b[1].length - a[1].length);
 }

@@ -17,6 +17,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+import device_env  # noqa: F401  (MLX_DEVICE: the run's device, as on the TS side)
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "fixtures"
 CONFIGS = FIXTURES / "configs"

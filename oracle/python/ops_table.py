@@ -6,11 +6,14 @@
 - `inputs` are mx.array or Python scalars (int / float / bool), in the op's argument order;
   Python scalars reach mlx.core as Python scalars, so the weak-scalar rule applies exactly as
   in user code (`mx.add(x, 2.5)`, `mx.subtract(2, x)`);
-- `params` are the keyword arguments. Two reserved keys are consumed here:
+- `params` are the keyword arguments. Reserved keys consumed here:
   - `_views`: one entry per input (null or a view) applied before the op, to feed the op
     non-contiguous inputs: {"transpose": axes} or {"slice": {"start", "stop", "strides"}};
   - ops with optional array arguments say which inputs are present through their own params
-    (documented per op below).
+    (documented per op below);
+  - `_vjp`: {"inputs": k, "diff": [indices]} turns the call into mx.vjp of the op: the first k
+    inputs are the op's, the rest its cotangents (one per output); the inputs at `diff` are the
+    primals (the others stay constants). Returns the op's outputs, then one vjp per primal.
 Returns a list of mx.array (single-output ops give a one-element list). Nothing is evaluated
 here; the caller evaluates and serialises.
 """
@@ -283,7 +286,27 @@ OPS.update({
         inputs[0], axis=axis, shape=shape, num_samples=num_samples, key=inputs[1]
     ),
     "random.bits": lambda inputs, shape, width=4: mx.random.bits(shape, width, key=inputs[0]),
+    # tuner: nn.Dropout's mask (p a Python float, or an array with the key last), GPU cross-entropy
+    "random.bernoulli": lambda inputs, p=None, shape=None: (
+        mx.random.bernoulli(p, shape, key=inputs[0]) if p is not None else mx.random.bernoulli(inputs[0], key=inputs[1])
+    ),
+    "fast.cross_entropy": lambda inputs: mx.fast.cross_entropy(inputs[0], inputs[1]),
 })
+
+
+def _run_vjp(fn: Callable, inputs: list, params: dict, k: int, diff: list[int]) -> list[mx.array]:
+    """mx.vjp of op `fn` w.r.t. inputs[i] for i in diff; inputs[k:] are the cotangents."""
+    args, cotangents = inputs[:k], inputs[k:]
+
+    def f(*primals):
+        full = list(args)
+        for i, p in zip(diff, primals):
+            full[i] = p
+        out = fn(full, **params)
+        return list(out) if isinstance(out, (list, tuple)) else out
+
+    outs, vjps = mx.vjp(f, [args[i] for i in diff], cotangents)
+    return list(outs) + list(vjps)
 
 
 def op_names() -> list[str]:
@@ -297,10 +320,13 @@ def run_op(name: str, inputs: list, params: dict) -> list[mx.array]:
         raise KeyError(f"unknown op {name!r}")
     params = dict(params or {})
     views = params.pop("_views", None)
+    vjp = params.pop("_vjp", None)
     if views is not None:
         if len(views) != len(inputs):
             raise ValueError(f"_views has {len(views)} entries for {len(inputs)} inputs")
         inputs = [_apply_view(x, v) for x, v in zip(inputs, views)]
+    if vjp is not None:
+        return _run_vjp(fn, list(inputs), params, vjp["inputs"], vjp["diff"])
     out = fn(list(inputs), **params)
     if isinstance(out, (list, tuple)):
         return list(out)

@@ -37,16 +37,20 @@ os.dup2(2, 1)
 sys.stdout = sys.stderr
 
 import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
 import mlx_lm  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.models import base as mbase  # noqa: E402
 from mlx_lm.models import cache as mcache  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 
 import capture as cap  # noqa: E402
+import device_env  # noqa: E402
 import golden_io  # noqa: E402
 import make_checkpoints as mkc  # noqa: E402
 from common import (  # noqa: E402
     DEFAULT_CKPT_ROOT,
+    NP_DTYPES,
     REPO,
     from_numpy,
     load_scenarios,
@@ -247,6 +251,9 @@ class Server:
                                "stored": e["stored"], "same_as": e.get("same_as")} for e in scenarios]}
 
     def cmd_make_checkpoints(self, req: dict) -> dict:
+        if req.get("tokenizer_from"):  # the tokenizer fixture (issue 15) at req["out"]
+            mkc.build_tokenizer_fixture(Path(req["tokenizer_from"]), Path(req["out"]), mkc.DEFAULT_SEED)
+            return {"dir": req["out"]}
         out = Path(req.get("out") or self.ckpt_root)
         argv = ["--out", str(out)]
         for g in req.get("only") or []:
@@ -345,8 +352,243 @@ class Server:
             results.append(r)
         return {"results": results}
 
+    # ------------------------------------------------------------ media (mlx-vlm preprocessing)
+    def cmd_media(self, req: dict) -> dict:
+        """`fn` of oracle/python/media.py with `args`; .npy inputs in, numpy results out."""
+        import media  # lazy: imports mlx_vlm / PIL only when asked
+
+        fn = media.FUNCTIONS.get(req.get("fn"))
+        if fn is None:
+            raise LookupError(f"unknown media function {req.get('fn')!r} (have {sorted(media.FUNCTIONS)})")
+        args = {k: np.load(v["npy"], allow_pickle=False) if isinstance(v, dict) and "npy" in v else v
+                for k, v in (req.get("args") or {}).items()}
+        out = fn(**args)
+        names = {np.dtype(t): n for n, t in NP_DTYPES.items() if n != "bfloat16"}
+        return {k: self.out_numpy(v, names[v.dtype], k) if isinstance(v, np.ndarray) else v for k, v in out.items()}
+
+    # ------------------------------------------------------------ training API (nn.Module, autodiff)
+    def fresh_model(self, req: dict):
+        """A newly loaded model of req["checkpoint"] (not the cached one: steps mutate it), with
+        req["steps"] applied: [{op: freeze|unfreeze|train|eval, path (named module, "" = root),
+        recurse, keys, strict, mode}]."""
+        model = cap.load(self.checkpoint_dir(req["checkpoint"]))
+        named = dict(model.named_modules())
+        for st in req.get("steps") or []:
+            target, op = named[st.get("path", "")], st["op"]
+            if op in ("freeze", "unfreeze"):
+                getattr(target, op)(**{k: st[k] for k in ("recurse", "keys", "strict") if k in st})
+            elif op == "train":
+                target.train(st.get("mode", True))
+            elif op == "eval":
+                target.eval()
+            else:
+                raise ValueError(f"unknown module step {op!r}")
+        return model
+
+    def cmd_module_api(self, req: dict) -> dict:
+        """The nn.Module structure after the steps: named_modules [[path, class, training]],
+        parameters / trainable_parameters / children trees (array leaves as "dtype[shape]",
+        module leaves as their class name), leaf_modules paths."""
+        model = self.fresh_model(req)
+
+        def show(t):
+            if isinstance(t, mx.array):
+                return f"{str(t.dtype).split('.')[-1]}{list(t.shape)}"
+            if isinstance(t, dict):
+                return {k: show(v) for k, v in t.items()}
+            if isinstance(t, (list, tuple)):
+                return [show(v) for v in t]
+            return type(t).__name__
+
+        def show_children(t):
+            if isinstance(t, nn.Module):
+                return type(t).__name__
+            if isinstance(t, dict):
+                return {k: show_children(v) for k, v in t.items()}
+            return [show_children(v) for v in t]
+
+        return {"named_modules": [[k, type(m).__name__, m.training] for k, m in model.named_modules()],
+                "parameters": show(model.parameters()),
+                "trainable_parameters": show(model.trainable_parameters()),
+                "children": show_children(model.children()),
+                "leaf_modules": [k for k, _ in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module)]}
+
+    def cmd_module_grad(self, req: dict) -> dict:
+        """nn.value_and_grad(model, loss)(tokens) on a fresh model after the steps, with
+        loss = (model(tokens) * weights).sum(); the loss and every gradient, by parameter path.
+        `checkpoint_layers`: under mlx-lm's grad_checkpoint (a class-wide patch of the decoder
+        layer's __call__, undone afterwards)."""
+        from mlx_lm.tuner.trainer import grad_checkpoint
+
+        model = self.fresh_model(req)
+        w = self.in_array(req["weights"])
+        layer_cls = type(model.layers[0])
+        call = layer_cls.__call__
+        try:
+            if req.get("checkpoint_layers"):
+                grad_checkpoint(model.layers[0])
+            lvg = nn.value_and_grad(model, lambda x: (model(x) * w).sum())
+            loss, grads = lvg(mx.array(req["tokens"], dtype=mx.int32))
+            mx.eval(loss, grads)
+        finally:
+            layer_cls.__call__ = call
+        return {"loss": self.out_array(loss, "loss"),
+                "grads": [{"path": k, **self.out_array(g, "grad")} for k, g in tree_flatten(grads)]}
+
+    def cmd_optimizer(self, req: dict) -> dict:
+        """mlx.optimizers on a parameter tree: `optimizer` {name, args (keyword arguments; a
+        learning_rate may be a schedule spec {name, args} or {name: "join_schedules", schedules,
+        boundaries})}, `params` [{path, npy}] (tree_unflatten'ed), `grads` one such list per
+        step. Each step is params = opt.apply_gradients(grads, params), then mx.eval; the reply
+        has, per step, tree_flatten(params) and tree_flatten(opt.state) as [{path, npy}]."""
+        from mlx.utils import tree_unflatten
+
+        def tree(items):
+            return tree_unflatten([(x["path"], self.in_array(x)) for x in items])
+
+        opt = make_optimizer(req["optimizer"])
+        params = tree(req["params"])
+        steps = []
+        for g in req["grads"]:
+            params = opt.apply_gradients(tree(g), params)
+            mx.eval(params, opt.state)
+            steps.append({"params": self.out_flat(params, "p"), "state": self.out_flat(opt.state, "s")})
+        return {"steps": steps}
+
+    def out_flat(self, tree, tag: str) -> list:
+        return [{"path": k, **self.out_array(a, tag)} for k, a in tree_flatten(tree)]
+
+    def cmd_train_steps(self, req: dict) -> dict:
+        """`n` training steps on a fresh model after the module steps: loss = (model(tokens) *
+        weights).sum(), nn.value_and_grad, optimizer.update(model, grads) with `optimizer` (as in
+        cmd_optimizer); `compiled`: the step under mx.compile with inputs = outputs =
+        [model.state, optimizer.state, mx.random.state], as mlx-lm's trainer. Every step's loss,
+        then tree_flatten of the trainable parameters and of the optimizer state."""
+        from functools import partial
+
+        model = self.fresh_model(req)
+        w = self.in_array(req["weights"])
+        x = mx.array(req["tokens"], dtype=mx.int32)
+        opt = make_optimizer(req["optimizer"])
+        lvg = nn.value_and_grad(model, lambda t: (model(t) * w).sum())
+
+        def step(t):
+            loss, grads = lvg(t)
+            opt.update(model, grads)
+            return loss
+
+        if req.get("compiled"):
+            state = [model.state, opt.state, mx.random.state]
+            step = partial(mx.compile, inputs=state, outputs=state)(step)
+        losses = []
+        for _ in range(int(req["n"])):
+            loss = step(x)
+            mx.eval(loss, model.parameters(), opt.state)
+            losses.append(self.out_array(loss, "loss"))
+        return {"losses": losses, "params": self.out_flat(model.trainable_parameters(), "p"),
+                "state": self.out_flat(opt.state, "s")}
+
+    # ------------------------------------------------------------ speculative decoding, prompt caches
+    def out_tree(self, v: Any) -> Any:
+        """Every mx.array inside dicts/lists becomes an .npy reference."""
+        if isinstance(v, mx.array):
+            return self.out_array(v)
+        if isinstance(v, dict):
+            return {k: self.out_tree(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [self.out_tree(x) for x in v]
+        return v
+
+    def cmd_speculative(self, req: dict) -> dict:
+        """mlx-lm speculative_generate_step (greedy, fresh caches): tokens, logprobs, from_draft, caches."""
+        import speculative as spec
+        r = spec.run_speculative(self.model(req["checkpoint"]), self.model(req["draft"]), req["prompt"],
+                                 int(req.get("num_draft_tokens", 2)), int(req.get("max_tokens", 20)),
+                                 int(req.get("prefill_step_size", 512)))
+        return self.out_tree(r)
+
+    def cmd_prompt_cache_save(self, req: dict) -> dict:
+        """mlx_lm.cache_prompt's prefill + save_prompt_cache(file, cache, metadata)."""
+        import speculative as spec
+        r = spec.prompt_cache_save(self.model(req["checkpoint"]), req["prompt"], req["file"],
+                                   req.get("metadata") or {}, int(req.get("prefill_step_size", 2048)))
+        return self.out_tree(r)
+
+    def cmd_prompt_cache_continue(self, req: dict) -> dict:
+        """load_prompt_cache(file) + generate_step(suffix, prompt_cache=...) (greedy)."""
+        import speculative as spec
+        r = spec.prompt_cache_continue(self.model(req["checkpoint"]), req["file"], req["suffix"],
+                                       int(req.get("max_tokens", 8)), int(req.get("prefill_step_size", 2048)))
+        return self.out_tree(r)
+
+    def cmd_mtp(self, req: dict) -> dict:
+        """mlx-vlm's MTP speculative decoding (gemma4_assistant drafter), recorded round by round."""
+        import speculative as spec
+        r = spec.run_mtp(self.checkpoint_dir(req["checkpoint"]), Path(req["drafter"]), req["prompt"],
+                         int(req.get("max_tokens", 20)), req.get("draft_block_size"),
+                         int(req.get("prefill_step_size", 2048)))
+        return self.out_tree(r)
+
+    def cmd_exact_verify(self, req: dict) -> dict:
+        """mlx-vlm's Gemma4ExactSpeculativeVerifier on a block after a prefilled prompt."""
+        import speculative as spec
+        return self.out_tree(spec.run_exact_verify(self.checkpoint_dir(req["checkpoint"]), req["prompt"], req["block"]))
+
+    # ------------------------------------------------------------ tokenizers (issue 15)
+    def tokenizer(self, d: str):
+        """mlx_lm.utils.load_tokenizer(dir): mlx-lm's TokenizerWrapper around transformers' tokenizer."""
+        from mlx_lm.utils import load_tokenizer
+
+        self._tokenizers = getattr(self, "_tokenizers", {})
+        if d not in self._tokenizers:
+            self._tokenizers[d] = load_tokenizer(Path(d))
+        return self._tokenizers[d]
+
+    def cmd_tokenize(self, req: dict) -> dict:
+        """Token ids of `strings` with and without special tokens, and of `chats` (message lists
+        through the chat template, as mlx_lm.generate tokenizes a chat prompt)."""
+        tok = self.tokenizer(req["dir"])
+        out = {"with_special": [tok.encode(s) for s in req.get("strings", [])],
+               "without_special": [tok.encode(s, add_special_tokens=False) for s in req.get("strings", [])]}
+        chats = []
+        for c in req.get("chats", []):
+            ids = tok.apply_chat_template(c["messages"], add_generation_prompt=c.get("add_generation_prompt", True))
+            chats.append([int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)])
+        out["chats"] = chats
+        return out
+
+    def cmd_chat_template(self, req: dict) -> dict:
+        """tokenizer.apply_chat_template(messages, tokenize=False, ...) of each conversation, or its error."""
+        tok = self.tokenizer(req["dir"])
+        rendered = []
+        for c in req["conversations"]:
+            try:
+                rendered.append({"text": tok.apply_chat_template(c["messages"], tokenize=False,
+                                                                 add_generation_prompt=c.get("add_generation_prompt", True))})
+            except Exception as e:  # a template's raise_exception: reported, compared with TS's
+                rendered.append({"error": f"{type(e).__name__}: {e}"})
+        return {"rendered": rendered}
+
     def cmd_shutdown(self, req: dict) -> dict:
         return {"bye": True}
+
+
+def make_optimizer(spec: dict):
+    """mlx.optimizers.<name>(**args); a learning_rate may be a schedule spec {name, args} or
+    {name: "join_schedules", schedules, boundaries}."""
+    import mlx.optimizers as optim
+
+    def schedule(s):
+        if not isinstance(s, dict):
+            return s
+        if s["name"] == "join_schedules":
+            return optim.join_schedules([schedule(x) for x in s["schedules"]], s["boundaries"])
+        return getattr(optim, s["name"])(*s["args"])
+
+    args = dict(spec.get("args") or {})
+    if "learning_rate" in args:
+        args["learning_rate"] = schedule(args["learning_rate"])
+    return getattr(optim, spec["name"])(**args)
 
 
 def same_work_key(scn: dict) -> list:
@@ -426,6 +668,8 @@ def fingerprint() -> dict:
             compiler = cxx
     return {"os": platform.system(), "os_release": platform.release(), "libc": "-".join(platform.libc_ver()),
             "machine": platform.machine(), "cpu_model": cpu, "backend": str(mx.default_device()),
+            "mlx_backend": device_env.backend(), "device": device_env.DEVICE,
+            "gpu": mx.device_info(mx.gpu).get("device_name") if mx.is_available(mx.gpu) else None,
             "metal": bool(mx.metal.is_available()) if hasattr(mx, "metal") else False,
             "compiler": compiler, "compile_enabled": not bool(os.environ.get("MLX_DISABLE_COMPILE"))}
 

@@ -113,7 +113,7 @@ describe("npm run generate in batch mode", () => {
 describe("npm run parity -- --mode batch: bad flags", () => {
   const cases: [string[], RegExp][] = [
     [["--mode", "batch", "--prompt", "hi"], /--prompt does not apply to --mode batch/],
-    [["--mode", "sideways"], /--mode must be generate or batch, got 'sideways'/],
+    [["--mode", "sideways"], /unknown --mode sideways \(modes: .*batch/],
     [["--mode", "batch", "--scenario", "nope"], /unknown batch scenario nope \(known: straddle_window,/],
     [["--mode", "batch", "--ulp", "2"], /--mode batch compares bit for bit/],
     [["--scenario", "sampled"], /--scenario applies to --mode batch/],

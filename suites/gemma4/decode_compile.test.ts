@@ -2,7 +2,10 @@
 // model, without the oracle: every decode step's logits and the final caches must be the same
 // bytes, the route must really be taken (every layer traced its closures), and disposing the
 // model must release them. The oracle comparison of this route is the generation parity suite
-// (it runs with the default, compiled, route).
+// (it runs with the default route: compiled on the CPU device).
+//
+// On a GPU device the route is off by default: on CUDA this check failed on 7 of 7 fixtures
+// (bench/PARITY-cuda.md). GEMMA4_DECODE_COMPILE=1 runs it there, to measure again.
 import { describe, expect, it } from "vitest";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
@@ -44,11 +47,13 @@ function decode(model: ReturnType<typeof loadModel>["model"], compiled: boolean)
     return { logits, state };
   } finally {
     for (const c of caches) c.dispose();
-    setDecodeCompile(true);
+    setDecodeCompile("auto");
   }
 }
 
-describe("compiled decode steps equal the op-by-op route", () => {
+const onGpuUnforced = mx.defaultDevice() === "gpu" && process.env.GEMMA4_DECODE_COMPILE !== "1";
+
+describe.skipIf(onGpuUnforced)("compiled decode steps equal the op-by-op route (off on GPU devices: see above)", () => {
   for (const ckpt of CKPTS) {
     it(ckpt, () => {
       const { model } = loadModel(join(CKPT_ROOT, ckpt));

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "oracle" / "python"))
+import device_env  # noqa: E402,F401  (MLX_DEVICE: the run's device, as on the TS side)
 import numpy as np
 from mlx_lm.utils import load_model
 

@@ -4,7 +4,7 @@
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { type CallRecord, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
-import { loadGolden, readManifest } from "../../oracle/golden.ts";
+import { type GoldenRule, goldenRule, loadGolden, readManifest } from "../../oracle/golden.ts";
 import { KVCache, type KVCacheLike, RotatingKVCache } from "../../model/cache/index.ts";
 import { type AnyModel, prefixed } from "../../model/gemma4/index.ts";
 import { fromOracle, TapCollector, type TapData, type UlpBudget } from "./tap_compare.ts";
@@ -60,20 +60,15 @@ export interface Reference {
   budget?: UlpBudget;
 }
 
-let platformCheck: Promise<UlpBudget | undefined> | undefined;
+let platformCheck: Promise<GoldenRule | undefined> | undefined;
 
-/**
- * The manifest's rule for goldens: bit-exact on the platform fingerprint (and versions) they were
- * recorded on, else within cross_platform.ulp_budget.
- */
-export function goldenBudget(): Promise<UlpBudget | undefined> {
+/** The manifest's rule for goldens here (oracle/golden.ts goldenRule); undefined without goldens. */
+export function goldenRuleHere(): Promise<GoldenRule | undefined> {
   platformCheck ??= (async () => {
     if (!manifest) return undefined;
-    const here = await (await sharedOracle()).fingerprint();
-    const same =
-      JSON.stringify(manifest.fingerprint) === JSON.stringify(here.fingerprint) &&
-      JSON.stringify(manifest.versions) === JSON.stringify(here.versions);
-    return same ? undefined : manifest.cross_platform.ulp_budget;
+    const rule = goldenRule(manifest, await (await sharedOracle()).fingerprint());
+    if (rule.mode !== "exact") console.log(`[goldens] ${rule.what}`);
+    return rule;
   })();
   return platformCheck;
 }
@@ -100,14 +95,15 @@ export function reference(ckpt: string, scn: string, { exact = false }: { exact?
 /** `exact`: never a golden from another platform (those only match within a ULP budget). */
 async function fetchReference(ckpt: string, scn: string, exact: boolean): Promise<Reference> {
   const gid = `${ckpt}/${scn}`;
-  if (manifest?.entries[gid] && !(exact && (await goldenBudget()) !== undefined)) {
+  const rule = await goldenRuleHere();
+  if (manifest?.entries[gid] && rule && (rule.mode === "exact" || (rule.mode === "budget" && !exact))) {
     const g = loadGolden(gid);
     if (g.scenario.mode === "full" && g.scenario.calls) {
       return {
         calls: g.scenario.calls as unknown as CallRecord[],
         taps: g.taps.map((t) => fromOracle({ ...t, kind: t.kind ?? "array", array: g.arrays.get(t.name) })),
         source: "golden",
-        budget: await goldenBudget(),
+        ...(rule.mode === "budget" ? { budget: rule.budget } : {}),
       };
     }
   }

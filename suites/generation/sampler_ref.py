@@ -7,8 +7,11 @@ Run with the venv python and -I (the repo's mlx/ folder would shadow the mlx pac
 """
 import json
 import sys
+from pathlib import Path
 
 import mlx.core as mx
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "oracle" / "python"))
+import device_env  # noqa: E402,F401  (MLX_DEVICE: the run's device, as on the TS side)
 import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
 

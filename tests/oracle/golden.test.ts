@@ -4,7 +4,7 @@ import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join, relative } from "node:path";
 import { describe, expect, it } from "vitest";
 import { REPO_ROOT } from "../../oracle/client.ts";
-import { GOLDEN_DIR, loadGolden, readIndex, readManifest, readZipStored, sha256 } from "../../oracle/golden.ts";
+import { type BackendMeasurement, GOLDEN_DIR, goldenFilesDigest, goldenRule, loadGolden, type Manifest, readIndex, readManifest, readZipStored, sha256 } from "../../oracle/golden.ts";
 import { callPrefix, expandTaps, tapConfig } from "../../oracle/taps.ts";
 
 const manifest = readManifest();
@@ -27,7 +27,7 @@ describe("golden integrity", () => {
     const m = manifest as NonNullable<typeof manifest>;
     expect(m.versions.mlx).toBe("0.32.4");
     expect(m.versions.mlx_lm).toBe("0.32.2");
-    for (const k of ["os", "cpu_model", "backend", "compiler", "machine"]) expect(m.fingerprint).toHaveProperty(k);
+    for (const k of ["os", "cpu_model", "backend", "mlx_backend", "device", "compiler", "machine"]) expect(m.fingerprint).toHaveProperty(k);
     expect(m.full_dumps.length).toBeGreaterThan(0);
     expect(m.logits_only.length).toBeGreaterThan(0);
     expect(Object.keys(m.entries).sort()).toEqual([...m.full_dumps, ...m.logits_only].sort());
@@ -112,5 +112,38 @@ describe("golden integrity", () => {
     const gl = loadGolden(lo?.[0] as string);
     expect(gl.arrays.get("step0/logits")?.shape).toEqual([1, 1, 256]);
     expect(gl.scenario.meta.generated).toHaveLength(20);
+  });
+});
+
+describe("the goldens' cross-platform rule (goldenRule)", () => {
+  const versions = { mlx: "0.32.4" };
+  const cpu = { os: "Linux", mlx_backend: "cpu", device: "cpu" };
+  const cuda = { os: "Linux", mlx_backend: "cuda", device: "gpu" };
+  const meas = { measured: "2026-12-01T10:00:00Z", backend: "cuda", device: "gpu", versions, golden_files: "x", per_dtype: { float32: { taps: 9, taps_differing: 3, max_ulp: 12, max_abs: 1e-6 }, int32: { taps: 2, taps_differing: 0, max_ulp: -1, max_abs: 0 } } } as unknown as BackendMeasurement;
+  const m = (backends?: Record<string, BackendMeasurement>) => ({ versions, fingerprint: cpu, cross_platform: { ulp_budget: { float32: 64 }, note: "", ...(backends ? { backends } : {}) } }) as unknown as Manifest;
+
+  it("is bit-exact on the recording fingerprint", () => {
+    expect(goldenRule(m(), { versions, fingerprint: { ...cpu } })).toEqual({ mode: "exact" });
+  });
+  it("uses a backend's measured maximum there, and says so", () => {
+    const r = goldenRule(m({ cuda: meas }), { versions, fingerprint: cuda });
+    expect(r).toMatchObject({ mode: "budget", measured: true, budget: { float32: 12 } });
+    expect(r.mode === "budget" && r.what).toMatch(/recorded on cpu compared within the cuda distance measured 2026-12-01/);
+  });
+  it("does not compare on another backend without a measurement there, and says so", () => {
+    const r = goldenRule(m({ cuda: meas }), { versions, fingerprint: { ...cpu, os: "Darwin", mlx_backend: "metal" } });
+    expect(r).toMatchObject({ mode: "none" });
+    expect(r.mode === "none" && r.what).toMatch(/not compared on metal: the manifest has no distance measured there/);
+    // a measurement made with other versions does not count
+    expect(goldenRule(m({ cuda: meas }), { versions: { mlx: "0.33.0" }, fingerprint: cuda })).toMatchObject({ mode: "none" });
+  });
+  it("uses the unmeasured starting budget on another machine of the recording backend, and says so", () => {
+    const r = goldenRule(m({ cuda: meas }), { versions, fingerprint: { ...cpu, os: "Linux-other" } });
+    expect(r).toMatchObject({ mode: "budget", measured: false, budget: { float32: 64 } });
+    expect(r.mode === "budget" && r.what).toMatch(/unmeasured starting budget/);
+  });
+  it("identifies a golden set by its files", () => {
+    const files = { "b.npz": { sha256: "2", bytes: 1 }, "a.npz": { sha256: "1", bytes: 1 } };
+    expect(goldenFilesDigest(files)).toBe(sha256(new TextEncoder().encode("a.npz:1\nb.npz:2\n")));
   });
 });

@@ -1,7 +1,8 @@
 // Bad input to `npm run parity`: one clear message, a non-zero exit, no stack trace.
 import { afterAll, describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, truncateSync, writeFileSync } from "node:fs";
+import * as mx from "@mlx-bun/mlx";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { REPO_ROOT } from "../../oracle/client.ts";
@@ -33,6 +34,31 @@ function fakeCheckpoint(name: string, config: Record<string, unknown>): string {
 }
 
 const gemma = { model_type: "gemma4_text", vocab_size: 256, max_position_embeddings: 64 };
+
+const FIXTURE = join(REPO_ROOT, ".cache", "checkpoints", "c1_dense", "f32");
+
+/** A copy of the c1_dense/f32 fixture with one defect made by `edit` (on the copy's directory). */
+function fixtureCopy(name: string, edit: (dir: string, config: Record<string, unknown>) => void): string {
+  const d = join(tmp, name);
+  mkdirSync(d, { recursive: true });
+  copyFileSync(join(FIXTURE, "model.safetensors"), join(d, "model.safetensors"));
+  const config = JSON.parse(readFileSync(join(FIXTURE, "config.json"), "utf8")) as Record<string, unknown>;
+  edit(d, config);
+  writeFileSync(join(d, "config.json"), JSON.stringify(config));
+  return d;
+}
+
+/** Rewrites the copy's safetensors header. */
+function editHeader(dir: string, f: (h: Record<string, { dtype: string; shape: number[]; data_offsets: number[] }>) => void): void {
+  const p = join(dir, "model.safetensors");
+  const b = readFileSync(p);
+  const n = Number(b.readBigUInt64LE(0));
+  const h = JSON.parse(b.subarray(8, 8 + n).toString("utf8"));
+  f(h);
+  const text = Buffer.from(JSON.stringify(h).padEnd(n, " "));
+  if (text.length !== n) throw new Error("edited header must keep its length");
+  writeFileSync(p, Buffer.concat([b.subarray(0, 8), text, b.subarray(8 + n)]));
+}
 
 describe("parity CLI bad input", { timeout: 120_000 }, () => {
   it("rejects a non-Gemma-4 checkpoint", () => {
@@ -68,14 +94,77 @@ describe("parity CLI bad input", { timeout: 120_000 }, () => {
   });
 
   it("reports an oracle that cannot start (missing venv)", () => {
-    const d = fakeCheckpoint("ok", gemma);
-    copyFileSync(join(d, "config.json"), join(d, "config.json"));
+    const d = fixtureCopy("ok", () => {});
     expectClean(cli(["--model", d, "--tokens", "1,2"], { ORACLE_PYTHON: join(tmp, "no-venv", "bin", "python") }), 1, /python interpreter not found: .*no-venv.*\(run npm run setup\)/);
   });
+
+  // Issue 15: a checkpoint the TS loader refuses is refused by our pre-flight check (config,
+  // shapes, files; no weights read), with our message naming file and key, and no Python
+  // process is started for it (ORACLE_PYTHON records any start).
+  it("refuses bad checkpoints before an oracle process starts", () => {
+    const marker = join(tmp, "oracle-started");
+    const recorder = join(tmp, "recording-python");
+    writeFileSync(recorder, `#!/bin/sh\ntouch '${marker}'\nexit 1\n`, { mode: 0o755 });
+    const cases: [string, (d: string, c: Record<string, unknown>) => void, (d: string) => RegExp][] = [
+      ["truncated", (d) => truncateSync(join(d, "model.safetensors"), 500_000), (d) => new RegExp(`${join(d, "model.safetensors")} \\[model\\.[\\w.]+\\]: truncated safetensors file`)],
+      ["negative_heads", (_d, c) => void (c.num_attention_heads = -4), (d) => new RegExp(`${join(d, "config.json")}: num_attention_heads: must be a positive integer, got -4`)],
+      ["shape_mismatch", (_d, c) => void (c.intermediate_size = 96), () => /model\.layers\.0\.mlp\.gate_proj\.weight .*expected shape \(96, 64\) but received shape \(128, 64\)/],
+      ["bad_layer_type", (_d, c) => void ((c.layer_types as string[])[2] = "chunked_attention"), () => /config\.json: layer_types\[2\]: unknown layer type "chunked_attention"/],
+      ["bad_dtype", (d) => editHeader(d, (h) => void (h["model.norm.weight"]!.dtype = "F8")), () => /\[model\.norm\.weight\]: unsupported or missing dtype "F8"/],
+      ["overlap", (d) => editHeader(d, (h) => {
+        const b = h["model.layers.0.layer_scalar"]!.data_offsets[0]!;
+        h["model.norm.weight"]!.data_offsets = [b, b + 256];
+      }), () => /\[model\.[\w.]+, model\.[\w.]+\]: corrupt safetensors header: the data of .+ and .+ overlap/],
+    ];
+    for (const [name, edit, message] of cases) {
+      const d = fixtureCopy(name, edit);
+      expectClean(cli(["--model", d, "--tokens", "2,7,1"], { ORACLE_PYTHON: recorder }), 2, message(d));
+      expect(existsSync(marker), `${name}: an oracle process was started`).toBe(false);
+    }
+    // a good checkpoint does start it (the recorder then fails the run)
+    const ok = cli(["--model", fixtureCopy("good", () => {}), "--tokens", "2,7,1"], { ORACLE_PYTHON: recorder });
+    expect(ok.code).toBe(1);
+    expect(existsSync(marker)).toBe(true);
+  }, 300_000);
 
   it("documents every flag in --help", () => {
     const r = cli(["--help"]);
     expect(r.code).toBe(0);
-    for (const f of ["--model", "--prompt", "--chat", "--tokens", "--steps", "--prefill-step-size", "--ulp", "--atol", "--bisect"]) expect(r.out).toContain(f);
+    for (const f of ["--model", "--prompt", "--chat", "--tokens", "--steps", "--prefill-step-size", "--ulp", "--atol", "--bisect", "--device"]) expect(r.out).toContain(f);
+  });
+
+  it("rejects an unknown device, and a GPU where libmlx has none, before the oracle starts", () => {
+    expectClean(cli(["--device", "tpu"]), 2, /--device must be cpu or gpu, got 'tpu'/);
+    // the oracle would fail to start (no venv): the device check comes first
+    const noVenv = { ORACLE_PYTHON: join(tmp, "no-venv", "bin", "python") };
+    if (!mx.isAvailable("gpu")) expectClean(cli(["--device", "gpu", "--skip-ops"], noVenv), 2, /--device gpu: no GPU is available to MLX here: this libmlx has the CPU backend only/);
+    expectClean(cli(["--device", "cpu", "--skip-ops", "--only", "c1_dense/f32"], noVenv), 1, /python interpreter not found/);
+  });
+});
+
+describe("setup bad input", { timeout: 120_000 }, () => {
+  const setup = (env: Record<string, string>) => {
+    const r = spawnSync("node", [join(REPO_ROOT, "scripts", "setup.mjs"), "--quiet"], { cwd: REPO_ROOT, encoding: "utf8", env: { ...process.env, ...env }, timeout: 120_000 });
+    return { code: r.status, out: `${r.stdout}${r.stderr}` };
+  };
+  it.skipIf(existsSync("/proc/driver/nvidia/version"))("refuses MLX_BACKEND=cuda on a machine without an NVIDIA driver, with one message", () => {
+    expectClean(setup({ MLX_BACKEND: "cuda" }), 1, /MLX_BACKEND=cuda, but this machine has no NVIDIA GPU driver/);
+  });
+  it("refuses an unknown backend and an unknown device", () => {
+    expectClean(setup({ MLX_BACKEND: "rocm" }), 1, /MLX_BACKEND=rocm is not a backend for/);
+    expectClean(setup({ MLX_DEVICE: "tpu" }), 1, /MLX_DEVICE=tpu is not a device/);
+  });
+  it("has one requirements file per backend, each pinning its wheel to mlx's version", () => {
+    const common = readFileSync(join(REPO_ROOT, "requirements.txt"), "utf8");
+    const mlxPin = common.match(/^mlx==(\S+)$/m)?.[1];
+    expect(mlxPin).toBeDefined();
+    for (const [backend, wheel] of [["cpu", "mlx-cpu"], ["cuda", "mlx-cuda-13"], ["metal", "mlx-metal"]]) {
+      const req = readFileSync(join(REPO_ROOT, "requirements", `${backend}.txt`), "utf8");
+      expect(req).toContain("-r ../requirements.txt");
+      expect(req.match(new RegExp(`^${wheel}==(\\S+)$`, "m"))?.[1]).toBe(mlxPin);
+    }
+  });
+  it.skipIf(mx.isAvailable("gpu"))("refuses MLX_DEVICE=gpu where libmlx has no GPU", () => {
+    expectClean(setup({ MLX_DEVICE: "gpu" }), 1, /MLX_DEVICE=gpu, but this libmlx has no GPU here/);
   });
 });

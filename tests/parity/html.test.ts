@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { type Browser, chromium } from "playwright-core";
 import { CHROMIUM_ARGS, findChromium } from "../../parity/browser.ts";
 import { renderHtml } from "../../parity/html.ts";
-import { reportOk, type RunResult, SCHEMA_ID, type TapResult } from "../../parity/schema.ts";
+import { type NonExactCase, reportOk, type RunResult, SCHEMA_ID, type TapResult } from "../../parity/schema.ts";
 
 function tap(step: number, layer: number | null, kind: string, maxUlp: number): TapResult {
   const name = `step${step}/${layer === null ? "" : `layers.${layer}/`}${kind}`;
@@ -37,7 +37,7 @@ function runWith(diverge: boolean): RunResult {
 
 const chromiumPath = findChromium();
 const runs = [runWith(false), runWith(true)];
-const report = { schema: SCHEMA_ID, createdAt: "2026-11-30T00:00:00Z", versions: { mlx: "0.32.4" }, budget: { ulp: 0, atol: 0 }, opLevel: { opsExposed: 10, opsTested: 10, cases: 30, bitExact: 30 }, runs, ok: reportOk(runs, null) } as const;
+const report = { schema: SCHEMA_ID, createdAt: "2026-11-30T00:00:00Z", versions: { mlx: "0.32.4" }, budget: { ulp: 0, atol: 0 }, opLevel: { opsExposed: 10, opsTested: 10, cases: 30, bitExact: 29, unsupported: 1, failed: 0, backend: "cuda", device: "gpu", workers: 2, vjp: { opsDifferentiable: 8, opsTested: 8, cases: 20, bitExact: 20, unsupported: 0, failed: 0 }, nonExact: [{ id: "astype/float64", op: "astype", status: "unsupported" as const, detail: "float64 is not supported on the GPU", sticky: false }] as NonExactCase[] }, runs, ok: reportOk(runs, null) } as const;
 
 // Skipped only where no Chromium is installed (setup installs Debian's chromium when it runs as root).
 describe.skipIf(chromiumPath === null)("parity.html in headless Chromium", () => {
@@ -63,6 +63,9 @@ describe.skipIf(chromiumPath === null)("parity.html in headless Chromium", () =>
     expect(await page.locator("#summary tr").count()).toBe(3); // header + 2 runs
     expect(await page.locator("#summary tr.bad").count()).toBe(1);
     expect(await page.locator(".verdict").textContent()).toBe("FAIL");
+    // Every non-exact op case is listed, unsupported ones apart from failures.
+    expect(await page.locator("#ops-nonexact tr").count()).toBe(2);
+    expect(await page.locator("#ops").textContent()).toContain("unsupported on cuda");
     // The diverging run opens by default: two line plots with 3 steps each, and a heatmap.
     const open = page.locator("details.run[open]");
     expect(await open.count()).toBe(1);

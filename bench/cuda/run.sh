@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The project's checks and benchmarks on a CUDA machine where `scripts/setup.mjs` cannot run (no
+# package registry): the environment comes from the offline bundle (`source ~/gpu-stage/env.sh`,
+# see bench/cuda/README.md). Each stage writes its log to $LOGS/<stage>.log and stops at its own
+# time limit; the stages run in the order given.
+#
+#   LOGS=/some/dir bash bench/cuda/run.sh ckpt ops decode gen parity golden bench-e2b
+#
+# With $OUT set (the device tool's folder of files to bring back), the logs end up packed in
+# $OUT/cuda-logs.tgz (that folder takes few files).
+# Stages:
+#   info        GPU, versions, the binding's backend and device
+#   ckpt        the fixture checkpoints, built on the CPU device (bit-identical to the ones the
+#               goldens were made from: their sha256 are checked against golden/manifest.json)
+#   ops         op-level parity (every case exact, unsupported on cuda, or a failure; sticky errors isolated)
+#   decode      the compiled decode route against the op-by-op route (suites/gemma4/decode_compile.test.ts)
+#   gen         generation parity vs mlx-lm, compiled decode route and op-by-op (GEMMA4_DECODE_COMPILE=0)
+#   genfull     the full generation matrix (GEN_FULL=1)
+#   parity      `npm run parity` on the fixtures without the op section, with --bisect
+#   golden      the distance between the CPU goldens and mlx-lm here (oracle/python/golden_distance.py)
+#   repro       Python-only: is MLX's GPU quantized matmul a function of its inputs? (bench/cuda/repro_qmm.py)
+#   tests       the whole bun test suite on the GPU
+#   bench-<w>   `npm run bench` for workload(s) <w> (comma-separated) at full width on the GPU
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+LOGS=${LOGS:-report/cuda}
+mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+# NVRTC-compiled kernels are kept across the processes of one machine (the first use of a
+# quantized-matmul variant compiles for tens of seconds)
+export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-$HOME/.cache/mlx-ptx}
+
+stage() { # name, time limit (s), command...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "=== $name (limit ${limit}s): $*" | tee -a "$LOGS/summary.log"
+  timeout --kill-after=10 "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$LOGS/summary.log"
+  tail -n 25 "$LOGS/$name.log" | sed 's/^/    /' | tee -a "$LOGS/summary.log"
+}
+
+check_ckpts() {
+  MLX_DEVICE=cpu .venv/bin/python -I oracle/python/make_checkpoints.py || return 1
+  .venv/bin/python -I - <<'EOF'
+import json, hashlib, pathlib, sys
+m = json.load(open("golden/manifest.json"))
+root = pathlib.Path(".cache/checkpoints")
+bad = 0
+for cid, c in m["checkpoints"].items():
+    for f, want in c["files"].items():
+        got = hashlib.sha256((root / cid / f).read_bytes()).hexdigest()
+        if got != want:
+            bad += 1
+            print(f"checkpoint {cid}/{f}: sha256 {got[:12]} != golden manifest {want[:12]}")
+print(f"{len(m['checkpoints'])} fixture checkpoints, {bad} files differing from the goldens' checkpoints")
+sys.exit(1 if bad else 0)
+EOF
+}
+
+for s in "$@"; do
+  case $s in
+    info) stage info 120 bash -c 'nvidia-smi; .venv/bin/python -I -c "import mlx.core as mx, mlx_lm; print(mx.__version__, mlx_lm.__version__, mx.default_device(), mx.device_info(mx.gpu))"; bun -e "import * as mx from \"@mlx-bun/mlx\"; console.log(mx.backend(), mx.defaultDevice(), mx.gpuName())"' ;;
+    ckpt) export -f check_ckpts; stage ckpt 300 bash -c check_ckpts ;;
+    ops) stage ops 540 bun run parity/ops_report.ts ;;
+    decode) stage decode 400 bun test suites/gemma4/decode_compile.test.ts ;;
+    gen) stage gen 300 bun test suites/generation/parity.test.ts
+         stage gen-opbyop 300 env GEMMA4_DECODE_COMPILE=0 bun test suites/generation/parity.test.ts ;;
+    genfull) stage genfull 560 env GEN_FULL=1 bun test suites/generation/parity.test.ts ;;
+    parity) stage parity 540 bun run parity/cli.ts --skip-ops --bisect --out "$LOGS/parity" ;;
+    golden) stage golden 540 .venv/bin/python -I oracle/python/golden_distance.py --out "$LOGS/golden-distance-cuda.json" ;;
+    repro) stage repro 240 .venv/bin/python -I bench/cuda/repro_qmm.py ;;
+    tests) stage tests 560 bun test ;;
+    bench-*) stage "$s" 560 bun run bench/run.ts --device gpu --only "${s#bench-}" --e2b-layers 35 --e4b-layers 42 --moe-layers 30 --31b-layers 60 --big-prompts 512,4096 --big-decode 128
+             cp bench/RESULTS-cuda.md bench/results-cuda.json "$LOGS/" 2>/dev/null ;;
+    *) echo "unknown stage $s" >&2; exit 2 ;;
+  esac
+done
+
+if [[ -n ${OUT:-} ]]; then tar czf "$OUT/cuda-logs.tgz" -C "$LOGS" . && cp "$LOGS/summary.log" "$OUT/"; fi

@@ -1,0 +1,3 @@
+// @mlx-bun/mlx/optimizers: mlx.optimizers (optimizers.py, schedulers.py).
+export * from "./optimizers.ts";
+export * from "./schedulers.ts";

@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""Checkpoints for the speculative-decoding suites, built from the fixture checkpoints with the
+oracles' own classes into `.cache/checkpoints/speculative/<name>/` (seeded, rebuilt only when
+this file or a source checkpoint changes):
+
+  <fx>_w64             the f32 fixture with sliding_window 64 (same weights): every cache stays
+                       inside its window in short runs, where mlx-lm's speculative decoding is right
+  <fx>_draft           a draft model for <fx>: its f32 weights + 0.002 * N(0, 1) (seeded), so the
+                       target accepts some drafts and rejects others
+  <fx>_w64_draft       the same draft with sliding_window 64
+  c1_dense_vocab128    a draft whose vocabulary differs (bad-input test)
+  tiny, tiny_draft     a 2-layer model (one sliding, one full layer; hidden 32, vocab 64) and its
+                       perturbed draft, for the seeded properties (fast enough for hundreds of runs)
+  <fx>_assistant       a gemma4_assistant MTP drafter for <fx> (mlx-vlm's Gemma4AssistantDraftModel,
+                       saved with mlx-vlm's save_weights / save_config); see build_assistant
+  c3_e2b_assistant_ordered   the same with the centroid-routed head (use_ordered_embeddings)
+
+fx in c1_dense (dense), c3_e2b (E2B-like: per-layer inputs, KV sharing), c5_moe (MoE, k_eq_v).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
+
+from common import DEFAULT_CKPT_ROOT, atomic_replace_dir  # noqa: E402
+from make_checkpoints import _init_value, _param_rng  # noqa: E402
+
+OUT = DEFAULT_CKPT_ROOT / "speculative"
+TARGETS = ["c1_dense", "c3_e2b", "c5_moe"]
+SEED = 11
+PERTURB = 0.002
+
+
+def source(fx: str) -> Path:
+    return DEFAULT_CKPT_ROOT / fx / "f32"
+
+
+def stamp(name: str, fx: str) -> str:
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update((source(fx) / ".stamp").read_bytes())
+    h.update(f"{name}|{mx.__version__}".encode())
+    return h.hexdigest()
+
+
+def write_dir(name: str, fx: str, build) -> bool:
+    final = OUT / name
+    want = stamp(name, fx)
+    if (final / ".stamp").exists() and (final / ".stamp").read_text() == want:
+        return False
+    tmp = OUT / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    build(tmp)
+    (tmp / ".stamp").write_text(want)
+    atomic_replace_dir(tmp, final)
+    return True
+
+
+def text_variant(fx: str, *, window: int | None = None, perturb: float = 0.0, vocab: int | None = None):
+    """A copy of the fixture's f32 checkpoint with config changes and/or perturbed weights."""
+
+    def build(tmp: Path) -> None:
+        cfg = json.loads((source(fx) / "config.json").read_text())
+        weights = mx.load(str(source(fx) / "model.safetensors"))
+        if window is not None:
+            cfg["sliding_window"] = window
+        if perturb:
+            for k in sorted(weights):
+                rng = _param_rng(SEED, f"perturb:{k}")
+                noise = rng.standard_normal(weights[k].shape).astype(np.float32)
+                weights[k] = weights[k] + mx.array(noise) * perturb
+        if vocab is not None:
+            cfg["vocab_size"] = cfg["vocab_size_per_layer_input"] = vocab
+            for k in sorted(weights):
+                if "embed_tokens" in k:
+                    weights[k] = weights[k][:vocab]
+        mx.save_safetensors(str(tmp / "model.safetensors"), dict(sorted(weights.items())), metadata={"format": "mlx"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=4, sort_keys=True) + "\n")
+
+    return build
+
+
+TINY = dict(model_type="gemma4_text", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
+            layer_types=["sliding_attention", "full_attention"], sliding_window=8, vocab_size=64,
+            vocab_size_per_layer_input=64, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+            final_logit_softcapping=30.0, tie_word_embeddings=True, use_double_wide_mlp=False,
+            rms_norm_eps=1e-6, max_position_embeddings=4096,
+            rope_parameters={"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
+                             "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 1e4, "rope_type": "default"}})
+
+
+def tiny_model(perturb: float):
+    """The 2-layer property model, built with mlx-lm's classes and seeded weights."""
+
+    def build(tmp: Path) -> None:
+        from mlx_lm.models import gemma4_text
+        from mlx_lm.utils import save_config, save_model
+
+        model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(TINY))
+        new = []
+        for name, p in tree_flatten(model.parameters()):
+            v = mx.array(_init_value(SEED, f"tiny:{name}", tuple(p.shape)))
+            if perturb:
+                v = v + mx.array(_param_rng(SEED, f"tiny-perturb:{name}").standard_normal(p.shape).astype(np.float32)) * perturb
+            new.append((name, v))
+        model.update(tree_unflatten(new))
+        mx.eval(model.parameters())
+        save_model(tmp, model)
+        save_config(dict(TINY), tmp / "config.json")
+
+    return build
+
+
+def assistant_config(fx: str, ordered: bool) -> dict:
+    t = json.loads((source(fx) / "config.json").read_text())
+    text = dict(
+        model_type="gemma4_text", hidden_size=t["hidden_size"], num_hidden_layers=2, intermediate_size=64,
+        num_attention_heads=4, head_dim=t["head_dim"], global_head_dim=t["global_head_dim"],
+        num_key_value_heads=t["num_key_value_heads"], layer_types=["sliding_attention", "full_attention"],
+        sliding_window=t["sliding_window"], rope_parameters=t["rope_parameters"], vocab_size=t["vocab_size"],
+        vocab_size_per_layer_input=t["vocab_size"], hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+        rms_norm_eps=1e-6, use_double_wide_mlp=False, enable_moe_block=False, attention_k_eq_v=False,
+        final_logit_softcapping=None, tie_word_embeddings=True,
+    )
+    cfg = dict(model_type="gemma4_assistant", backbone_hidden_size=t["hidden_size"], block_size=4,
+               tie_word_embeddings=True, use_ordered_embeddings=ordered, text_config=text)
+    if ordered:
+        cfg.update(num_centroids=16, centroid_intermediate_top_k=8)
+    return cfg
+
+
+def build_assistant(fx: str, ordered: bool):
+    """A gemma4_assistant drafter built with mlx-vlm's classes.
+
+    Random seeded weights give a drafter that the target (almost) never agrees with, so the
+    weights are shaped into a "repeat the last token" drafter instead: its embedding table is the
+    target's, pre_projection passes the (scaled) target embedding of the bonus token through, and
+    the post-attention / post-feed-forward norms are small, so the layers (attention over the
+    target's K/V, MLP) perturb rather than dominate. The target accepts its drafts wherever
+    greedy decoding repeats a token and rejects them elsewhere: both kinds of rounds occur.
+    """
+
+    def build(tmp: Path) -> None:
+        from mlx_vlm.speculative.drafters.gemma4_assistant import Gemma4AssistantDraftModel, ModelConfig
+        from mlx_vlm.utils import save_config, save_weights
+
+        cfg = assistant_config(fx, ordered)
+        model = Gemma4AssistantDraftModel(ModelConfig.from_dict(json.loads(json.dumps(cfg))))
+        target = mx.load(str(source(fx) / "model.safetensors"))
+        H = cfg["backbone_hidden_size"]
+        new = []
+        for name, p in tree_flatten(model.parameters()):
+            v = mx.array(_init_value(SEED, f"assistant:{name}", tuple(p.shape)))
+            if name == "model.embed_tokens.weight":
+                v = target["model.embed_tokens.weight"]
+            elif name == "pre_projection.weight":
+                v = mx.concatenate([mx.eye(H) * 4.0, v[:, H:]], axis=1)
+            elif name.endswith(("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")):
+                v = v * 0.1
+            elif name == "masked_embedding.token_ordering":
+                v = mx.array(_param_rng(SEED, "token_ordering").permutation(p.shape[0]).astype(np.int32))
+            new.append((name, v))
+        model.update(tree_unflatten(new))
+        mx.eval(model.parameters())
+        save_weights(tmp, model)
+        save_config(cfg, tmp / "config.json")
+
+    return build
+
+
+def plan() -> list[tuple[str, str, object]]:
+    out: list[tuple[str, str, object]] = []
+    for fx in TARGETS:
+        out.append((f"{fx}_w64", fx, text_variant(fx, window=64)))
+        out.append((f"{fx}_draft", fx, text_variant(fx, perturb=PERTURB)))
+        out.append((f"{fx}_w64_draft", fx, text_variant(fx, window=64, perturb=PERTURB)))
+        out.append((f"{fx}_assistant", fx, build_assistant(fx, ordered=False)))
+    out.append(("c3_e2b_assistant_ordered", "c3_e2b", build_assistant("c3_e2b", ordered=True)))
+    out.append(("c1_dense_vocab128", "c1_dense", text_variant("c1_dense", perturb=PERTURB, vocab=128)))
+    out.append(("tiny", "c1_dense", tiny_model(0.0)))
+    out.append(("tiny_draft", "c1_dense", tiny_model(0.01)))
+    return out
+
+
+def main() -> int:
+    t0 = time.time()
+    built = 0
+    for name, fx, build in plan():
+        if not (source(fx) / ".stamp").exists():
+            print(f"{name}: source checkpoint {source(fx)} missing (run make_checkpoints.py first)", file=sys.stderr)
+            return 2
+        if write_dir(name, fx, build):
+            built += 1
+            print(f"{name}: built", flush=True)
+    print(f"{built} speculative fixtures built in {time.time() - t0:.1f}s -> {OUT}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
