@@ -18,7 +18,7 @@ import { loadModel } from "../model/gemma4/index.ts";
 
 const ROOT = join(import.meta.dir, "..");
 
-const FLAGS: FlagSpec[] = [
+export const FLAGS: FlagSpec[] = [
   { name: "pairs", kind: "int", help: "measured TS/mlx-lm pairs per row (after one warm-up each)", default: 5 },
   { name: "batch-sizes", kind: "string", valueName: "list", help: "comma-separated batch sizes", default: "1,4,8" },
   { name: "prompt-tokens", kind: "int", help: "tokens per prompt", default: 32 },
@@ -82,17 +82,26 @@ interface Row {
   sameTokens: boolean;
 }
 
+/** Every check before work starts (the fuzz command table calls it); null for --help. */
+export function benchBatchPlan(argv: readonly string[]): { pairs: number; sizes: number[]; plen: number; maxTokens: number } | null {
+  const a = parseArgs(argv, FLAGS);
+  if (a.help) return null;
+  const pairs = Number(a.pairs);
+  const sizes = String(a["batch-sizes"]).split(",").map(Number);
+  if (pairs < 1 || sizes.some((b) => !Number.isInteger(b) || b < 1 || b > 256)) throw new UsageError("--pairs and --batch-sizes need positive integers (batch sizes up to 256)");
+  const [plen, maxTokens] = [Number(a["prompt-tokens"]), Number(a["max-tokens"])];
+  if (plen < 2 || maxTokens < 2) throw new UsageError("--prompt-tokens and --max-tokens must be at least 2");
+  if (plen + maxTokens > 4096) throw new UsageError("--prompt-tokens plus --max-tokens exceeds the fixtures' max_position_embeddings (4096)");
+  return { pairs, sizes, plen, maxTokens };
+}
+
 async function main(): Promise<void> {
-  const a = parseArgs(process.argv.slice(2), FLAGS);
-  if (a.help) {
+  const plan = benchBatchPlan(process.argv.slice(2));
+  if (plan === null) {
     process.stdout.write(helpText("npm run bench:batch -- [options]", "Batched decode throughput, TS vs mlx-lm's batch_generate, alternating the sides.", FLAGS));
     return;
   }
-  const pairs = Number(a.pairs);
-  const sizes = String(a["batch-sizes"]).split(",").map(Number);
-  if (pairs < 1 || sizes.some((b) => !Number.isInteger(b) || b < 1)) throw new UsageError("--pairs and --batch-sizes need positive integers");
-  const [plen, maxTokens] = [Number(a["prompt-tokens"]), Number(a["max-tokens"])];
-  if (plen < 2 || maxTokens < 2) throw new UsageError("--prompt-tokens and --max-tokens must be at least 2");
+  const { pairs, sizes, plen, maxTokens } = plan;
   const py = new Worker();
   const rows: Row[] = [];
   const started = new Date().toISOString();
@@ -151,7 +160,9 @@ async function main(): Promise<void> {
   process.stdout.write(md);
 }
 
-main().catch((e) => {
-  console.error(e instanceof UsageError ? `error: ${e.message}` : e);
-  process.exit(e instanceof UsageError ? 2 : 1);
-});
+if (import.meta.main) {
+  main().catch((e) => {
+    console.error(e instanceof UsageError ? `error: ${e.message}` : e);
+    process.exit(e instanceof UsageError ? 2 : 1);
+  });
+}
