@@ -12,6 +12,7 @@
 // join a running batch instead of forming one) is pinned by the last test, against mlx-lm.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import fc from "fast-check";
+import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { type OracleClient, type NpyRef, sharedOracle } from "../../oracle/client.ts";
 import { KVCache, type KVCacheLike, RotatingKVCache } from "../../model/cache/index.ts";
@@ -19,7 +20,7 @@ import { BatchGenerator, batchModel, StopSequences } from "../../model/generate_
 import { generateStep } from "../../model/generate.ts";
 import { type BatchRun, type BatchScenario, compareRuns, runOracleBatch, runTsBatch } from "../../parity/batch_engine.ts";
 import { compareRaw, formatDiff, type RawTensor, rawOf, rawOfNpy } from "../../oracle/compare.ts";
-import { freeModels, generateModel, model } from "../generation/parity.ts";
+import { CKPT_ROOT, freeModels, generateModel, model } from "../generation/parity.ts";
 import { checkProperty, propertyTimeout } from "../properties/harness.ts";
 
 let oracle: OracleClient;
@@ -29,7 +30,13 @@ beforeAll(async () => {
 afterAll(() => freeModels());
 
 const CKPTS = ["c1_dense/f32", "c3_e2b/bf16", "c5_moe/f32"];
-const arbToken = fc.integer({ min: 1, max: 255 });
+// The random cases run half on the dense, E2B-like and MoE fixtures and half on the 2-layer
+// property model of the speculative fixtures (one sliding and one full layer, window 8, vocab 64),
+// which costs a third of a fixture per step; the fixed cases run on the three fixtures.
+const PROPERTY_CKPTS = [...CKPTS, "speculative/tiny", "speculative/tiny", "speculative/tiny"];
+const arbToken = fc.integer({ min: 1, max: 63 });
+/** The oracle loads checkpoints by directory (fixture ids and the speculative ones alike). */
+const dirOf = (ck: string) => join(CKPT_ROOT, ck);
 const same = (a: RawTensor, b: RawTensor) => compareRaw("x", a, b).equal;
 
 // ------------------------------------------------------------------------------ stop sequences
@@ -87,7 +94,7 @@ interface OneCase {
  */
 async function batchOfOne(c: OneCase, withOracle: boolean): Promise<{ ts: Relation; py?: Relation }> {
   const pending = withOracle
-    ? oracle.request<{ tokens: number[]; logprobs: NpyRef[]; relation?: Relation }>("batch_of_one", { checkpoint: c.ck, prompt: c.prompt, max_tokens: c.maxTokens, prefill_step_size: c.prefill })
+    ? oracle.request<{ tokens: number[]; logprobs: NpyRef[]; relation?: Relation }>("batch_of_one", { checkpoint: dirOf(c.ck), prompt: c.prompt, max_tokens: c.maxTokens, prefill_step_size: c.prefill })
     : null;
   pending?.catch(() => {});
   const lm = model(c.ck);
@@ -153,7 +160,7 @@ describe("a batch of one ≡ single-sequence generation", () => {
     await checkProperty(
       "batch-of-one-is-single",
       fc.asyncProperty(
-        fc.record({ ck: fc.constantFrom(...CKPTS), prompt: fc.array(arbToken, { minLength: 1, maxLength: 10 }), maxTokens: fc.integer({ min: 1, max: 2 }), prefill: fc.constantFrom(2048, 2048, 2048, 3, 5) }),
+        fc.record({ ck: fc.constantFrom(...PROPERTY_CKPTS), prompt: fc.array(arbToken, { minLength: 1, maxLength: 10 }), maxTokens: fc.integer({ min: 1, max: 2 }), prefill: fc.constantFrom(2048, 2048, 2048, 3, 5) }),
         async (c) => {
           const r = await batchOfOne(c, withOracle);
           if (r.py) {
@@ -197,7 +204,7 @@ interface RemovalCase {
 }
 
 const arbRemoval: fc.Arbitrary<RemovalCase> = fc
-  .record({ ck: fc.constantFrom(...CKPTS), prompts: fc.array(fc.array(arbToken, { minLength: 2, maxLength: 10 }), { minLength: 2, maxLength: 3 }), maxTokens: fc.integer({ min: 2, max: 3 }), x: fc.nat(), early: fc.nat(), remove: fc.boolean() })
+  .record({ ck: fc.constantFrom(...PROPERTY_CKPTS), prompts: fc.array(fc.array(arbToken, { minLength: 2, maxLength: 10 }), { minLength: 2, maxLength: 3 }), maxTokens: fc.integer({ min: 2, max: 3 }), x: fc.nat(), early: fc.nat(), remove: fc.boolean() })
   .map(({ ck, prompts, maxTokens, x, early, remove }) => ({
     ck,
     prompts,
@@ -241,7 +248,7 @@ describe("removing a finished sequence from a batch", () => {
       "batch-removal-leaves-others",
       fc.asyncProperty(arbRemoval, async (c) => {
         const [removed, kept] = scenarios(c);
-        const pending = runOracleBatch(oracle, c.ck, removed);
+        const pending = runOracleBatch(oracle, dirOf(c.ck), removed);
         pending.catch(() => {});
         const m = batchModel(model(c.ck));
         const tsRemoved = runTsBatch(m, removed);
@@ -267,7 +274,7 @@ describe("removing a finished sequence from a batch", () => {
     ]);
     for (const c of cases) {
       const [removed, kept] = scenarios(c);
-      const [pyR, pyK] = await Promise.all([runOracleBatch(oracle, c.ck, removed), runOracleBatch(oracle, c.ck, kept)]);
+      const [pyR, pyK] = await Promise.all([runOracleBatch(oracle, dirOf(c.ck), removed), runOracleBatch(oracle, dirOf(c.ck), kept)]);
       expect(othersUnchanged(pyR, pyK, c.x)).toBe(true);
       const m = batchModel(model(c.ck));
       expect(compareRuns("removed", runTsBatch(m, removed), pyR).first).toBeNull();
