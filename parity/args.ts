@@ -58,7 +58,7 @@ export function parseArgs(argv: readonly string[], specs: readonly FlagSpec[]): 
 
 export function helpText(usage: string, summary: string, specs: readonly FlagSpec[], footer = ""): string {
   const rows = specs.map((s) => {
-    const left = `  --${s.name}${s.kind === "bool" ? "" : ` <${s.valueName ?? s.kind}>`}`;
+    const left = `  --${s.name}${s.kind === "bool" ? "" : ` <${s.valueName ?? s.kind}>`}${s.multiple ? " ..." : ""}`;
     const def = s.default !== undefined && s.kind !== "bool" ? ` (default: ${s.default})` : "";
     return [left, s.help + def] as const;
   });

@@ -25,9 +25,10 @@ import { renderMarkdown } from "./markdown.ts";
 import { ProgressBar } from "./progress.ts";
 import { type OpLevelSummary, type ParityReport, type ReferenceRow, type ReferenceSummary, reportOk, type RunResult, SCHEMA_ID } from "./schema.ts";
 import { SPECULATIVE_MODES } from "./speculative_modes.ts";
+import { BATCH_MODES, batchModeCheck } from "./batch_report.ts";
 
 // --mode NAME: one decoding mode against its oracle (each feature adds its runners here).
-const MODES: Record<string, (oracle: OracleClient, a: Parsed) => Promise<boolean>> = { ...SPECULATIVE_MODES };
+const MODES: Record<string, (oracle: OracleClient, a: Parsed) => Promise<boolean>> = { ...SPECULATIVE_MODES, ...BATCH_MODES };
 
 export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (gemma4, gemma4_text or gemma4_unified; flat, wrapper or raw HF layout; quantized or not)" },
@@ -46,6 +47,7 @@ export const FLAGS: FlagSpec[] = [
   DEVICE_FLAG,
   { name: "out", kind: "string", valueName: "dir", help: "where the reports go", default: "report" },
   { name: "mode", kind: "string", valueName: "name", help: `run one decoding mode against its oracle on the fixtures instead (${Object.keys(MODES).join(", ")}); --only filters fixtures` },
+  { name: "scenario", kind: "string", valueName: "id", help: "--mode batch: only this batch scenario of fixtures/batch_scenarios.json (repeatable)", multiple: true },
   { name: "verbose", kind: "bool", help: "stack traces on errors, oracle stderr" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -63,6 +65,8 @@ Examples:
   npm run parity -- --model ~/models/gemma-4-e4b-it-4bit --prompt "Why is the sky blue?" --chat --steps 16
   npm run parity -- --model ~/models/gemma-4-e2b-it --image cat.png --audio note.wav --prompt "Describe both." --chat
   npm run parity -- --model ./ckpt --tokens 2,105,2364 --prefill-step-size 512
+  npm run parity -- --mode batch --only 'c5_moe/*' --scenario join_mid_run
+  npm run parity -- --mode batch --model ./ckpt
 `;
 
 // The fixture scenarios the report runs: a ring-buffer-wrapping generation for every
@@ -376,6 +380,8 @@ export interface ParityPlan {
 export async function parityPlan(argv: readonly string[]): Promise<ParityPlan | null> {
   const a = parseArgs(argv, FLAGS);
   if (a.help) return null;
+  if (a.mode === "batch") batchModeCheck(a);
+  else if (a.scenario !== undefined) throw new UsageError("--scenario applies to --mode batch");
   for (const k of ["prompt", "chat", "tokens", "oracle-model", "image", "audio"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
   if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
   // The device first: it applies to every mode, and a missing GPU fails before any oracle starts.
@@ -384,11 +390,11 @@ export async function parityPlan(argv: readonly string[]): Promise<ParityPlan | 
   if (a.mode !== undefined) {
     mode = MODES[String(a.mode)] ?? null;
     if (!mode) throw new UsageError(`unknown --mode ${a.mode} (modes: ${Object.keys(MODES).join(", ")})`);
-    if (a.model !== undefined) throw new UsageError("--mode runs on the fixtures; it does not take --model");
+    if (a.model !== undefined && a.mode !== "batch") throw new UsageError("--mode runs on the fixtures; it does not take --model");
   }
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
   if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
-  const spec = a.model === undefined ? null : await modelSpec(a, budget);
+  const spec = a.model === undefined || mode ? null : await modelSpec(a, budget);
   if (spec?.mediaRequest) {
     // the TS processor's output, checked before the capture (mlx-vlm would silently wrap a
     // placeholder count that does not match the media); the oracle runs mlx-vlm's own processor

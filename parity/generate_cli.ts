@@ -12,12 +12,13 @@ import { checkMediaCheckpoint, MEDIA_FLAGS, mediaPlan, type PreparedMedia, wants
 import { applyDeviceFlag, DEVICE_FLAG } from "./device.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 import { checkSpeculativeFlags, faceLoadPromptCache, modelDirOf, SPECULATIVE_FLAGS, speculativeFaceStream } from "./speculative_face.ts";
+import { BATCH_FLAGS, batchPlan, isBatch, runBatch } from "./generate_batch.ts";
 
 export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (required)" },
-  { name: "prompt", kind: "string", valueName: "text", help: "prompt text, tokenized with the checkpoint's tokenizer.json" },
+  { name: "prompt", kind: "string", valueName: "text", help: "prompt text, tokenized with the checkpoint's tokenizer.json (repeat for a batch)", multiple: true },
   { name: "chat", kind: "bool", help: "apply the checkpoint's chat template to --prompt" },
-  { name: "tokens", kind: "string", valueName: "1,2,3", help: "prompt token ids instead of --prompt (output is printed as ids)" },
+  { name: "tokens", kind: "string", valueName: "1,2,3", help: "prompt token ids instead of --prompt (output is printed as ids; repeat for a batch)", multiple: true },
   { name: "max-tokens", kind: "int", valueName: "N", help: "tokens to generate", default: 100 },
   { name: "temp", kind: "number", valueName: "T", help: "sampling temperature (0 = greedy)", default: 0 },
   { name: "top-p", kind: "number", valueName: "P", help: "nucleus sampling threshold (0 = off)", default: 0 },
@@ -28,6 +29,7 @@ export const FLAGS: FlagSpec[] = [
   ...MEDIA_FLAGS,
   DEVICE_FLAG,
   ...SPECULATIVE_FLAGS,
+  ...BATCH_FLAGS,
   { name: "verbose", kind: "bool", help: "stack traces on errors" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -61,9 +63,14 @@ export async function generatePlan(argv: readonly string[]) {
   const a: Parsed = parseArgs(argv, FLAGS);
   if (a.help) return null;
   checkSpeculativeFlags(a);
+  const batch = isBatch(a);
+  for (const f of ["draft-model", "prompt-cache-file"]) if (batch && a[f] !== undefined) throw new UsageError(`--${f} does not apply to a batch (several prompts)`);
   const dev = applyDeviceFlag(a.device);
   const dir = modelDirOf(a);
   const info = inspectCheckpoint(dir);
+  if (batch && wantsMedia(a)) throw new UsageError("--image / --audio do not apply to a batch (several prompts)");
+  if (batch) return { a, dev, dir, info, batch: await batchPlan(dir, a, info), media: null };
+  for (const k of ["prompt", "tokens"]) if (Array.isArray(a[k])) a[k] = (a[k] as string[])[0];
   // --image / --audio: the TS Gemma4Processor (mlx-vlm's, ported) gives the expanded prompt and
   // the media arrays, checked against the model's rules
   if (wantsMedia(a)) for (const f of ["draft-model", "prompt-cache-file"]) if (a[f] !== undefined) throw new UsageError(`--${f} does not apply to --image / --audio runs`);
@@ -83,7 +90,7 @@ export async function generatePlan(argv: readonly string[]) {
   checkPromptLength(prompt, maxTokens, info);
   if (media) checkMediaCheckpoint(dir);
   else checkCheckpoint(dir);
-  return { a, dev, dir, info, prompt, maxTokens, temp, media };
+  return { a, dev, dir, info, prompt, maxTokens, temp, media, batch: null };
 }
 
 /** The multimodal model on the prepared media: mlx-vlm's generate_step from the merged embeddings. */
@@ -105,11 +112,15 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(
       helpText(
         "npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [--image a.png] [--audio b.wav] [options]",
-        "Generates text with the TypeScript Gemma 4 model, no oracle (mlx-lm's generate_step; with media, mlx-vlm's, after the TS port of its Gemma4Processor).",
+        "Generates text with the TypeScript Gemma 4 model, no oracle (mlx-lm's generate_step; with media, mlx-vlm's, after the TS port of its Gemma4Processor). Several --prompt / --tokens, or --prompt-file, run a batch (mlx-lm's batch_generate).",
         FLAGS,
       ),
     );
     return 0;
+  }
+  if (plan.batch) {
+    const rootCfg = JSON.parse(readFileSync(join(plan.dir, "config.json"), "utf8")) as Record<string, unknown>;
+    return runBatch(plan.batch, plan.dev, { loadTokenizer, eosIds: (d) => eosIds(d, { ...plan.info.text, ...rootCfg }) });
   }
   const { a, dev, dir, info, prompt, maxTokens, temp, media } = plan;
 

@@ -83,7 +83,7 @@ export async function withCacheMutationAsync<T>(name: CacheMutation, fn: () => P
   }
 }
 
-function checkKV(name: string, keys: MlxArray, values: MlxArray): { B: number; H: number; S: number; Dk: number; Dv: number } {
+export function checkKV(name: string, keys: MlxArray, values: MlxArray): { B: number; H: number; S: number; Dk: number; Dv: number } {
   if (!(keys instanceof mx.MlxArray) || !(values instanceof mx.MlxArray)) throw new CacheError(name, "keys and values must be MlxArrays");
   const ks = keys.shape;
   const vs = values.shape;
@@ -96,7 +96,7 @@ function checkKV(name: string, keys: MlxArray, values: MlxArray): { B: number; H
   return { B: ks[0]!, H: ks[1]!, S: ks[2]!, Dk: ks[3]!, Dv: vs[3]! };
 }
 
-function checkAgainstBuffer(name: string, buf: MlxArray | null, x: MlxArray, what: string): void {
+export function checkAgainstBuffer(name: string, buf: MlxArray | null, x: MlxArray, what: string): void {
   if (buf === null) return;
   const b = buf.shape;
   const s = x.shape;
@@ -114,7 +114,7 @@ function parseIntStrict(name: string, s: unknown, what: string): number {
 }
 
 /** x[..., start:stop, :] on a 4-D array (Python slice semantics for non-negative bounds). */
-function sliceSeq(x: MlxArray, start: number, stop: number): MlxArray {
+export function sliceSeq(x: MlxArray, start: number, stop: number): MlxArray {
   const s = x.shape;
   const len = s[2]!;
   const a = Math.min(Math.max(start, 0), len);
@@ -123,14 +123,52 @@ function sliceSeq(x: MlxArray, start: number, stop: number): MlxArray {
 }
 
 /** x[..., start:stop, :] = u, returning the new array (Python overwrites x's descriptor). */
-function assignSeq(x: MlxArray, u: MlxArray, start: number, stop: number): MlxArray {
+export function assignSeq(x: MlxArray, u: MlxArray, start: number, stop: number): MlxArray {
   const s = x.shape;
   return mx.sliceUpdate(x, u, [0, 0, start, 0], [s[0]!, s[1]!, stop, s[3]!]);
 }
 
-function replace(old: MlxArray | null, next: MlxArray): MlxArray {
+export function replace(old: MlxArray | null, next: MlxArray): MlxArray {
   if (old !== null && old !== next) old.dispose();
   return next;
+}
+
+/**
+ * keys/values grown by zero columns along the sequence axis, as Python's
+ * `new_k = mx.zeros(k_shape); keys = mx.concatenate([keys, new_k], axis=2)` (the zeros
+ * themselves when there are no buffers yet). Returns new arrays; the inputs stay the caller's.
+ */
+export function appendZeros(keys: MlxArray | null, values: MlxArray | null, kShape: number[], vShape: number[], dtype: mx.Dtype): [MlxArray, MlxArray] {
+  const newK = mx.zeros(kShape, dtype);
+  const newV = mx.zeros(vShape, dtype);
+  if (keys === null || values === null) return [newK, newV];
+  try {
+    const k = mx.concatenate([keys, newK], 2);
+    try {
+      return [k, mx.concatenate([values, newV], 2)];
+    } catch (e) {
+      k.dispose();
+      throw e;
+    }
+  } finally {
+    newK.dispose();
+    newV.dispose();
+  }
+}
+
+/**
+ * The rotating caches' in-place growth (RotatingKVCache and BatchRotatingKVCache
+ * _update_in_place): while the buffer is below max_size and full up to `prev`, append
+ * min(step, max_size - prev) zero columns and set _idx = prev.
+ */
+export function growRing(c: { keys: MlxArray | null; values: MlxArray | null; idx: number }, prev: number, maxSize: number, step: number, keys: MlxArray, values: MlxArray): void {
+  if (c.keys !== null && c.values !== null && !(prev >= c.keys.shape[2]! && c.keys.shape[2]! < maxSize)) return;
+  const [B, H, , Dk] = keys.shape as [number, number, number, number];
+  const newSize = Math.min(step, maxSize - prev);
+  const [k, v] = appendZeros(c.keys, c.values, [B, H, newSize, Dk], [B, H, newSize, values.shape[3]!], keys.dtype);
+  c.keys = replace(c.keys, k);
+  c.values = replace(c.values, v);
+  c.idx = prev;
 }
 
 // ------------------------------------------------------------------------------ shared part
@@ -192,24 +230,13 @@ export class KVCache extends BufferedCache implements KVCacheLike {
     const step = KVCache.step;
     if (this.keys === null || this.values === null || prev + S > this.keys.shape[2]!) {
       const nSteps = Math.floor((step + S - 1) / step);
-      const newK = mx.zeros([B, H, nSteps * step, Dk], keys.dtype);
-      const newV = mx.zeros([B, H, nSteps * step, Dv], values.dtype);
-      if (this.keys !== null && this.values !== null) {
-        if (prev % step !== 0 && !cacheMutations.growthNoPreSlice) {
-          this.keys = replace(this.keys, sliceSeq(this.keys, 0, prev));
-          this.values = replace(this.values, sliceSeq(this.values, 0, prev));
-        }
-        try {
-          this.keys = replace(this.keys, mx.concatenate([this.keys, newK], 2));
-          this.values = replace(this.values, mx.concatenate([this.values, newV], 2));
-        } finally {
-          newK.dispose();
-          newV.dispose();
-        }
-      } else {
-        this.keys = newK;
-        this.values = newV;
+      if (this.keys !== null && this.values !== null && prev % step !== 0 && !cacheMutations.growthNoPreSlice) {
+        this.keys = replace(this.keys, sliceSeq(this.keys, 0, prev));
+        this.values = replace(this.values, sliceSeq(this.values, 0, prev));
       }
+      const [k, v] = appendZeros(this.keys, this.values, [B, H, nSteps * step, Dk], [B, H, nSteps * step, Dv], keys.dtype);
+      this.keys = replace(this.keys, k);
+      this.values = replace(this.values, v);
     }
     this.offset += S;
     this.keys = replace(this.keys, assignSeq(this.keys!, keys, prev, this.offset));
@@ -298,7 +325,7 @@ export class RotatingKVCache extends BufferedCache implements KVCacheLike {
     }
   }
 
-  /** _temporal_order(v): rearrange into temporal order, slicing off the unused end. */
+  /** _temporal_order(v): rearrange into temporal order, slicing off the unused end (BatchRotatingKVCache.merge calls it too). */
   temporalOrder(v: MlxArray): MlxArray {
     const len = v.shape[2]!;
     if (this.idx === len) return mx.alias(v);
@@ -332,39 +359,21 @@ export class RotatingKVCache extends BufferedCache implements KVCacheLike {
   }
 
   private updateInPlace(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray] {
-    const [B, H, S, Dk] = keys.shape as [number, number, number, number];
-    const prev = this.offset;
-    if (this.keys === null || this.values === null || (prev >= this.keys.shape[2]! && this.keys.shape[2]! < this.maxSize)) {
-      const Dv = values.shape[3]!;
-      const newSize = Math.min(RotatingKVCache.step, this.maxSize - prev);
-      const newK = mx.zeros([B, H, newSize, Dk], keys.dtype);
-      const newV = mx.zeros([B, H, newSize, Dv], values.dtype);
-      if (this.keys !== null && this.values !== null) {
-        try {
-          this.keys = replace(this.keys, mx.concatenate([this.keys, newK], 2));
-          this.values = replace(this.values, mx.concatenate([this.values, newV], 2));
-        } finally {
-          newK.dispose();
-          newV.dispose();
-        }
-      } else {
-        this.keys = newK;
-        this.values = newV;
-      }
-      this.idx = prev;
-    }
+    const S = keys.shape[2]!;
+    // May not have hit the max size yet, so potentially keep growing the cache.
+    growRing(this, this.offset, this.maxSize, RotatingKVCache.step, keys, values);
     // Trim if needed.
-    const trimSize = this.keys.shape[2]! - this.maxSize;
+    const trimSize = this.keys!.shape[2]! - this.maxSize;
     if (trimSize > 0) {
-      this.keys = replace(this.keys, this.trimArr(trimSize, this.keys));
-      this.values = replace(this.values, this.trimArr(trimSize, this.values));
+      this.keys = replace(this.keys, this.trimArr(trimSize, this.keys!));
+      this.values = replace(this.values, this.trimArr(trimSize, this.values!));
       this.idx = this.maxSize;
     }
     // Rotate.
     if (this.idx === this.maxSize) this.idx = this.keep;
     // Assign.
-    this.keys = replace(this.keys, assignSeq(this.keys, keys, this.idx, this.idx + S));
-    this.values = replace(this.values, assignSeq(this.values, values, this.idx, this.idx + S));
+    this.keys = replace(this.keys, assignSeq(this.keys!, keys, this.idx, this.idx + S));
+    this.values = replace(this.values, assignSeq(this.values!, values, this.idx, this.idx + S));
     this.offset += S;
     this.idx += S;
     if (cacheMutations.temporalOrder) {

@@ -3,6 +3,7 @@
 
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
+import type { KVCacheLike } from "../cache/index.ts";
 import { AudioEncoder } from "./audio.ts";
 import type { ModelArgs, MultimodalConfig, VisionConfig } from "./config.ts";
 import * as gemma4_text from "./gemma4_text.ts";
@@ -70,7 +71,7 @@ export class Model extends Module {
     return this.language_model.layers;
   }
 
-  makeCache(factory: gemma4_text.CacheFactory = gemma4_text.defaultCacheFactory): gemma4_text.LayerCache[] {
+  makeCache(factory: gemma4_text.CacheFactory = gemma4_text.defaultCacheFactory): KVCacheLike[] {
     return this.language_model.makeCache(factory);
   }
 }
@@ -151,7 +152,7 @@ export interface InputEmbeddings {
 
 export interface MultimodalCallOptions extends MediaInputs {
   mm_token_type_ids?: MlxArray | null;
-  cache?: (gemma4_text.LayerCache | null)[] | null;
+  cache?: (KVCacheLike | null)[] | null;
   logits_to_keep?: number | null;
   taps?: TapSink;
 }
@@ -326,7 +327,7 @@ export class MultimodalModel extends Module {
     });
   }
 
-  makeCache(factory: gemma4_text.CacheFactory = gemma4_text.defaultCacheFactory): gemma4_text.LayerCache[] {
+  makeCache(factory: gemma4_text.CacheFactory = gemma4_text.defaultCacheFactory): KVCacheLike[] {
     return this.language_model.makeCache(factory);
   }
 

@@ -17,6 +17,7 @@
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { KVCache, type KVCacheLike, RotatingKVCache } from "../cache/index.ts";
+import type { BatchCacheLike } from "../cache/batch.ts";
 import { createAttentionMask, disposeMask, type Mask } from "../mask.ts";
 import type { LayerType, ModelArgs } from "./config.ts";
 import { mutated } from "./mutations.ts";
@@ -59,12 +60,13 @@ export function decodeCompileOn(): boolean {
 }
 
 /** The cache interface the model consumes (implemented by model/cache/). */
-export type LayerCache = KVCacheLike;
+/** What a layer accepts: a single-sequence cache or a batch cache (per-sequence offsets, left padding). */
+export type LayerCache = KVCacheLike | BatchCacheLike;
 
 /** What make_cache builds per layer type; the default is model/cache's classes. */
 export interface CacheFactory {
-  kvCache(): LayerCache;
-  rotatingKVCache(maxSize: number, keep: number): LayerCache;
+  kvCache(): KVCacheLike;
+  rotatingKVCache(maxSize: number, keep: number): KVCacheLike;
 }
 
 export const defaultCacheFactory: CacheFactory = {
@@ -434,6 +436,8 @@ export class Attention extends Module {
     if (shared_kv !== null) return offset instanceof mx.MlxArray ? mx.alias(offset) : (offset ?? 0);
     if (!this.has_kv) throw new Error(`Layer ${this.layer_idx} is a KV-shared layer but received no shared_kv`);
     if (cache === null) return 0;
+    // a batch cache's offset is already an int32 (B,) array: mx.array(x) of an array is x
+    if (cache.offset instanceof mx.MlxArray) return mx.alias(cache.offset);
     return mx.array(mutated("rope_offset_after_update") ? cache.offset + L : cache.offset);
   }
 
@@ -1186,9 +1190,9 @@ export class Model extends Module {
    * make_cache(): one cache per NON-shared layer: full → KVCache(), sliding →
    * RotatingKVCache(max_size=sliding_window, keep=0). The factories come from model/cache/.
    */
-  makeCache(factory: CacheFactory = defaultCacheFactory): LayerCache[] {
+  makeCache(factory: CacheFactory = defaultCacheFactory): KVCacheLike[] {
     const first_kv_shared = this.args.num_hidden_layers - this.args.num_kv_shared_layers;
-    const caches: LayerCache[] = [];
+    const caches: KVCacheLike[] = [];
     for (let i = 0; i < first_kv_shared; i++) {
       if (this.args.layer_types[i] === "full_attention") caches.push(factory.kvCache());
       else caches.push(factory.rotatingKVCache(this.args.sliding_window, 0));

@@ -17,16 +17,18 @@
 
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
+import type { KVCacheLike } from "../cache/index.ts";
 import { createAttentionMask, createCausalMask, disposeMask, type Mask } from "../mask.ts";
 import type { TextConfig } from "./config.ts";
-import { type CacheFactory, defaultCacheFactory, Gemma4TextModel, type LayerCache, softcapLogits } from "./gemma4_text.ts";
+import { type CacheFactory, defaultCacheFactory, Gemma4TextModel, softcapLogits } from "./gemma4_text.ts";
 import { mediaMutated } from "./mutations.ts";
 import { Module } from "./nn.ts";
 import type { TapSink } from "./taps.ts";
 
 export interface LanguageModelCallOptions {
   inputs_embeds?: MlxArray | null;
-  cache?: (LayerCache | null)[] | null;
+  /** single-sequence caches: mlx-vlm's media path has no batch */
+  cache?: (KVCacheLike | null)[] | null;
   per_layer_inputs?: MlxArray | null;
   /** (B, L) processor token types: 1 image, 2 video, 3 audio, 0 text. */
   mm_token_type_ids?: MlxArray | null;
@@ -117,7 +119,7 @@ export class LanguageModel extends Module {
   }
 
   /** _make_masks(h, cache, mm_token_type_ids): one mask per layer type (first layer of the type). */
-  _make_masks(h: MlxArray, cache: readonly (LayerCache | null)[], mm_token_type_ids: MlxArray | null, taps?: TapSink): Mask[] {
+  _make_masks(h: MlxArray, cache: readonly (KVCacheLike | null)[], mm_token_type_ids: MlxArray | null, taps?: TapSink): Mask[] {
     const types = this.model.layers.map((l) => l.layer_type);
     return makeMediaMasks(types, this.model.window_size, this.config.use_bidirectional_attention, h.shape, cache, mm_token_type_ids, taps);
   }
@@ -141,7 +143,7 @@ export class LanguageModel extends Module {
       h = inputs_embeds;
       if (taps) taps("inputs_embeds", h);
     }
-    const caches: (LayerCache | null)[] = m.layers.map((_, i) => cache?.[i] ?? null);
+    const caches: (KVCacheLike | null)[] = m.layers.map((_, i) => cache?.[i] ?? null);
 
     // Per-layer inputs (2B/4B models)
     let pli: MlxArray | null = per_layer_inputs;
@@ -201,8 +203,8 @@ export class LanguageModel extends Module {
   }
 
   /** make_cache(): as mlx-lm's (KVCache for full layers, RotatingKVCache(window, keep=0)). */
-  makeCache(factory: CacheFactory = defaultCacheFactory): LayerCache[] {
-    const caches: LayerCache[] = [];
+  makeCache(factory: CacheFactory = defaultCacheFactory): KVCacheLike[] {
+    const caches: KVCacheLike[] = [];
     for (let i = 0; i < this.first_kv_shared_layer_idx; i++) {
       if (this.config.layer_types[i] === "full_attention") caches.push(factory.kvCache());
       else caches.push(factory.rotatingKVCache(this.config.sliding_window, 0));
@@ -222,7 +224,7 @@ export function makeMediaMasks(
   window_size: number,
   use_bidirectional_attention: string | null,
   hShape: readonly number[],
-  cache: readonly (LayerCache | null)[],
+  cache: readonly (KVCacheLike | null)[],
   mm_token_type_ids: MlxArray | null,
   taps?: TapSink,
 ): Mask[] {

@@ -317,6 +317,38 @@ class Server:
             raise ValueError(f"unknown make_mask fn {fn!r}")
         return {"mask": mask_value(self, out)}
 
+    # ------------------------------------------------------------ batched generation (batch.py)
+    def cmd_batch_run(self, req: dict) -> dict:
+        """mlx-lm's BatchGenerator on a batch scenario, recorded after every next() call."""
+        import batch
+
+        return batch.run_scenario(self.model(req["checkpoint"]), req["scenario"], self.out_array)
+
+    def cmd_batch_generate(self, req: dict) -> dict:
+        """mlx-lm's batch_generate (a stub tokenizer: eos_token_ids, decode): token ids and logprobs."""
+        import batch
+
+        return batch.run_batch_generate(self.model(req["checkpoint"]), req)
+
+    def cmd_batch_of_one(self, req: dict) -> dict:
+        """One prompt through BatchGenerator and generate_step: the batch's steps and how the two agree."""
+        import batch
+
+        return batch.run_batch_of_one(self.model(req["checkpoint"]), req, self.out_array)
+
+    def cmd_stop_match(self, req: dict) -> dict:
+        """mlx-lm's StopSequences automaton over token streams: the positions where a stop completed."""
+        import batch
+
+        return batch.stop_match(req)
+
+    def cmd_batch_cache_ops(self, req: dict) -> dict:
+        """A sequence of BatchKVCache / BatchRotatingKVCache calls; results and state after each."""
+        import batch
+
+        return {"results": batch.batch_cache_ops(req["ops"], self.in_array, self.out_array,
+                                                 lambda m: mask_value(self, m))}
+
     def cmd_cache_ops(self, req: dict) -> dict:
         """Run a sequence of cache calls; every result and the cache state after each op."""
         caches: dict[str, Any] = {}

@@ -9,6 +9,7 @@ import { existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 
 import { join } from "node:path";
 import fc from "fast-check";
 import { benchPlan, FLAGS as BENCH_FLAGS } from "../../../bench/run.ts";
+import { benchBatchPlan, FLAGS as BENCH_BATCH_FLAGS } from "../../../bench/batch.ts";
 import { regenArgs, FLAGS as REGEN_FLAGS } from "../../../oracle/regen.ts";
 import { referencePlan, FLAGS as REFERENCE_FLAGS } from "../../../oracle/reference_export.ts";
 import type { FlagSpec } from "../../../parity/args.ts";
@@ -41,6 +42,7 @@ export const COMMANDS: CliCommand[] = [
   { name: "cache-prompt", script: "parity/cache_prompt_cli.ts", flags: CACHE_PROMPT_FLAGS, validate: cachePromptPlan },
   { name: "train", script: "parity/train_cli.ts", flags: TRAIN_FLAGS, validate: trainPlan },
   { name: "fuse", script: "parity/fuse_cli.ts", flags: FUSE_FLAGS, validate: fusePlan },
+  { name: "bench:batch", script: "bench/batch.ts", flags: BENCH_BATCH_FLAGS, validate: benchBatchPlan },
 ];
 
 // Directory placeholders, made in the input's scratch directory by `materialise`.
