@@ -13,10 +13,13 @@
 #   ckpt        the fixture checkpoints, built on the CPU device (bit-identical to the ones the
 #               goldens were made from: their sha256 are checked against golden/manifest.json)
 #   ops         op-level parity (every case exact, unsupported on cuda, or a failure; sticky errors isolated)
+#   ops-<op>    the same for one op's cases (e.g. ops-quantizedMatmul)
 #   decode      the compiled decode route against the op-by-op route (suites/gemma4/decode_compile.test.ts)
 #   gen         generation parity vs mlx-lm, compiled decode route and op-by-op (GEMMA4_DECODE_COMPILE=0)
 #   genfull     the full generation matrix (GEN_FULL=1)
 #   parity      `npm run parity` on the fixtures without the op section, with --bisect
+#   modes       the generation modes: batched (vs mlx-lm's BatchGenerator), speculative and MTP
+#               (vs mlx-lm / mlx-vlm), prompt-cache files, the trainer (vs mlx-lm's)
 #   golden      the distance between the CPU goldens and mlx-lm here (oracle/python/golden_distance.py)
 #   repro       Python-only: is MLX's GPU quantized matmul a function of its inputs? (bench/cuda/repro_qmm.py)
 #   tests       the whole bun test suite on the GPU
@@ -58,16 +61,21 @@ sys.exit(1 if bad else 0)
 EOF
 }
 
+echo "$*" > "$LOGS/stages"
 for s in "$@"; do
   case $s in
     info) stage info 120 bash -c 'nvidia-smi; .venv/bin/python -I -c "import mlx.core as mx, mlx_lm; print(mx.__version__, mlx_lm.__version__, mx.default_device(), mx.device_info(mx.gpu))"; bun -e "import * as mx from \"@mlx-bun/mlx\"; console.log(mx.backend(), mx.defaultDevice(), mx.gpuName())"' ;;
     ckpt) export -f check_ckpts; stage ckpt 300 bash -c check_ckpts ;;
     ops) stage ops 540 bun run parity/ops_report.ts ;;
+    ops-*) stage "$s" 300 bun run parity/ops_report.ts "${s#ops-}" ;;
     decode) stage decode 400 bun test suites/gemma4/decode_compile.test.ts ;;
     gen) stage gen 300 bun test suites/generation/parity.test.ts
          stage gen-opbyop 300 env GEMMA4_DECODE_COMPILE=0 bun test suites/generation/parity.test.ts ;;
     genfull) stage genfull 560 env GEN_FULL=1 bun test suites/generation/parity.test.ts ;;
     parity) stage parity 540 bun run parity/cli.ts --skip-ops --bisect --out "$LOGS/parity" ;;
+    modes) stage batch 300 bun test suites/batch/parity.test.ts
+           stage speculative 300 bun test suites/speculative/speculative.test.ts suites/speculative/mtp.test.ts suites/speculative/prompt-cache.test.ts
+           stage train 300 bun test suites/tuner/train.test.ts ;;
     golden) stage golden 540 .venv/bin/python -I oracle/python/golden_distance.py --out "$LOGS/golden-distance-cuda.json" ;;
     repro) stage repro 240 .venv/bin/python -I bench/cuda/repro_qmm.py ;;
     tests) stage tests 560 bun test ;;
