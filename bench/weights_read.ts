@@ -2,7 +2,7 @@
 // parameter of the checkpoint once (the tied embedding twice over is not counted: the lookup reads
 // one row, the lm_head reads it all), except the per-layer-input embedding (one row per token)
 // and, for MoE layers, the experts not routed to (top_k of num_experts are read).
-import { readdirSync, readFileSync } from "node:fs";
+import { closeSync, openSync, readdirSync, readFileSync, readSync } from "node:fs";
 import { join } from "node:path";
 
 interface Header {
@@ -12,9 +12,18 @@ interface Header {
 function tensorBytes(dir: string): Map<string, number> {
   const out = new Map<string, number>();
   for (const f of readdirSync(dir).filter((n) => n.endsWith(".safetensors"))) {
-    const buf = readFileSync(join(dir, f));
-    const n = Number(buf.readBigUInt64LE(0));
-    const header = JSON.parse(buf.subarray(8, 8 + n).toString("utf8")) as Header;
+    // the header only: a full-width shard is gigabytes
+    const fd = openSync(join(dir, f), "r");
+    let header: Header;
+    try {
+      const len = Buffer.alloc(8);
+      readSync(fd, len, 0, 8, 0);
+      const head = Buffer.alloc(Number(len.readBigUInt64LE(0)));
+      readSync(fd, head, 0, head.length, 8);
+      header = JSON.parse(head.toString("utf8")) as Header;
+    } finally {
+      closeSync(fd);
+    }
     for (const [k, v] of Object.entries(header)) {
       if (k === "__metadata__" || !("data_offsets" in v)) continue;
       const [a, b] = v.data_offsets as [number, number];

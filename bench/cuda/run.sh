@@ -11,15 +11,17 @@
 # Stages:
 #   info        GPU, versions, the binding's backend and device
 #   ckpt        the fixture checkpoints, built on the CPU device (bit-identical to the ones the
-#               goldens were made from: their sha256 are checked against golden/manifest.json)
+#               goldens were made from: their sha256 are checked against golden/manifest.json),
+#               and the speculative-decoding fixtures built from them
 #   ops         op-level parity (every case exact, unsupported on cuda, or a failure; sticky errors isolated)
 #   ops-<op>    the same for one op's cases (e.g. ops-quantizedMatmul)
 #   decode      the compiled decode route against the op-by-op route (suites/gemma4/decode_compile.test.ts)
 #   gen         generation parity vs mlx-lm, compiled decode route and op-by-op (GEMMA4_DECODE_COMPILE=0)
 #   genfull     the full generation matrix (GEN_FULL=1)
 #   parity      `npm run parity` on the fixtures without the op section, with --bisect
-#   modes       the generation modes: batched (vs mlx-lm's BatchGenerator), speculative and MTP
-#               (vs mlx-lm / mlx-vlm), prompt-cache files, the trainer (vs mlx-lm's)
+#   parity@<g>  the same for the checkpoints matching the glob <g> (e.g. 'parity@m*')
+#   modes       the stages batch (vs mlx-lm's BatchGenerator), speculative (draft model and MTP vs
+#               mlx-lm / mlx-vlm, prompt-cache files) and train (the trainer vs mlx-lm's)
 #   golden      the distance between the CPU goldens and mlx-lm here (oracle/python/golden_distance.py)
 #   repro       Python-only: is MLX's GPU quantized matmul a function of its inputs? (bench/cuda/repro_qmm.py)
 #   tests       the whole bun test suite on the GPU
@@ -45,6 +47,8 @@ stage() { # name, time limit (s), command...
 
 check_ckpts() {
   MLX_DEVICE=cpu .venv/bin/python -I oracle/python/make_checkpoints.py || return 1
+  # what scripts/setup.mjs builds next: the speculative-decoding fixtures (drafts, MTP drafters)
+  MLX_DEVICE=cpu .venv/bin/python -I oracle/python/make_speculative_fixtures.py || return 1
   .venv/bin/python -I - <<'EOF'
 import json, hashlib, pathlib, sys
 m = json.load(open("golden/manifest.json"))
@@ -61,6 +65,10 @@ sys.exit(1 if bad else 0)
 EOF
 }
 
+set -f # stage names may hold globs (parity@m*)
+# shellcheck disable=SC2046
+set -- $(for s in "$@"; do if [[ $s == modes ]]; then echo batch speculative train; else echo "$s"; fi; done)
+set +f
 echo "$*" > "$LOGS/stages"
 for s in "$@"; do
   case $s in
@@ -73,9 +81,10 @@ for s in "$@"; do
          stage gen-opbyop 300 env GEMMA4_DECODE_COMPILE=0 bun test suites/generation/parity.test.ts ;;
     genfull) stage genfull 560 env GEN_FULL=1 bun test suites/generation/parity.test.ts ;;
     parity) stage parity 540 bun run parity/cli.ts --skip-ops --bisect --out "$LOGS/parity" ;;
-    modes) stage batch 300 bun test suites/batch/parity.test.ts
-           stage speculative 300 bun test suites/speculative/speculative.test.ts suites/speculative/mtp.test.ts suites/speculative/prompt-cache.test.ts
-           stage train 300 bun test suites/tuner/train.test.ts ;;
+    batch) stage batch 300 bun test suites/batch/parity.test.ts ;;
+    speculative) stage speculative 300 bun test suites/speculative/speculative.test.ts suites/speculative/mtp.test.ts suites/speculative/prompt-cache.test.ts ;;
+    train) stage train 300 bun test --timeout 600000 suites/tuner/train.test.ts ;;
+    parity@*) stage "parity-$(echo "${s#parity@}" | tr -c 'A-Za-z0-9_\n' _)" 400 bun run parity/cli.ts --skip-ops --bisect --only "${s#parity@}" --out "$LOGS/parity-$(echo "${s#parity@}" | tr -c 'A-Za-z0-9_\n' _)" ;;
     golden) stage golden 540 .venv/bin/python -I oracle/python/golden_distance.py --out "$LOGS/golden-distance-cuda.json" ;;
     repro) stage repro 240 .venv/bin/python -I bench/cuda/repro_qmm.py ;;
     tests) stage tests 560 bun test ;;

@@ -52,9 +52,15 @@ function isFloatSpec(s: InputSpec): s is ArraySpec {
   return !("scalar" in s) && FLOAT.has(s.dtype);
 }
 
-/** Shapes and dtypes of the case's outputs, from a lazy run on zeros (nothing is evaluated). */
+/**
+ * Shapes and dtypes of the case's outputs, from a lazy run on zeros (nothing is evaluated), on the
+ * CPU device: a GPU refuses some graphs as they are built (float64 on CUDA), and such a case must
+ * still reach the workers, whose two sides report it unsupported there.
+ */
 function outputSpecs(c: OpCase): { shape: number[]; dtype: Dtype }[] {
   const owned: MlxArray[] = [];
+  const device = mx.defaultDevice();
+  mx.setDefaultDevice("cpu");
   try {
     const xs: Operand[] = c.inputs.map((s) => {
       if ("scalar" in s) return s.kind === "bool" ? s.scalar !== 0 : s.kind === "int" ? mx.pyInt(s.scalar) : mx.pyFloat(s.scalar);
@@ -71,6 +77,7 @@ function outputSpecs(c: OpCase): { shape: number[]; dtype: Dtype }[] {
     return specs;
   } finally {
     for (const a of owned) a.dispose();
+    mx.setDefaultDevice(device);
   }
 }
 
