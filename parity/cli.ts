@@ -18,7 +18,7 @@ import { type Budget, type Capture, captureOracle, runParity, type RunSpec } fro
 import { checkMediaCheckpoint, checkpointTowers, MEDIA_FLAGS, type MediaRequest, mediaRequest, prepareMedia, wantsMedia } from "./media.ts";
 import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { fmtDivergence, fmtNum, pct, REFERENCE_HEADER, referenceRow, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
-import { compareWithReference, readReferenceManifest, REFERENCE_BOUND, relDiff } from "../oracle/reference.ts";
+import { compareWithReference, readReferenceManifest, REFERENCE_BOUND, referenceBoundApplies, relDiff } from "../oracle/reference.ts";
 import { renderHtml } from "./html.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 import { renderMarkdown } from "./markdown.ts";
@@ -212,6 +212,7 @@ async function referenceSection(oracle: OracleClient, only: string | undefined):
   if (fixtures.length === 0) return null;
   const bar = new ProgressBar("[reference]");
   const rows: ReferenceRow[] = [];
+  const judged = referenceBoundApplies();
   for (const [k, e] of fixtures.entries()) {
     bar.update(k / fixtures.length, `${e.checkpoint} against transformers`);
     const { model, text } = loadModel(join(REPO_ROOT, ".cache", "checkpoints", e.checkpoint));
@@ -230,10 +231,11 @@ async function referenceSection(oracle: OracleClient, only: string | undefined):
       tsEqualsMlxLm: same,
       tsVsTransformers: { logits: d.logitsRel, hidden: d.hiddenRel },
       mlxLmVsTransformers: { logits: mlx },
-      ok: same && d.ok && mlx <= REFERENCE_BOUND.relative,
+      judged: judged,
+      ok: same && (!judged || (d.ok && mlx <= REFERENCE_BOUND.relative)),
     });
   }
-  bar.done(`${rows.filter((r) => r.ok).length}/${rows.length} float32 fixtures: TS = mlx-lm bit for bit, both within ${REFERENCE_BOUND.relative} of transformers`);
+  bar.done(`${rows.filter((r) => r.ok).length}/${rows.length} float32 fixtures: TS = mlx-lm bit for bit${judged ? `, both within ${REFERENCE_BOUND.relative} of transformers` : ` (the bound was measured on the CPU device: on ${mx.backend()} float32 matmuls run in TF32, distances shown, not judged)`}`);
   return { bound: REFERENCE_BOUND.relative, versions: manifest.versions, rows };
 }
 
@@ -345,12 +347,14 @@ function printSummary(rep: ParityReport): void {
       const b = r.firstDivergence?.bisect;
       if (!r.firstDivergence) continue;
       lines.push(`First divergence in ${r.model} · ${r.variant}: ${fmtDivergence(r.firstDivergence)}, first differing index ${r.firstDivergence.firstIndex}`);
+      if (r.mlxBug) lines.push(`  a recorded MLX bug on ${mx.backend()} (${r.mlxBug.id}): ${r.mlxBug.what}; reproducer ${r.mlxBug.reproducer}; counted apart, not as bit-exact`);
       if (b) lines.push(`  bisect: first differing MLX op ${b.op}(${b.inputs.map((i) => `${i.dtype}[${i.shape.join(",")}]`).join(", ")}), max abs ${fmtNum(b.maxAbs)}, max ULP ${fmtNum(b.maxUlp)}`);
       const params = b?.differingParameters;
       if (params?.length) lines.push(`  parameters whose bytes differ from mlx-lm's checkpoint: ${params.join(", ")}`);
       else if (b === null) lines.push("  bisect: every op of the block matches when replayed with mlx-lm's parameters; the TS block computes something else than mlx-lm (a port difference, not a data one)");
     }
-    lines.push(`${rep.runs.length} runs · ${taps} taps compared · ${exact} bit-exact (${pct(exact, taps)}) · budget ${rep.budget.ulp} ULP / atol ${fmtNum(rep.budget.atol)}`);
+    const atBug = rep.runs.filter((r) => r.mlxBug).length;
+    lines.push(`${rep.runs.length} runs · ${taps} taps compared · ${exact} bit-exact (${pct(exact, taps)}) · budget ${rep.budget.ulp} ULP / atol ${fmtNum(rep.budget.atol)}${atBug ? ` · ${atBug} runs diverge at a recorded MLX bug` : ""}`);
   }
   if (rep.reference) {
     const rf = rep.reference;

