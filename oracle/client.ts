@@ -333,6 +333,17 @@ export class OracleClient {
     });
   }
 
+  /**
+   * Resolves once the requests issued so far are on their way to the oracle. Bun writes to a
+   * child's stdin pipe on the next event-loop turn, not when request() returns, so a request
+   * followed by synchronous TS work (a forward, a decode loop: microtask awaits do not count)
+   * would reach the oracle only after that work. Awaiting this in between lets the two run at
+   * the same time, each on its own core.
+   */
+  sent(): Promise<void> {
+    return new Promise((resolve) => setImmediate(resolve));
+  }
+
   // ---------------------------------------------------------------- arrays
 
   /** Write a record as an input .npy (client-side temp dir). */

@@ -267,6 +267,7 @@ export async function batchParity(oracle: OracleClient, checkpoint: string, mode
   const t0 = performance.now();
   const pending = runOracleBatch(oracle, checkpoint, resolved);
   pending.catch(() => {}); // surfaces at the await below
+  await oracle.sent(); // the oracle's run starts before (not after) the TS run
   let ts: BatchRun;
   try {
     ts = runTsBatch(model, resolved);

@@ -97,6 +97,7 @@ async function batchOfOne(c: OneCase, withOracle: boolean): Promise<{ ts: Relati
     ? oracle.request<{ tokens: number[]; logprobs: NpyRef[]; relation?: Relation }>("batch_of_one", { checkpoint: dirOf(c.ck), prompt: c.prompt, max_tokens: c.maxTokens, prefill_step_size: c.prefill })
     : null;
   pending?.catch(() => {});
+  if (pending) await oracle.sent(); // the oracle works while TS does
   const lm = model(c.ck);
   const gen = new BatchGenerator(batchModel(lm), { maxTokens: c.maxTokens, prefillStepSize: c.prefill });
   const bTok: number[] = [];
@@ -250,6 +251,7 @@ describe("removing a finished sequence from a batch", () => {
         const [removed, kept] = scenarios(c);
         const pending = runOracleBatch(oracle, dirOf(c.ck), removed);
         pending.catch(() => {});
+        await oracle.sent();
         const m = batchModel(model(c.ck));
         const tsRemoved = runTsBatch(m, removed);
         const tsKept = runTsBatch(m, kept);

@@ -95,6 +95,7 @@ describe("gemma4 taps vs live mlx-lm", () => {
       captures.delete(k);
       totals.waitMs += performance.now() - t;
       for (let j = 1; j <= 3; j++) capture(k + j); // keep the oracle's queue full while TS works
+      await oracle.sent();
       t = performance.now();
       const ours = runTs(ckpt, scn);
       totals.tsMs += performance.now() - t;

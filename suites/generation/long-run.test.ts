@@ -36,6 +36,7 @@ describe.skipIf(!enabled)("long run", () => {
       return r;
     });
     pending.catch(() => {});
+    await oracle.sent(); // the request leaves before the decode loop starts
     const gm = generateModel(model(CK));
     const cache = gm.makeCache();
     const warm = Math.max(1, Math.floor(N / 10));

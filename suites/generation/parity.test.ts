@@ -7,6 +7,8 @@
 //   GEN_CKPTS=a,b GEN_SCENARIOS=x,y   an explicit selection
 // Sampled runs (temperature/top-p/top-k/min-p, fixed seeds) go through suites/generation/gen_ref.py.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { type OracleClient, sharedOracle } from "../../oracle/client.ts";
@@ -133,45 +135,62 @@ describe("sampled generation parity (fixed seeds, make_sampler)", () => {
         runs.push({ checkpoint: join(CKPT_ROOT, id), prompt: i % 2 ? prompt40 : prompt21, prefill_step_size: i % 2 ? 8 : 5, max_tokens: 20, seed: seed++, ...c });
       }
     }
-    const p = Bun.spawnSync([".venv/bin/python", "-I", "suites/generation/gen_ref.py"], { stdin: Buffer.from(JSON.stringify({ runs })), stdout: "pipe", stderr: "pipe" });
-    if (p.exitCode !== 0) throw new Error(`gen_ref.py failed: ${p.stderr.toString().slice(-2000)}`);
-    const ref = JSON.parse(p.stdout.toString()).runs as { tokens: number[]; logprobs: string[]; dtype: string; cache: Record<string, unknown>[] }[];
+    // mlx-lm's runs go on in their own process (stdin read from a file, so it starts at once)
+    // while TS does the same runs; the two are compared once both are done
+    const dir = mkdtempSync(join(tmpdir(), "gen-ref-"));
+    writeFileSync(join(dir, "runs.json"), JSON.stringify({ runs }));
+    const p = Bun.spawn([".venv/bin/python", "-I", "suites/generation/gen_ref.py"], { stdin: Bun.file(join(dir, "runs.json")), stdout: "pipe", stderr: "pipe" });
+    const pending = Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
+    pending.catch(() => {}); // surfaces at the await below
+    const ours: { toks: number[]; lps: string[]; metas: Record<string, unknown>[] }[] = [];
+    try {
+      for (const r of runs) {
+        const id = r.checkpoint.slice(CKPT_ROOT.length + 1);
+        const gm = generateModel(model(id));
+        const cache = gm.makeCache();
+        const toks: number[] = [];
+        const lps: string[] = [];
+        try {
+          for await (const t of generateStep(gm, r.prompt, {
+            maxTokens: r.max_tokens,
+            prefillStepSize: r.prefill_step_size,
+            promptCache: cache,
+            seed: r.seed,
+            samplerOptions: { temp: r.temp, topP: r.top_p, minP: r.min_p, minTokensToKeep: r.min_tokens_to_keep, topK: r.top_k },
+          })) {
+            toks.push(t.token);
+            lps.push(Buffer.from(t.logprobs.toBytes()).toString("hex"));
+          }
+          const metas = cache.map((c) => {
+            const o: Record<string, unknown> = { type: c instanceof KVCache ? "KVCache" : "RotatingKVCache", offset: c.offset };
+            if (c instanceof RotatingKVCache) Object.assign(o, { keep: c.keep, max_size: c.maxSize, idx: c.idx });
+            o.keys_shape = (c as KVCache).keys?.shape ?? null;
+            o.values_shape = (c as KVCache).values?.shape ?? null;
+            return o;
+          });
+          ours.push({ toks, lps, metas });
+        } finally {
+          for (const c of cache) c.dispose();
+        }
+      }
+    } finally {
+      await pending.catch(() => {}); // the process is done before its input goes
+      rmSync(dir, { recursive: true, force: true });
+    }
+    const [out, err, code] = await pending;
+    if (code !== 0) throw new Error(`gen_ref.py failed: ${err.slice(-2000)}`);
+    const ref = JSON.parse(out).runs as { tokens: number[]; logprobs: string[]; dtype: string; cache: Record<string, unknown>[] }[];
     let steps = 0;
     for (let i = 0; i < runs.length; i++) {
       const r = runs[i]!;
       const id = r.checkpoint.slice(CKPT_ROOT.length + 1);
-      const lm = model(id);
-      const gm = generateModel(lm);
-      const cache = gm.makeCache();
-      const toks: number[] = [];
-      const lps: string[] = [];
-      try {
-        for await (const t of generateStep(gm, r.prompt, {
-          maxTokens: r.max_tokens,
-          prefillStepSize: r.prefill_step_size,
-          promptCache: cache,
-          seed: r.seed,
-          samplerOptions: { temp: r.temp, topP: r.top_p, minP: r.min_p, minTokensToKeep: r.min_tokens_to_keep, topK: r.top_k },
-        })) {
-          toks.push(t.token);
-          lps.push(Buffer.from(t.logprobs.toBytes()).toString("hex"));
-        }
-        const where = `${id} seed ${r.seed} ${JSON.stringify({ temp: r.temp, top_p: r.top_p, min_p: r.min_p, top_k: r.top_k })}`;
-        const firstLp = lps.findIndex((h, k) => h !== ref[i]!.logprobs[k]);
-        expect(firstLp, `${where}: first step with different logprobs`).toBe(-1);
-        expect(toks, `${where}: tokens`).toEqual(ref[i]!.tokens);
-        const metas = cache.map((c) => {
-          const o: Record<string, unknown> = { type: c instanceof KVCache ? "KVCache" : "RotatingKVCache", offset: c.offset };
-          if (c instanceof RotatingKVCache) Object.assign(o, { keep: c.keep, max_size: c.maxSize, idx: c.idx });
-          o.keys_shape = (c as KVCache).keys?.shape ?? null;
-          o.values_shape = (c as KVCache).values?.shape ?? null;
-          return o;
-        });
-        expect(JSON.stringify(metas), `${where}: final caches`).toBe(JSON.stringify(ref[i]!.cache));
-        steps += toks.length;
-      } finally {
-        for (const c of cache) c.dispose();
-      }
+      const { toks, lps, metas } = ours[i]!;
+      const where = `${id} seed ${r.seed} ${JSON.stringify({ temp: r.temp, top_p: r.top_p, min_p: r.min_p, top_k: r.top_k })}`;
+      const firstLp = lps.findIndex((h, k) => h !== ref[i]!.logprobs[k]);
+      expect(firstLp, `${where}: first step with different logprobs`).toBe(-1);
+      expect(toks, `${where}: tokens`).toEqual(ref[i]!.tokens);
+      expect(JSON.stringify(metas), `${where}: final caches`).toBe(JSON.stringify(ref[i]!.cache));
+      steps += toks.length;
     }
     console.log(`[sampled parity] ${runs.length} sampled runs, ${steps} sampled steps bit-exact (tokens + logprobs) vs mlx-lm`);
     mx.clearCache();

@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { readFileSync } from "node:fs";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
-import { type CallRecord, type OracleClient, REPO_ROOT, type TapRecord } from "../../oracle/client.ts";
+import { type CallRecord, type CaptureResult, type OracleClient, REPO_ROOT, type TapRecord } from "../../oracle/client.ts";
 import { KVCache, RotatingKVCache, type KVCacheLike } from "../../model/cache/index.ts";
 import { generateStep, type CallInfo, type GenerateModel, type StepInfo } from "../../model/generate.ts";
 import { loadModel, type LoadedModel } from "../../model/gemma4/index.ts";
@@ -157,15 +157,32 @@ function tapDiff(name: string, got: Got | undefined, want: TapRecord | undefined
   return d.equal ? null : d;
 }
 
-/** Compares one scenario; returns counts and the first divergence (null when bit-exact). */
-export async function parityRun(oracle: OracleClient, ckpt: string, sc: Scenario): Promise<ParityRun> {
-  const lm = model(ckpt);
+/** The oracle's side of a parity run: generate_step's calls with the parity taps. */
+export function parityCapture(oracle: OracleClient, ckpt: string, sc: Scenario): Promise<CaptureResult> {
+  return oracle.capture(ckpt, scenarioArg(sc), { mode: "full", only: PARITY_TAPS });
+}
+
+/**
+ * Compares one scenario; returns counts and the first divergence (null when bit-exact). `capture`:
+ * the oracle's side when the caller already has it (parityCapture; the oracle is deterministic,
+ * so runs of one scenario can share it), else it is requested here.
+ */
+export async function parityRun(oracle: OracleClient, ckpt: string, sc: Scenario, capture?: Promise<CaptureResult>): Promise<ParityRun> {
   const t0 = performance.now();
-  const cap = await oracle.capture(ckpt, scenarioArg(sc), { mode: "full", only: PARITY_TAPS });
+  // the oracle captures in its process while TS runs (each on its own core)
+  let tOracle = 0;
+  const pending = (capture ?? parityCapture(oracle, ckpt, sc)).then((c) => {
+    tOracle = performance.now() - t0;
+    return c;
+  });
+  pending.catch(() => {}); // surfaces at the await below
+  await oracle.sent();
+  const lm = model(ckpt);
   const t1 = performance.now();
   const ts = await runTs(lm, sc.prompt!, sc.prefill_step_size ?? 2048, sc.max_tokens ?? 20);
   const t2 = performance.now();
-  const res: ParityRun = { ckpt, scenario: sc.id, calls: cap.calls.length, steps: 0, tensors: 0, tokens: ts.tokens, first: null, ms: { oracle: t1 - t0, ts: t2 - t1 } };
+  const cap = await pending;
+  const res: ParityRun = { ckpt, scenario: sc.id, calls: cap.calls.length, steps: 0, tensors: 0, tokens: ts.tokens, first: null, ms: { oracle: tOracle, ts: t2 - t1 } };
   const want = new Map<string, TapRecord>();
   for (const t of cap.taps) if (wanted(t.name)) want.set(t.name, t);
   const got = new Map<string, Got>();

@@ -16,7 +16,7 @@ import { attended, RefKVCache, RefRotatingKVCache, windowSet } from "../properti
 import { arbKV, arbMask, arbRot, maskCase, runDiff, useOracle } from "../properties/oracle-diff-lib.ts";
 import { seedFor } from "../properties/harness.ts";
 import { sharedOracle } from "../../oracle/client.ts";
-import { loadScenarios, parityRun, type Scenario } from "../generation/parity.ts";
+import { loadScenarios, parityCapture, parityRun, type Scenario } from "../generation/parity.ts";
 
 beforeAll(async () => {
   await useOracle();
@@ -137,9 +137,11 @@ describe("cache/mask mutations are caught by generation parity at the right call
   for (const c of cases) {
     it(`${c.m}: ${c.ckpt} × ${c.sc.id} diverges first at ${c.first}`, async () => {
       const oracle = await sharedOracle();
-      const control = await parityRun(oracle, c.ckpt, c.sc);
+      // one capture for both runs: the mutation is on the TS side only
+      const capture = parityCapture(oracle, c.ckpt, c.sc);
+      const control = await parityRun(oracle, c.ckpt, c.sc, capture);
       expect(control.first, "unmutated control must be bit-exact").toBeNull();
-      const r = await withCacheMutationAsync(c.m, () => parityRun(oracle, c.ckpt, c.sc));
+      const r = await withCacheMutationAsync(c.m, () => parityRun(oracle, c.ckpt, c.sc, capture));
       console.log(`[mutation ${c.m}] generation parity: ${r.first ? `caught at ${r.first.call} ${r.first.tap}: ${r.first.detail.slice(0, 200)}` : "NOT caught"}`);
       expect(r.first, `${c.m} not caught by generation parity`).not.toBeNull();
       expect(r.first!.tap).toMatch(c.first);

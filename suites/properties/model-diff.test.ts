@@ -59,8 +59,12 @@ describe("model vs the live oracle on random prompts and chunk sizes", () => {
     await checkProperty(
       "oracle-model-random-prompts",
       fc.asyncProperty(arbPrompt, async ({ ck, prompt, prefill, maxTokens }) => {
-        const py = await oracle.generate(ck, prompt, { prefillStepSize: prefill, maxTokens });
+        // the oracle (its own process, its own core) generates while TS does
+        const pending = oracle.generate(ck, prompt, { prefillStepSize: prefill, maxTokens });
+        pending.catch(() => {}); // observed below
+        await oracle.sent();
         const ts = await tsGenerate(ck, prompt, prefill, maxTokens);
+        const py = await pending;
         for (let i = 0; i < py.logprobs.length; i++) {
           const d = compareRaw(`step${i}/logprobs`, ts.lps[i]!, rawOfNpy(py.logprobs[i]!));
           if (!d.equal) throw new Error(`${ck} prompt ${prompt.length} prefill ${prefill}: ${formatDiff(d)}`);
@@ -83,10 +87,14 @@ describe("metamorphic relations, recorded against mlx-lm", () => {
       "metamorphic-chunked-prefill",
       fc.asyncProperty(arbPrompt, async ({ ck, prompt, prefill }) => {
         if (prompt.length < 3) prompt = [...prompt, 7, 9];
-        const pyA = await oracle.generate(ck, prompt, { prefillStepSize: 2048, maxTokens: 1 });
-        const pyB = await oracle.generate(ck, prompt, { prefillStepSize: prefill, maxTokens: 1 });
+        const pendingA = oracle.generate(ck, prompt, { prefillStepSize: 2048, maxTokens: 1 });
+        const pendingB = oracle.generate(ck, prompt, { prefillStepSize: prefill, maxTokens: 1 });
+        pendingA.catch(() => {}); // observed below
+        pendingB.catch(() => {});
+        await oracle.sent();
         const tsA = await tsGenerate(ck, prompt, 2048, 1);
         const tsB = await tsGenerate(ck, prompt, prefill, 1);
+        const [pyA, pyB] = [await pendingA, await pendingB];
         const a = rawOfNpy(pyA.logprobs[0]!);
         const b = rawOfNpy(pyB.logprobs[0]!);
         if (!same(tsA.lps[0]!, a) || !same(tsB.lps[0]!, b)) throw new Error(`${ck}: TS differs from the oracle on one side`);
@@ -112,11 +120,16 @@ describe("metamorphic relations, recorded against mlx-lm", () => {
       "metamorphic-cached-vs-uncached",
       fc.asyncProperty(arbPrompt, async ({ ck, prompt, prefill }) => {
         // Uncached: logits of one forward over the whole prompt, last row, → logprobs with the same ops.
-        const pyLogits = await oracle.forward(ck, [prompt]);
+        const pendingLogits = oracle.forward(ck, [prompt]);
+        const pendingCached = oracle.generate(ck, prompt, { prefillStepSize: prefill, maxTokens: 1 });
+        pendingLogits.catch(() => {}); // observed below
+        pendingCached.catch(() => {});
+        await oracle.sent();
         const lm = model(ck);
         using inp = mx.array(Int32Array.from(prompt), [1, prompt.length], "int32");
         using tsLogits = lm.model.call(inp);
-        const d0 = compareRaw("uncached logits", { dtype: tsLogits.dtype, shape: tsLogits.shape, data: tsLogits.toBytes() }, rawOfNpy(pyLogits));
+        const tsRaw: RawTensor = { dtype: tsLogits.dtype, shape: tsLogits.shape, data: tsLogits.toBytes() }; // evaluates
+        const d0 = compareRaw("uncached logits", tsRaw, rawOfNpy(await pendingLogits));
         if (!d0.equal) throw new Error(`${ck}: uncached forward differs from the oracle: ${formatDiff(d0)}`);
         const L = prompt.length;
         const V = tsLogits.shape[2]!;
@@ -126,9 +139,8 @@ describe("metamorphic relations, recorded against mlx-lm", () => {
         using lp = mx.subtract(row, lse);
         using lp1 = mx.squeeze(lp, 0);
         const unc: RawTensor = { dtype: lp1.dtype, shape: lp1.shape, data: lp1.toBytes() };
-        const py = await oracle.generate(ck, prompt, { prefillStepSize: prefill, maxTokens: 1 });
-        const cached = rawOfNpy(py.logprobs[0]!);
         const ts = await tsGenerate(ck, prompt, prefill, 1);
+        const cached = rawOfNpy((await pendingCached).logprobs[0]!);
         if (!same(ts.lps[0]!, cached)) throw new Error(`${ck}: cached TS logprobs differ from the oracle`);
         const eq = same(unc, cached);
         total++;

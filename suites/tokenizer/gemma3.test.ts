@@ -19,6 +19,9 @@ import { seedFor } from "../properties/harness.ts";
 const DIR = join(REPO_ROOT, ".cache", "tokenizer-fixture");
 const SOURCE = join(REPO_ROOT, "node_modules", "@lenml", "tokenizer-gemma3", "models");
 const SLOW = 300_000;
+// one TS tokenizer (a 33 MB tokenizer.json) for the tests below, loaded after beforeAll built the fixture
+let tokenizer: ReturnType<typeof loadTokenizer> | undefined;
+const ourTokenizer = () => (tokenizer ??= loadTokenizer(DIR));
 
 let oracle: OracleClient;
 beforeAll(async () => {
@@ -51,9 +54,13 @@ describe("the Gemma 3 tokenizer: TS = mlx-lm / transformers", () => {
   it("tokenizes 3,000 varied strings identically, with and without special tokens", async () => {
     const inputs = ["", " ", "a".repeat(200), " ".repeat(40), ...fc.sample(strings, { seed: seedFor("tokenizer/gemma3-strings"), numRuns: 2996 })];
     expect(inputs.length).toBe(3000);
-    const tok = await loadTokenizer(DIR);
+    // mlx-lm tokenizes in its process while TS does
+    const pending = oracle.request<{ with_special: number[][]; without_special: number[][] }>("tokenize", { dir: DIR, strings: inputs }, SLOW);
+    pending.catch(() => {}); // surfaces at the await below
+    await oracle.sent();
+    const tok = await ourTokenizer();
     const ours = inputs.map((s) => [tok.encode(s, true), tok.encode(s, false)] as const);
-    const theirs = await oracle.request<{ with_special: number[][]; without_special: number[][] }>("tokenize", { dir: DIR, strings: inputs }, SLOW);
+    const theirs = await pending;
     const same = (a: readonly number[], b: readonly number[] | undefined) => b !== undefined && a.length === b.length && a.every((x, i) => x === b[i]);
     const bad = inputs.map((s, i) => ({ s, i })).filter(({ i }) => !same(ours[i]![0], theirs.with_special[i]) || !same(ours[i]![1], theirs.without_special[i]));
     for (const { s, i } of bad.slice(0, 5)) console.error(`differs: ${JSON.stringify(s)}\n  TS     ${ours[i]![0].join(",")}\n  mlx-lm ${theirs.with_special[i]!.join(",")}`);
@@ -80,7 +87,7 @@ describe("the Gemma 3 tokenizer: TS = mlx-lm / transformers", () => {
       { messages: [m("first")], add_generation_prompt: true }, // starts with the assistant: raise_exception
       { messages: [u("日本語 😀 <start_of_turn>")], add_generation_prompt: true },
     ];
-    const tok = await loadTokenizer(DIR);
+    const tok = await ourTokenizer();
     const ours = conversations.map((c) => {
       try {
         return { text: tok.renderChat(c.messages, c.add_generation_prompt) };
