@@ -2,33 +2,15 @@
 // parameter of the checkpoint once (the tied embedding twice over is not counted: the lookup reads
 // one row, the lm_head reads it all), except the per-layer-input embedding (one row per token)
 // and, for MoE layers, the experts not routed to (top_k of num_experts are read).
-import { closeSync, openSync, readdirSync, readFileSync, readSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-
-interface Header {
-  [name: string]: { dtype: string; shape: number[]; data_offsets: [number, number] } | Record<string, string>;
-}
+import { checkSafetensors } from "../model/gemma4/weights.ts";
 
 function tensorBytes(dir: string): Map<string, number> {
   const out = new Map<string, number>();
   for (const f of readdirSync(dir).filter((n) => n.endsWith(".safetensors"))) {
     // the header only: a full-width shard is gigabytes
-    const fd = openSync(join(dir, f), "r");
-    let header: Header;
-    try {
-      const len = Buffer.alloc(8);
-      readSync(fd, len, 0, 8, 0);
-      const head = Buffer.alloc(Number(len.readBigUInt64LE(0)));
-      readSync(fd, head, 0, head.length, 8);
-      header = JSON.parse(head.toString("utf8")) as Header;
-    } finally {
-      closeSync(fd);
-    }
-    for (const [k, v] of Object.entries(header)) {
-      if (k === "__metadata__" || !("data_offsets" in v)) continue;
-      const [a, b] = v.data_offsets as [number, number];
-      out.set(k, b - a);
-    }
+    for (const [k, v] of Object.entries(checkSafetensors(join(dir, f)))) out.set(k, v.data_offsets[1] - v.data_offsets[0]);
   }
   return out;
 }

@@ -4,8 +4,9 @@
 // as bit-exact; every other divergence stays a failure. No tolerance is involved: the taps are
 // still compared bit for bit and shown.
 import * as mx from "@mlx-bun/mlx";
-import { closeSync, existsSync, openSync, readdirSync, readSync } from "node:fs";
+import { existsSync, readdirSync } from "node:fs";
 import { join } from "node:path";
+import { checkSafetensors } from "../model/gemma4/weights.ts";
 
 export interface MlxBug {
   id: string;
@@ -32,20 +33,10 @@ const QMM_SM90: MlxBug = {
 export function hasOneGroupRows(dir: string): boolean {
   if (!existsSync(dir)) return false;
   for (const f of readdirSync(dir).filter((n) => n.endsWith(".safetensors"))) {
-    const fd = openSync(join(dir, f), "r");
-    try {
-      const len = Buffer.alloc(8);
-      readSync(fd, len, 0, 8, 0);
-      const head = Buffer.alloc(Number(len.readBigUInt64LE(0)));
-      readSync(fd, head, 0, head.length, 8);
-      const h = JSON.parse(head.toString("utf8")) as Record<string, { shape?: number[] }>;
-      for (const [k, v] of Object.entries(h)) {
-        if (!k.endsWith(".scales") || !v.shape) continue;
-        // affine (biases beside the scales), one group per row
-        if (v.shape.at(-1) === 1 && `${k.slice(0, -".scales".length)}.biases` in h) return true;
-      }
-    } finally {
-      closeSync(fd);
+    const h = checkSafetensors(join(dir, f));
+    for (const [k, v] of Object.entries(h)) {
+      // affine (biases beside the scales), one group per row
+      if (k.endsWith(".scales") && v.shape.at(-1) === 1 && `${k.slice(0, -".scales".length)}.biases` in h) return true;
     }
   }
   return false;

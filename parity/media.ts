@@ -4,13 +4,13 @@
 // soft-token counts) is the TS port of mlx-vlm's Gemma4Processor (model/gemma4/processing_gemma4.ts,
 // byte-identical to mlx-vlm's; the parity face's oracle side runs mlx-vlm's own from the same files).
 
-import { accessSync, closeSync, constants, existsSync, openSync, readFileSync, readSync, readdirSync, statSync } from "node:fs";
+import { accessSync, constants, existsSync, readFileSync, readdirSync, statSync } from "node:fs";
 import { join, resolve } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { ConfigError, type MultimodalConfig, multimodalConfigFromDict } from "../model/gemma4/config.ts";
 import { checkMediaInputs, disposeMediaInputs, type MediaInputs, MediaError } from "../model/gemma4/gemma4.ts";
-import { loadMultimodalModel } from "../model/gemma4/weights.ts";
+import { checkSafetensors, loadMultimodalModel } from "../model/gemma4/weights.ts";
 import { type ImageKwargs, Gemma4Processor } from "../model/gemma4/processing_gemma4.ts";
 import { MediaError as MediaFileError } from "../model/media/errors.ts";
 import { type HostArray, hostBytes } from "../model/media/host.ts";
@@ -92,22 +92,12 @@ export function checkpointTowers(dir: string): { config: MultimodalConfig; visio
   return { config, vision: config.vision !== null && has("vision_tower"), audio: config.audio !== null && has("audio_tower") };
 }
 
-/** The tensor names in a .safetensors header (only the header is read). */
+/** The tensor names in a .safetensors header (only the header is read; a bad file has none here: loading reports it). */
 function safetensorsKeys(file: string): string[] {
-  const fd = openSync(file, "r");
   try {
-    const size = statSync(file).size;
-    const len = Buffer.alloc(8);
-    if (size < 8 || readSync(fd, len, 0, 8, 0) !== 8) return [];
-    const n = Number(len.readBigUInt64LE(0));
-    if (8 + n > size) return [];
-    const head = Buffer.alloc(n);
-    readSync(fd, head, 0, n, 8);
-    return Object.keys(JSON.parse(head.toString("utf8")) as object).filter((k) => k !== "__metadata__");
+    return Object.keys(checkSafetensors(file));
   } catch {
     return [];
-  } finally {
-    closeSync(fd);
   }
 }
 

@@ -58,13 +58,17 @@ const ST_DTYPES: Record<string, [mx.Dtype, number]> = {
 /** The safetensors format's own limit on the header (MLX and the Rust reference refuse longer ones). */
 const MAX_HEADER = 100_000_000;
 
+/** A checked safetensors header's tensor entries (without `__metadata__`). */
+export type SafetensorsHeader = Record<string, { dtype: string; shape: number[]; data_offsets: [number, number] }>;
+
 /**
  * Checks a .safetensors file's header against its size before MLX maps it: a truncated or
  * corrupt file otherwise fails lazily, at the first eval, far from the file name. Every
  * problem the format allows (wrong types, unknown dtypes, shapes and offsets that disagree,
  * overflow, ranges past the end or overlapping each other) is one WeightsError naming the key.
+ * Returns the checked header's tensor entries; only the header is read.
  */
-export function checkSafetensors(file: string): void {
+export function checkSafetensors(file: string): SafetensorsHeader {
   let fd: number;
   try {
     fd = openSync(file, "r");
@@ -91,6 +95,8 @@ export function checkSafetensors(file: string): void {
     }
     if (header === null || typeof header !== "object" || Array.isArray(header)) throw new WeightsError(file, [], "corrupt safetensors header: not a JSON object");
     checkHeader(file, header as Record<string, unknown>, size - 8 - Number(hlen));
+    const { __metadata__: _, ...tensors } = header as Record<string, unknown>;
+    return tensors as SafetensorsHeader;
   } finally {
     closeSync(fd);
   }
