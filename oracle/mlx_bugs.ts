@@ -42,8 +42,37 @@ export function hasOneGroupRows(dir: string): boolean {
   return false;
 }
 
+const onCudaGpu = () => mx.backend() === "cuda" && mx.defaultDevice() === "gpu";
+
 /** The recorded MLX bug a run on this checkpoint can meet on the current backend, if any. */
 export function mlxBugFor(dir: string): MlxBug | null {
-  if (mx.backend() === "cuda" && mx.defaultDevice() === "gpu" && hasOneGroupRows(dir)) return QMM_SM90;
+  if (onCudaGpu() && hasOneGroupRows(dir)) return QMM_SM90;
   return null;
+}
+
+/** What an op parity case is, as far as the predicates below need it (oracle/ops/cases.ts). */
+export interface OpCaseShape {
+  oracle: string;
+  inputs: readonly ({ shape: number[] } | { scalar: number })[];
+  params: Record<string, unknown>;
+}
+
+/**
+ * A `quantized_matmul` case on the path MLX's CUDA QuantizedMatmul sends to qmm_sm90 on compute
+ * capability 9 (mlx/backend/cuda/quantized/qmm/qmm.cu: affine with biases, bits 4 or 8,
+ * transposed, K a multiple of 64 and group_size >= K; more than one row of x, since one row
+ * takes qmv).
+ */
+export function takesQmmSm90(c: OpCaseShape): boolean {
+  const x = c.inputs[0];
+  if (c.oracle !== "quantized_matmul" || !x || !("shape" in x)) return false;
+  const k = x.shape.at(-1)!;
+  const rows = x.shape.slice(0, -1).reduce((a, b) => a * b, 1);
+  const p = c.params;
+  return p.mode === "affine" && p.has_biases === true && p.transpose === true && (p.bits === 4 || p.bits === 8) && k % 64 === 0 && ((p.group_size as number | undefined) ?? 64) >= k && rows > 1;
+}
+
+/** The recorded MLX bug an op case meets on the current backend, if any. */
+export function mlxBugForOp(c: OpCaseShape): MlxBug | null {
+  return onCudaGpu() && takesQmmSm90(c) ? QMM_SM90 : null;
 }

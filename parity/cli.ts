@@ -98,8 +98,10 @@ async function runTable<C extends { id: string; op: string }>(
   const r = await run(cases, (_r, done) => bar.update(done / cases.length, `${done}/${cases.length} cases`));
   const cov = cover(r.results);
   const unsup = cov.unsupported.length ? `, ${cov.unsupported.length} unsupported on ${dev.backend}` : "";
-  bar.done(`${cov.bitExact}/${cov.cases} cases bit-exact${unsup}, ${cov.failures.length} failed, ${cov.tested.length}/${cov.exposed.length} ops tested`);
+  const bugs = cov.mlxBugs.length ? `, ${cov.mlxBugs.length} at MLX bugs` : "";
+  bar.done(`${cov.bitExact}/${cov.cases} cases bit-exact${unsup}${bugs}, ${cov.failures.length} failed, ${cov.tested.length}/${cov.exposed.length} ops tested`);
   for (const [msg, ids] of groupUnsupported(cov.unsupported)) process.stderr.write(`  unsupported on ${dev.backend} (${ids.length}): ${msg}\n    ${ids.join(", ")}\n`);
+  for (const b of cov.mlxBugs) process.stderr.write(`  ${prefix}${b.id} diverges at MLX bug ${b.mlxBug!.id} (${b.mlxBug!.reproducer}): ${b.detail}\n`);
   for (const f of cov.failures) process.stderr.write(`  FAIL ${prefix}${f.id}: ${f.detail}\n`);
   for (const p of r.poisoners) process.stderr.write(`  ${prefix}${p.id} left a sticky error behind (binding: ${p.ts ?? "ok"}; oracle: ${p.py ?? "ok"}); the rest ran in fresh processes\n`);
   return { cov, run: r };
@@ -113,7 +115,7 @@ async function opLevel(dev: DeviceInfo): Promise<OpLevelSummary> {
   const nonExact = ([[fwd, ""], [grad, "vjp:"]] as const).flatMap(([{ run }, prefix]) =>
     run.results
       .filter((r) => r.status !== "exact")
-      .map((r) => ({ id: `${prefix}${r.id}`, op: r.op, status: r.status as "unsupported" | "fail", detail: r.detail ?? "", sticky: r.sticky === true })),
+      .map((r) => ({ id: `${prefix}${r.id}`, op: r.op, status: r.status as "unsupported" | "mlx-bug" | "fail", detail: r.mlxBug ? `MLX bug ${r.mlxBug.id} (${r.mlxBug.reproducer}): ${r.detail}` : (r.detail ?? ""), sticky: r.sticky === true })),
   );
   return {
     opsExposed: fwd.cov.exposed.length,
@@ -121,6 +123,7 @@ async function opLevel(dev: DeviceInfo): Promise<OpLevelSummary> {
     cases: fwd.cov.cases,
     bitExact: fwd.cov.bitExact,
     unsupported: fwd.cov.unsupported.length,
+    mlxBug: fwd.cov.mlxBugs.length,
     failed: fwd.cov.failures.length,
     backend: dev.backend,
     device: dev.device,
@@ -131,6 +134,7 @@ async function opLevel(dev: DeviceInfo): Promise<OpLevelSummary> {
       cases: grad.cov.cases,
       bitExact: grad.cov.bitExact,
       unsupported: grad.cov.unsupported.length,
+      mlxBug: grad.cov.mlxBugs.length,
       failed: grad.cov.failures.length,
     },
     nonExact,
@@ -329,10 +333,10 @@ function printSummary(rep: ParityReport): void {
     lines.push(`Op-level parity (@mlx-bun/mlx vs Python MLX, ${o.backend} backend, device ${o.device})`);
     lines.push(
       textTable(
-        ["table", "ops exposed", "ops parity-tested", "cases", "bit-exact cases", `unsupported on ${o.backend}`, "failed"],
+        ["table", "ops exposed", "ops parity-tested", "cases", "bit-exact cases", `unsupported on ${o.backend}`, "at MLX bugs", "failed"],
         [
-          ["forward", String(o.opsExposed), `${o.opsTested} (${pct(o.opsTested, o.opsExposed)})`, String(o.cases), `${o.bitExact} (${pct(o.bitExact, o.cases)})`, String(o.unsupported), String(o.failed)],
-          ["vjp", `${o.vjp.opsDifferentiable} differentiable`, `${o.vjp.opsTested} (${pct(o.vjp.opsTested, o.vjp.opsDifferentiable)})`, String(o.vjp.cases), `${o.vjp.bitExact} (${pct(o.vjp.bitExact, o.vjp.cases)})`, String(o.vjp.unsupported), String(o.vjp.failed)],
+          ["forward", String(o.opsExposed), `${o.opsTested} (${pct(o.opsTested, o.opsExposed)})`, String(o.cases), `${o.bitExact} (${pct(o.bitExact, o.cases)})`, String(o.unsupported), String(o.mlxBug), String(o.failed)],
+          ["vjp", `${o.vjp.opsDifferentiable} differentiable`, `${o.vjp.opsTested} (${pct(o.vjp.opsTested, o.vjp.opsDifferentiable)})`, String(o.vjp.cases), `${o.vjp.bitExact} (${pct(o.vjp.bitExact, o.vjp.cases)})`, String(o.vjp.unsupported), String(o.vjp.mlxBug), String(o.vjp.failed)],
         ],
       ),
       "",

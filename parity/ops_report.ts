@@ -53,12 +53,14 @@ async function main(argv: string[]): Promise<number> {
     ["cases", String(cov.cases)],
     ["bit-exact cases", `${cov.bitExact} (${pct(cov.bitExact, cov.cases)})`],
     [`unsupported on ${mx.backend()}`, String(cov.unsupported.length)],
+    ["at MLX bugs (counted apart)", String(cov.mlxBugs.length)],
     ["failed", String(cov.failures.length)],
     ["differentiable ops", `${gradCov.exposed.length} (${Object.keys(NOT_DIFFERENTIABLE).length} not: PARITY_VERBOSE=1 lists why)`],
     ["ops vjp-tested", `${gradCov.tested.length} (${pct(gradCov.tested.length, gradCov.exposed.length)})`],
     ["vjp cases", String(gradCov.cases)],
     ["bit-exact vjp cases", `${gradCov.bitExact} (${pct(gradCov.bitExact, gradCov.cases)})`],
     [`vjp unsupported on ${mx.backend()}`, String(gradCov.unsupported.length)],
+    ["vjp at MLX bugs", String(gradCov.mlxBugs.length)],
     ["vjp failed", String(gradCov.failures.length)],
   ];
   const w = Math.max(...rows.map(([k]) => k.length));
@@ -72,6 +74,7 @@ async function main(argv: string[]): Promise<number> {
   if (!only && gradCov.untested.length) console.log(`differentiable ops without vjp cases: ${gradCov.untested.join(", ")}`);
   for (const [label, c, r] of [["", cov, run], ["vjp ", gradCov, gradRun]] as const) {
     for (const [msg, ids] of groupUnsupported(c.unsupported)) console.log(`${label}unsupported on ${mx.backend()} (${ids.length}): ${msg}\n     ${ids.join(", ")}`);
+    for (const b of c.mlxBugs) console.log(`${label}${b.id} diverges at MLX bug ${b.mlxBug!.id} (${b.mlxBug!.reproducer})\n     ${b.detail}`);
     for (const f of c.failures) console.log(`FAIL ${label}${f.id}\n     ${f.detail}`);
     for (const p of r.poisoners) console.log(`${label}${p.id} left a sticky error behind (binding: ${p.ts ?? "ok"}; oracle: ${p.py ?? "ok"}); the rest ran in fresh processes`);
   }

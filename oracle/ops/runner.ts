@@ -6,13 +6,16 @@ import type { Operand } from "@mlx-bun/mlx/ops";
 import type { ArraySpec, Gen, InputSpec, OpCase, View } from "./cases.ts";
 import type { OpInput, OracleClient, OracleError } from "../client.ts";
 import type { NpyRecord } from "../npy.ts";
+import { type MlxBug, mlxBugForOp } from "../mlx_bugs.ts";
 
 /**
  * exact: every output byte-identical. unsupported: both sides rejected the case with the same
  * MLX error (a fact about the backend, e.g. float64 on a GPU), counted apart from exact and from
- * failures. fail: anything else (a byte difference, one side failing, or different errors).
+ * failures. mlx-bug: a byte difference on a case that takes a path of MLX's own proven broken on
+ * this backend (oracle/mlx_bugs.ts, with its Python-only reproducer), counted apart too. fail:
+ * anything else (a byte difference, one side failing, or different errors).
  */
-export type CaseStatus = "exact" | "unsupported" | "fail";
+export type CaseStatus = "exact" | "unsupported" | "mlx-bug" | "fail";
 
 export interface CaseResult {
   id: string;
@@ -23,6 +26,8 @@ export interface CaseResult {
   detail?: string;
   /** The case left a sticky error behind (the process could no longer run ops): both were restarted. */
   sticky?: boolean;
+  /** status === "mlx-bug": which one */
+  mlxBug?: MlxBug;
 }
 
 // ---------------------------------------------------------------- seeded inputs
@@ -247,7 +252,10 @@ export async function runCases(cases: readonly OpCase[], oracle: OracleClient, o
       if (ts instanceof Error && stopAfterFailure) stop = true;
       const p = py.then((out) => {
         const { status, detail } = classify(ts, out);
-        record(i, { id: c.id, op: c.op, status, ok: status === "exact", ...(detail ? { detail } : {}) });
+        // a byte difference (both sides ran) on a path recorded as MLX's own bug here
+        const bug = status === "fail" && !(ts instanceof Error) && !(out instanceof Error) ? mlxBugForOp(c) : null;
+        if (bug) record(i, { id: c.id, op: c.op, status: "mlx-bug", ok: false, detail: detail!, mlxBug: bug });
+        else record(i, { id: c.id, op: c.op, status, ok: status === "exact", ...(detail ? { detail } : {}) });
       });
       inflight.add(p);
       void p.finally(() => inflight.delete(p));
@@ -268,6 +276,8 @@ export interface Coverage {
   bitExact: number;
   /** Both sides rejected the case with the same MLX error (see CaseStatus). */
   unsupported: CaseResult[];
+  /** Byte differences on a path of MLX's own proven broken on this backend (see CaseStatus). */
+  mlxBugs: CaseResult[];
   failures: CaseResult[];
 }
 
@@ -280,6 +290,7 @@ export function coverage(exposed: string[], cases: readonly OpCase[], results: C
     cases: results.length,
     bitExact: results.filter((r) => r.status === "exact").length,
     unsupported: results.filter((r) => r.status === "unsupported"),
+    mlxBugs: results.filter((r) => r.status === "mlx-bug"),
     failures: results.filter((r) => r.status === "fail"),
   };
 }

@@ -22,8 +22,9 @@ beforeAll(async () => {
 
 afterAll(() => {
   const cov = coverage(exposedOps().filter((o) => !(o in NOT_OPS)), CASES, results);
-  console.log(`ops parity (${backend} backend, ${mx.defaultDevice()}): ${cov.tested.length}/${cov.exposed.length} ops, ${cov.bitExact}/${cov.cases} cases bit-exact, ${cov.unsupported.length} unsupported, ${cov.failures.length} failed`);
+  console.log(`ops parity (${backend} backend, ${mx.defaultDevice()}): ${cov.tested.length}/${cov.exposed.length} ops, ${cov.bitExact}/${cov.cases} cases bit-exact, ${cov.unsupported.length} unsupported, ${cov.mlxBugs.length} at MLX bugs, ${cov.failures.length} failed`);
   for (const [msg, ids] of groupUnsupported(cov.unsupported)) console.log(`  unsupported on ${backend} (${ids.length}): ${msg}: ${ids.join(", ")}`);
+  for (const b of cov.mlxBugs) console.log(`  diverges at MLX bug ${b.mlxBug!.id} (${b.mlxBug!.reproducer}): ${b.id}: ${b.detail}`);
   if (poisoners.length) console.log(`  left a sticky error behind (processes restarted): ${poisoners.join(", ")}`);
 });
 
@@ -46,7 +47,7 @@ describe("op parity with Python MLX", () => {
   });
 
   const ops = [...new Set(CASES.map((c) => c.op))].sort();
-  it.each(ops)("%s is bit-exact (or unsupported on this backend by both sides)", (op) => {
+  it.each(ops)("%s is bit-exact (or unsupported on this backend by both sides, or on a path of MLX's own proven broken here)", (op) => {
     const rs = byOp.get(op) ?? [];
     expect(rs.length).toBeGreaterThan(0);
     const bad = rs.filter((r) => r.status === "fail").map((r) => `${r.id}: ${r.detail}`);

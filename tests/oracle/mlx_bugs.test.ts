@@ -6,7 +6,8 @@ import { describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import { join } from "node:path";
 import { REPO_ROOT } from "../../oracle/client.ts";
-import { hasOneGroupRows, mlxBugFor } from "../../oracle/mlx_bugs.ts";
+import { hasOneGroupRows, mlxBugFor, mlxBugForOp, takesQmmSm90 } from "../../oracle/mlx_bugs.ts";
+import { CASES } from "../../oracle/ops/cases.ts";
 
 const ck = (id: string) => join(REPO_ROOT, ".cache", "checkpoints", id);
 
@@ -25,5 +26,16 @@ describe("recorded MLX bugs", () => {
     const expected = mx.backend() === "cuda" && mx.defaultDevice() === "gpu" ? "cuda-qmm-sm90" : null;
     for (const id of DIVERGED) expect(mlxBugFor(ck(id))?.id ?? null).toBe(expected);
     for (const id of CLEAN) expect(mlxBugFor(ck(id))).toBeNull();
+  });
+
+  it("names the op cases that take the qmm_sm90 path: the 18 of K = group 64 with 5 and 36 rows", () => {
+    const sm90 = CASES.filter(takesQmmSm90);
+    const k64 = sm90.filter((c) => "shape" in c.inputs[0]! && c.inputs[0].shape.at(-1) === 64);
+    expect(k64.length).toBe(18);
+    for (const c of sm90) expect(c.params.group_size ?? 64, c.id).toBeGreaterThanOrEqual(("shape" in c.inputs[0]! ? c.inputs[0].shape.at(-1) : 0)!);
+    // one row of x takes qmv; a group smaller than K another kernel
+    expect(sm90.some((c) => "shape" in c.inputs[0]! && c.inputs[0].shape.slice(0, -1).reduce((a, b) => a * b, 1) === 1)).toBe(false);
+    const expected = mx.backend() === "cuda" && mx.defaultDevice() === "gpu";
+    for (const c of CASES) expect(mlxBugForOp(c) !== null, c.id).toBe(expected && takesQmmSm90(c));
   });
 });

@@ -37,7 +37,7 @@ function runWith(diverge: boolean): RunResult {
 
 const chromiumPath = findChromium();
 const runs = [runWith(false), runWith(true)];
-const report = { schema: SCHEMA_ID, createdAt: "2026-11-30T00:00:00Z", versions: { mlx: "0.32.4" }, budget: { ulp: 0, atol: 0 }, opLevel: { opsExposed: 10, opsTested: 10, cases: 30, bitExact: 29, unsupported: 1, failed: 0, backend: "cuda", device: "gpu", workers: 2, vjp: { opsDifferentiable: 8, opsTested: 8, cases: 20, bitExact: 20, unsupported: 0, failed: 0 }, nonExact: [{ id: "astype/float64", op: "astype", status: "unsupported" as const, detail: "float64 is not supported on the GPU", sticky: false }] as NonExactCase[] }, runs, ok: reportOk(runs, null) } as const;
+const report = { schema: SCHEMA_ID, createdAt: "2026-11-30T00:00:00Z", versions: { mlx: "0.32.4" }, budget: { ulp: 0, atol: 0 }, opLevel: { opsExposed: 10, opsTested: 10, cases: 30, bitExact: 29, unsupported: 1, mlxBug: 0, failed: 0, backend: "cuda", device: "gpu", workers: 2, vjp: { opsDifferentiable: 8, opsTested: 8, cases: 20, bitExact: 20, unsupported: 0, mlxBug: 0, failed: 0 }, nonExact: [{ id: "astype/float64", op: "astype", status: "unsupported" as const, detail: "float64 is not supported on the GPU", sticky: false }] as NonExactCase[] }, runs, ok: reportOk(runs, null) } as const;
 
 // Skipped only where no Chromium is installed (setup installs Debian's chromium when it runs as root).
 describe.skipIf(chromiumPath === null)("parity.html in headless Chromium", () => {
