@@ -50,6 +50,8 @@ export interface BackendMeasurement {
   /** Which golden set it was measured against (goldenFilesDigest of the manifest's files). */
   golden_files: string;
   entries: number;
+  /** Every measured entry of the manifest was measured (golden_distance.py writes partial results too). */
+  complete: boolean;
   taps: number;
   /** Entries whose generated tokens differ there (taps compared up to the first differing token). */
   diverged: { entry: string; first_differing_token: number }[];

@@ -202,8 +202,10 @@ function crossPlatform(old: Manifest | undefined, files: string[], versions: Rec
   for (const f of files) {
     const m = JSON.parse(readFileSync(f, "utf8")) as BackendMeasurement;
     if (!m.per_dtype || !m.backend) throw new Error(`${f} is not a golden_distance.py result`);
+    if (m.complete !== true) throw new Error(`${f} measured ${m.entries} entries, not all of the manifest's (a run stopped early, or an --only part: combine parts with golden_distance.py --merge)`);
     if (!valid(m)) throw new Error(`${f} was measured against other goldens or versions than these (golden_files ${m.golden_files.slice(0, 12)} vs ${digest.slice(0, 12)}; versions ${JSON.stringify(m.versions)})`);
-    backends[m.backend] = m;
+    const { entry_ids: _ids, ...kept } = m as BackendMeasurement & { entry_ids?: string[] }; // (the list is the manifest's own entries)
+    backends[m.backend] = kept;
     console.error(`cross-backend: ${m.backend} measured ${m.measured}: ${m.taps} taps, max ULP per dtype ${JSON.stringify(Object.fromEntries(Object.entries(m.per_dtype).map(([d, v]) => [d, v.max_ulp])))}`);
   }
   return {

@@ -40,7 +40,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "oracle-model", kind: "string", valueName: "dir", help: "with --model: let mlx-lm load this copy instead (e.g. the original of a modified checkpoint)" },
   ...MEDIA_FLAGS,
   { name: "bisect", kind: "bool", help: "on a divergence, re-run the block of the first divergent tap op by op and name the first MLX op that differs" },
-  { name: "only", kind: "string", valueName: "glob", help: "fixtures: only checkpoints whose id (e.g. c3_e2b/bf16) matches; '*' wildcards" },
+  { name: "only", kind: "string", valueName: "glob", help: "fixtures: only checkpoints whose id (e.g. c3_e2b/bf16) matches; '*' wildcards, several globs comma-separated" },
   { name: "skip-ops", kind: "bool", help: "fixtures: skip the op-level section" },
   { name: "ulp", kind: "int", valueName: "N", help: "budget: a tap passes if its max ULP distance is at most N", default: 0 },
   { name: "atol", kind: "number", valueName: "X", help: "budget: a tap passes if its max abs difference is at most X", default: 0 },
@@ -78,8 +78,10 @@ const FIXTURE_SCENARIOS = { all: "gen_P9_S5", moe: "gen_P40_S36" };
 // audio tower also a chunked image + audio prefill.
 const MM_FIXTURE_SCENARIOS = { all: "mm_gen_image", audio: "mm_gen_chunked_av" };
 
-function globRe(glob: string): RegExp {
-  return new RegExp(`^${glob.split("*").map((s) => s.replace(/[.+?^${}()|[\]\\]/g, "\\$&")).join(".*")}$`);
+/** Comma-separated globs ('*' wildcards): an id matches if it matches any of them. */
+function globRe(globs: string): RegExp {
+  const one = (g: string) => g.split("*").map((s) => s.replace(/[.+?^${}()|[\]\\]/g, "\\$&")).join(".*");
+  return new RegExp(`^(?:${globs.split(",").map(one).join("|")})$`);
 }
 
 // The op table runs in worker processes of its own (oracle/ops/isolated.ts): a case that leaves a

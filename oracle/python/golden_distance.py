@@ -12,6 +12,11 @@ then records the result in the manifest as that backend's measured budget.
 
 Taps are compared only up to the first generated token that differs (after it, the two runs
 compute different things); such entries are listed in "diverged".
+
+The result is rewritten after every entry ("complete": false until the last), so a run stopped
+early keeps what it measured. Parts measured apart (--only) combine into one result:
+
+    .venv/bin/python -I oracle/python/golden_distance.py --merge a.json b.json --out all.json
 """
 
 from __future__ import annotations
@@ -92,20 +97,78 @@ def golden_files_digest(files: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def write_atomic(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def measured_entries(manifest: dict) -> list[str]:
+    """The entries a measurement runs (those stored under another entry's name are skipped)."""
+    return [eid for eid, e in manifest["entries"].items() if not e.get("same_as")]
+
+
+def merge(files: list[Path], manifest: dict) -> dict:
+    """One result from parts measured apart: the same backend, device, versions and goldens."""
+    parts = [json.loads(f.read_text()) for f in files]
+    same = ("backend", "device", "versions", "golden_files")
+    for f, p in zip(files, parts):
+        for k in same:
+            if p[k] != parts[0][k]:
+                raise SystemExit(f"{f}: {k} {p[k]!r} differs from {files[0]}'s {parts[0][k]!r}")
+    done = sorted({e for p in parts for e in p["entry_ids"]})
+
+    def fold(aggs: list[dict]) -> dict:
+        return {"taps": sum(a["taps"] for a in aggs), "taps_differing": sum(a["taps_differing"] for a in aggs),
+                "max_ulp": max(a["max_ulp"] for a in aggs), "max_abs": max(a["max_abs"] for a in aggs)}
+    overlap = sum(len(p["entry_ids"]) for p in parts) - len(done)
+    if overlap:
+        raise SystemExit(f"the parts share {overlap} entries: measure disjoint --only sets")
+    dtypes = sorted({d for p in parts for d in p["per_dtype"]})
+    kinds = sorted({k for p in parts for k in p["per_kind"]})
+    return {
+        **{k: parts[0][k] for k in (*same, "fingerprint", "golden_fingerprint")},
+        "measured": max(p["measured"] for p in parts),
+        "entry_ids": done, "entries": len(done), "complete": set(done) >= set(measured_entries(manifest)),
+        "taps": sum(p["taps"] for p in parts), "diverged": [d for p in parts for d in p["diverged"]],
+        "per_dtype": {d: fold([p["per_dtype"][d] for p in parts if d in p["per_dtype"]]) for d in dtypes},
+        "per_kind": {k: {d: fold([p["per_kind"][k][d] for p in parts if d in p["per_kind"].get(k, {})]) for d in sorted({d for p in parts for d in p["per_kind"].get(k, {})})} for k in kinds},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="JSON result (written atomically)")
+    ap.add_argument("--out", type=Path, required=True, help="JSON result (written atomically, after every entry)")
     ap.add_argument("--only", action="append", default=[], help="entry id glob (checkpoint/variant/scenario, e.g. 'c1_dense/*')")
+    ap.add_argument("--merge", type=Path, nargs="+", help="combine these results of disjoint --only runs into --out (measures nothing)")
     args = ap.parse_args(argv)
     manifest = json.loads((GOLDEN / "manifest.json").read_text())
+    if args.merge:
+        out = merge(args.merge, manifest)
+        write_atomic(args.out, out)
+        print(f"[golden-distance] merged {len(args.merge)} parts: {out['entries']} entries, {out['taps']} taps, complete: {out['complete']} -> {args.out}", file=sys.stderr)
+        return 0
     server = Server(Path(tempfile.mkdtemp(prefix="golden-distance-")), DEFAULT_CKPT_ROOT, None)
     kinds: dict[str, dict[str, dict]] = {}
     per_dtype: dict[str, dict] = {}
-    diverged, entries, taps = [], 0, 0
+    diverged, done, taps = [], [], 0
+    selected = [eid for eid in measured_entries(manifest) if not args.only or any(fnmatch.fnmatchcase(eid, g) for g in args.only)]
     t0 = time.time()
-    for eid, e in manifest["entries"].items():
-        if e.get("same_as") or (args.only and not any(fnmatch.fnmatchcase(eid, g) for g in args.only)):
-            continue
+
+    def result() -> dict:
+        return {
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "backend": device_env.backend(), "device": device_env.DEVICE,
+            "fingerprint": fingerprint(), "versions": versions(),
+            "golden_fingerprint": manifest["fingerprint"], "golden_files": golden_files_digest(manifest["files"]),
+            "entry_ids": done, "entries": len(done), "complete": set(done) >= set(measured_entries(manifest)),
+            "taps": taps, "diverged": diverged,
+            "per_dtype": per_dtype, "per_kind": kinds,
+        }
+
+    for eid in selected:
+        e = manifest["entries"][eid]
         model = server.model(e["checkpoint"])
         scn = server.scenario({"scenario": e["scenario"]})
         calls, meta = cap.capture(model, scn, e["mode"])
@@ -118,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
             first = next(i for i, (a, b) in enumerate(zip(gold_tokens + [None], here_tokens + [None])) if a != b)
             diverged.append({"entry": eid, "first_differing_token": first, "golden": gold_tokens[:first + 3], "here": here_tokens[:first + 3]})
             last_call = sum(1 for c in calls if c.kind == "prefill") + first + 1
-        entries += 1
         with zipfile.ZipFile(GOLDEN / e["npz"]) as zf:
             names = set(zf.namelist())
             for c in calls[:last_call]:
@@ -139,20 +201,11 @@ def main(argv: list[str] | None = None) -> int:
                         agg["taps_differing"] += 1 if mism else 0
                         agg["max_ulp"] = max(agg["max_ulp"], ulp)
                         agg["max_abs"] = max(agg["max_abs"], mabs)
-        print(f"[golden-distance] {eid}: done ({taps} taps so far, {time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-    out = {
-        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "backend": device_env.backend(), "device": device_env.DEVICE,
-        "fingerprint": fingerprint(), "versions": versions(),
-        "golden_fingerprint": manifest["fingerprint"], "golden_files": golden_files_digest(manifest["files"]),
-        "entries": entries, "taps": taps, "diverged": diverged,
-        "per_dtype": per_dtype, "per_kind": kinds,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, args.out)
-    print(f"[golden-distance] {entries} entries, {taps} taps, {len(diverged)} with other tokens -> {args.out}", file=sys.stderr)
+        done.append(eid)
+        write_atomic(args.out, result())
+        print(f"[golden-distance] {eid}: done ({len(done)}/{len(selected)} entries, {taps} taps so far, {time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    write_atomic(args.out, result())
+    print(f"[golden-distance] {len(done)} entries, {taps} taps, {len(diverged)} with other tokens -> {args.out}", file=sys.stderr)
     return 0
 
 
