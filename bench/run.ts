@@ -225,7 +225,7 @@ function row(workload: string, metric: string, unit: string, better: Row["better
 
 const f = (x: number, unit: string) => (unit === "GB" ? (x / 1e9).toFixed(3) : unit === "ms" ? (x * 1e3).toFixed(3) : x >= 100 ? x.toFixed(0) : x.toFixed(2));
 
-function markdown(meta: Record<string, string>, wl: MeasuredWorkload[], rows: Row[], notes: Note[], suite: SuiteCost | null): string {
+export function markdown(meta: Record<string, string>, wl: MeasuredWorkload[], rows: Row[], notes: Note[], suite: SuiteCost | null): string {
   const out = ["# Benchmarks: TypeScript (Bun) vs mlx-lm on the same libmlx", ""];
   for (const [k, v] of Object.entries(meta)) out.push(`- **${k}**: ${v}`);
   out.push("", "Each row: one warm-up per side, then pairs run alternately (TS, mlx-lm, TS, mlx-lm, …). Ratio = TS / mlx-lm per pair (median, min–max); for tok/s higher is better, for time and memory lower is better. A run of some workloads (`--only`) keeps the other workloads' rows from the previous results, with their own date.", "");

@@ -55,7 +55,7 @@ def attend(q, k, v, buffer_rows: int, spare_block: bool):
     if spare_block:
         # two free blocks one page larger than a cache buffer: the next two allocations of that
         # size reuse them (buffer_cache.h: lower_bound(size), taken if < min(2 size, size + 2 pages))
-        spare = [mx.zeros(((nbytes + PAGE) // 2,), dtype=mx.float16) for _ in range(2)]
+        spare = [mx.zeros(((nbytes + PAGE // 2) // 2,), dtype=mx.float16) + 1 for _ in range(2)]
         mx.eval(spare)
         del spare
     kb = mx.zeros(shape, dtype=k.dtype)
