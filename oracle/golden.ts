@@ -57,6 +57,8 @@ export interface BackendMeasurement {
   diverged: { entry: string; first_differing_token: number }[];
   per_dtype: Record<string, { taps: number; taps_differing: number; max_ulp: number; max_abs: number }>;
   per_kind: Record<string, Record<string, { taps: number; taps_differing: number; max_ulp: number; max_abs: number }>>;
+  /** Per checkpoint id, then dtype (some checkpoints meet backend bugs others do not); absent in older measurements. */
+  per_checkpoint?: Record<string, Record<string, { taps: number; taps_differing: number; max_ulp: number; max_abs: number }>>;
 }
 
 export interface CrossPlatform {

@@ -4,7 +4,7 @@
 // as bit-exact; every other divergence stays a failure. No tolerance is involved: the taps are
 // still compared bit for bit and shown.
 import * as mx from "@mlx-bun/mlx";
-import { existsSync, readdirSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { checkSafetensors } from "../model/gemma4/weights.ts";
 
@@ -29,6 +29,43 @@ const QMM_SM90: MlxBug = {
   reproducer: "bench/cuda/repro_qmm.py",
 };
 
+/**
+ * MLX 0.32.4's CUDA `ScaledDotProductAttention` for one query row (a decode step) with no mask
+ * array, float16/bfloat16, head dims multiples of 8 up to 128 and >= 256 keys takes cuDNN only if
+ * the keys and values look like slices of a cache buffer whose length is a multiple of 256
+ * (`use_cudnn_for_decoding`), and it reads that buffer's length from `array::buffer_size()`: the
+ * allocation's size. The CUDA allocator hands out cached free blocks up to 32 KiB larger than
+ * asked for, so the same cache buffer takes cuDNN in one process and MLX's vector kernel in
+ * another, and the two round differently (bench/cuda/repro_sdpa.py: identical inputs, the output
+ * follows the allocation). Measured on the H200: the three bfloat16 runs of gen_P300_S128
+ * diverge at a decode step's sdpa tap, and are bit-exact with MLX_CUDA_USE_CUDNN_SDPA=0 on both
+ * sides (the vector kernel always). Real Gemma 4 head dims (256, 512) never take cuDNN.
+ */
+const SDPA_DECODE_KERNEL: MlxBug = {
+  id: "cuda-sdpa-decode-kernel",
+  what: "MLX's CUDA one-row attention picks cuDNN or its vector kernel by the allocated size of the KV-cache buffer, which depends on the process's allocator state; the two kernels round differently in float16/bfloat16",
+  reproducer: "bench/cuda/repro_sdpa.py",
+};
+
+/** The checkpoint's floating-point dtype (of its unquantized tensors and quantization scales). */
+function floatDtype(dir: string): string | null {
+  const n = new Map<string, number>();
+  for (const f of readdirSync(dir).filter((x) => x.endsWith(".safetensors"))) {
+    for (const v of Object.values(checkSafetensors(join(dir, f)))) if (["F16", "BF16", "F32"].includes(v.dtype)) n.set(v.dtype, (n.get(v.dtype) ?? 0) + 1);
+  }
+  return [...n].sort((a, b) => b[1] - a[1])[0]?.[0] ?? null;
+}
+
+/** Half-precision attention with head dims cuDNN takes (multiples of 8, at most 128), from config.json and the headers. */
+export function halfAttentionForCudnn(dir: string): boolean {
+  if (!existsSync(join(dir, "config.json"))) return false;
+  const cfg = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
+  const tc = (cfg.text_config ?? cfg) as { head_dim?: number; global_head_dim?: number };
+  const dims = [tc.head_dim, tc.global_head_dim ?? tc.head_dim].filter((d): d is number => typeof d === "number");
+  const dt = floatDtype(dir);
+  return (dt === "F16" || dt === "BF16") && dims.some((d) => d % 8 === 0 && d <= 128);
+}
+
 /** `.scales` tensors with one group per row (their last dimension is 1), from the safetensors headers. */
 export function hasOneGroupRows(dir: string): boolean {
   if (!existsSync(dir)) return false;
@@ -44,9 +81,14 @@ export function hasOneGroupRows(dir: string): boolean {
 
 const onCudaGpu = () => mx.backend() === "cuda" && mx.defaultDevice() === "gpu";
 
-/** The recorded MLX bug a run on this checkpoint can meet on the current backend, if any. */
-export function mlxBugFor(dir: string): MlxBug | null {
-  if (onCudaGpu() && hasOneGroupRows(dir)) return QMM_SM90;
+/**
+ * The recorded MLX bug a run on this checkpoint can meet on the current backend, if any; `kvLength`
+ * is the most keys a decode step of the run attends to (prompt + generated tokens).
+ */
+export function mlxBugFor(dir: string, kvLength = 0): MlxBug | null {
+  if (!onCudaGpu()) return null;
+  if (hasOneGroupRows(dir)) return QMM_SM90;
+  if (kvLength >= 256 && process.env.MLX_CUDA_USE_CUDNN_SDPA !== "0" && halfAttentionForCudnn(dir)) return SDPA_DECODE_KERNEL;
   return null;
 }
 

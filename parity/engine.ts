@@ -225,7 +225,7 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
     bitExact,
     withinBudget: taps.filter((t) => withinBudget(t, spec.budget)).length,
     firstDivergence: first,
-    ...(found ? mlxBugField(spec.tsDir) : {}),
+    ...(found ? mlxBugField(spec.tsDir, prompt.length + spec.steps) : {}),
     tokens: { ts: tsTokens, oracle: cap.meta.generated ?? [] },
     taps,
     seconds: (performance.now() - t0) / 1000,
@@ -233,8 +233,8 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
 }
 
 /** A divergent run on a checkpoint that meets a recorded MLX bug on this backend names it. */
-function mlxBugField(dir: string): { mlxBug?: { id: string; what: string; reproducer: string } } {
-  const b = mlxBugFor(dir);
+function mlxBugField(dir: string, kvLength: number): { mlxBug?: { id: string; what: string; reproducer: string } } {
+  const b = mlxBugFor(dir, kvLength);
   return b ? { mlxBug: b } : {};
 }
 

@@ -15,6 +15,7 @@
 #               and the speculative-decoding fixtures built from them
 #   after-ckpt  waits until a ckpt stage (in another lane) has finished them
 #   ops         op-level parity (every case exact, unsupported on cuda, or a failure; sticky errors isolated)
+#   ops@<table> one of the two tables (ops@forward, ops@vjp: one lane each)
 #   ops-<op>    the same for one op's cases (e.g. ops-quantizedMatmul)
 #   decode      the compiled decode route against the op-by-op route (suites/gemma4/decode_compile.test.ts)
 #   gen         generation parity vs mlx-lm, compiled decode route and op-by-op (GEMMA4_DECODE_COMPILE=0)
@@ -87,6 +88,7 @@ for s in "$@"; do
     ckpt) export -f check_ckpts; stage ckpt 300 bash -c check_ckpts && touch "$CKPT_READY" ;;
     after-ckpt) export -f wait_ckpts; export CKPT_READY; stage after-ckpt 400 bash -c wait_ckpts ;;
     ops) stage ops 540 bun run parity/ops_report.ts ;;
+    ops@*) stage "ops-${s#ops@}" 540 bun run parity/ops_report.ts --table "${s#ops@}" ;;
     ops-*) stage "$s" 300 bun run parity/ops_report.ts "${s#ops-}" ;;
     decode) stage decode 400 bun test suites/gemma4/decode_compile.test.ts ;;
     gen) stage gen 300 bun test suites/generation/parity.test.ts

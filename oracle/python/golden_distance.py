@@ -5,10 +5,16 @@ The goldens (golden/manifest.json) were recorded on one platform fingerprint, e.
 machine that ran `npm run golden:regen`. On another backend (CUDA, Metal) the same scenarios give
 other bits. This script re-runs every golden entry with mlx-lm here, on the device MLX_DEVICE names
 (default: MLX's default device), and reports, per tap kind and dtype, the largest ULP distance and
-the largest absolute difference from the golden. `npm run golden:regen -- --cross-backend FILE`
+the largest absolute difference from the golden, also per checkpoint and dtype (on CUDA some
+checkpoints meet MLX bugs that others do not). `npm run golden:regen -- --cross-backend FILE`
 then records the result in the manifest as that backend's measured budget.
 
     .venv/bin/python -I oracle/python/golden_distance.py --out report/golden-distance-cuda.json [--only 'c1_dense/*']
+
+Every entry is captured the way `npm run golden:regen` recorded it: through the oracle server's
+scenario lookup and capture dispatch (Server.scenario, Server.run_capture), i.e. capture.capture
+under mlx-lm for the text scenarios and capture_mm.mm_capture under mlx-vlm for the multimodal
+ones (fixtures/mm_scenarios.json on the m* checkpoints).
 
 Taps are compared only up to the first generated token that differs (after it, the two runs
 compute different things); such entries are listed in "diverged".
@@ -26,6 +32,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -36,7 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-import capture as cap  # noqa: E402
 import device_env  # noqa: E402
 from common import DEFAULT_CKPT_ROOT, REPO  # noqa: E402
 from server import Server, fingerprint, versions  # noqa: E402
@@ -64,12 +70,12 @@ def as_float64(a: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def tap_kind(name: str) -> str:
-    """The tap name without its call prefix and layer index, e.g. 'self_attn/q_norm'."""
+    """The tap name without its call prefix and layer indices, e.g. 'self_attn/q_norm' (a media
+    tower's taps keep their 'embed/' call: 'embed/vision_tower/encoder/self_attn/q_proj')."""
     parts = name.split("/")
     if parts and (parts[0].startswith("step") or parts[0].startswith("prefill") or parts[0] == "forward"):
         parts = parts[1:]
-    if len(parts) > 1 and parts[0].startswith("layers."):
-        parts = parts[1:]
+    parts = [p for k, p in enumerate(parts) if not (k < len(parts) - 1 and re.fullmatch(r"layers\.\d+", p))]
     return "/".join(parts) or name
 
 
@@ -109,6 +115,10 @@ def measured_entries(manifest: dict) -> list[str]:
     return [eid for eid, e in manifest["entries"].items() if not e.get("same_as")]
 
 
+def new_agg() -> dict:
+    return {"taps": 0, "taps_differing": 0, "max_ulp": 0, "max_abs": 0.0}
+
+
 def merge(files: list[Path], manifest: dict) -> dict:
     """One result from parts measured apart: the same backend, device, versions and goldens."""
     parts = [json.loads(f.read_text()) for f in files]
@@ -126,14 +136,21 @@ def merge(files: list[Path], manifest: dict) -> dict:
     if overlap:
         raise SystemExit(f"the parts share {overlap} entries: measure disjoint --only sets")
     dtypes = sorted({d for p in parts for d in p["per_dtype"]})
-    kinds = sorted({k for p in parts for k in p["per_kind"]})
+
+    def fold_nested(field: str) -> dict:
+        """{key: {dtype: agg}} folded over the parts (older parts may lack per_checkpoint)."""
+        tables = [p.get(field, {}) for p in parts]
+        keys = sorted({k for t in tables for k in t})
+        return {k: {d: fold([t[k][d] for t in tables if d in t.get(k, {})])
+                    for d in sorted({d for t in tables for d in t.get(k, {})})} for k in keys}
     return {
         **{k: parts[0][k] for k in (*same, "fingerprint", "golden_fingerprint")},
         "measured": max(p["measured"] for p in parts),
         "entry_ids": done, "entries": len(done), "complete": set(done) >= set(measured_entries(manifest)),
         "taps": sum(p["taps"] for p in parts), "diverged": [d for p in parts for d in p["diverged"]],
         "per_dtype": {d: fold([p["per_dtype"][d] for p in parts if d in p["per_dtype"]]) for d in dtypes},
-        "per_kind": {k: {d: fold([p["per_kind"][k][d] for p in parts if d in p["per_kind"].get(k, {})]) for d in sorted({d for p in parts for d in p["per_kind"].get(k, {})})} for k in kinds},
+        "per_kind": fold_nested("per_kind"),
+        "per_checkpoint": fold_nested("per_checkpoint"),
     }
 
 
@@ -151,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     server = Server(Path(tempfile.mkdtemp(prefix="golden-distance-")), DEFAULT_CKPT_ROOT, None)
     kinds: dict[str, dict[str, dict]] = {}
+    per_checkpoint: dict[str, dict[str, dict]] = {}
     per_dtype: dict[str, dict] = {}
     diverged, done, taps = [], [], 0
     selected = [eid for eid in measured_entries(manifest) if not args.only or any(fnmatch.fnmatchcase(eid, g) for g in args.only)]
@@ -164,14 +182,14 @@ def main(argv: list[str] | None = None) -> int:
             "golden_fingerprint": manifest["fingerprint"], "golden_files": golden_files_digest(manifest["files"]),
             "entry_ids": done, "entries": len(done), "complete": set(done) >= set(measured_entries(manifest)),
             "taps": taps, "diverged": diverged,
-            "per_dtype": per_dtype, "per_kind": kinds,
+            "per_dtype": per_dtype, "per_kind": kinds, "per_checkpoint": per_checkpoint,
         }
 
     for eid in selected:
         e = manifest["entries"][eid]
-        model = server.model(e["checkpoint"])
+        # as Server.cmd_golden recorded it (mlx-vlm's capture for the multimodal scenarios)
         scn = server.scenario({"scenario": e["scenario"]})
-        calls, meta = cap.capture(model, scn, e["mode"])
+        calls, meta = server.run_capture(e["checkpoint"], scn, e["mode"])
         index = json.loads((GOLDEN / e["index"]).read_text())
         gold_tokens = next((s["meta"].get("generated") for s in index["scenarios"] if s["scenario"] == e["scenario"]), None)
         here_tokens = meta.get("generated")
@@ -180,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         if gold_tokens is not None and here_tokens is not None and gold_tokens != here_tokens:
             first = next(i for i, (a, b) in enumerate(zip(gold_tokens + [None], here_tokens + [None])) if a != b)
             diverged.append({"entry": eid, "first_differing_token": first, "golden": gold_tokens[:first + 3], "here": here_tokens[:first + 3]})
-            last_call = sum(1 for c in calls if c.kind == "prefill") + first + 1
+            # up to the step call that produced token `first` (mm captures start with an embed call)
+            last_call = next((i for i, c in enumerate(calls) if c.kind == "step" and c.index > first), len(calls))
         with zipfile.ZipFile(GOLDEN / e["npz"]) as zf:
             names = set(zf.namelist())
             for c in calls[:last_call]:
@@ -195,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
                     here = t.data
                     ulp, mabs, mism = distance(here, gold, t.dtype)
                     taps += 1
-                    k = kinds.setdefault(tap_kind(t.name), {}).setdefault(t.dtype, {"taps": 0, "taps_differing": 0, "max_ulp": 0, "max_abs": 0.0})
-                    for agg in (k, per_dtype.setdefault(t.dtype, {"taps": 0, "taps_differing": 0, "max_ulp": 0, "max_abs": 0.0})):
+                    for agg in (kinds.setdefault(tap_kind(t.name), {}).setdefault(t.dtype, new_agg()),
+                                per_checkpoint.setdefault(e["checkpoint"], {}).setdefault(t.dtype, new_agg()),
+                                per_dtype.setdefault(t.dtype, new_agg())):
                         agg["taps"] += 1
                         agg["taps_differing"] += 1 if mism else 0
                         agg["max_ulp"] = max(agg["max_ulp"], ulp)

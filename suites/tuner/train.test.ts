@@ -8,6 +8,7 @@
 // tiny Gemma 4 built by mlx-lm under seed 0): its three losses are the doc's.
 
 import { afterAll, describe, expect, it } from "vitest";
+import * as mx from "@mlx-bun/mlx";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -95,8 +96,9 @@ describe("training vs mlx-lm's trainer (every tensor, every step)", () => {
     const hex = losses.map((l) => Buffer.from(new Float32Array([l]).buffer).readUInt32LE(0).toString(16));
     lines.push(`${DOC.name}: losses ${losses.join(", ")} (${hex.join(" ")}); ${cmp.summary().split("\n")[0]}`);
     if (!cmp.ok) throw new Error(cmp.summary());
-    // the doc's measured values (mlxlm-extras §4.2)
-    expect(hex).toEqual(["40ab0a79", "40906697", "408e31df"]);
+    // the doc's measured values (mlxlm-extras §4.2), measured on the CPU device: on a GPU the
+    // matmuls sum in another order (H200: 40ab0d37 40920192 4090ec95, TS = mlx-lm bit for bit there)
+    if (mx.defaultDevice() === "cpu") expect(hex).toEqual(["40ab0a79", "40906697", "408e31df"]);
   }, 120_000);
 
   SPECS.forEach((s, i) => {

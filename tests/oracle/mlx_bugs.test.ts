@@ -6,7 +6,7 @@ import { describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import { join } from "node:path";
 import { REPO_ROOT } from "../../oracle/client.ts";
-import { hasOneGroupRows, mlxBugFor, mlxBugForOp, takesQmmSm90 } from "../../oracle/mlx_bugs.ts";
+import { halfAttentionForCudnn, hasOneGroupRows, mlxBugFor, mlxBugForOp, takesQmmSm90 } from "../../oracle/mlx_bugs.ts";
 import { CASES } from "../../oracle/ops/cases.ts";
 
 const ck = (id: string) => join(REPO_ROOT, ".cache", "checkpoints", id);
@@ -37,5 +37,18 @@ describe("recorded MLX bugs", () => {
     expect(sm90.some((c) => "shape" in c.inputs[0]! && c.inputs[0].shape.slice(0, -1).reduce((a, b) => a * b, 1) === 1)).toBe(false);
     const expected = mx.backend() === "cuda" && mx.defaultDevice() === "gpu";
     for (const c of CASES) expect(mlxBugForOp(c) !== null, c.id).toBe(expected && takesQmmSm90(c));
+  });
+
+  // diverged on the H200 at a decode step's sdpa (gen_P300_S128), bit-exact with MLX_CUDA_USE_CUDNN_SDPA=0
+  const SDPA_DIVERGED = ["c1_dense/bf16", "c2_keqv/bf16", "c3_e2b/bf16"];
+  it("the one-row attention kernel choice is named for half-precision checkpoints with cuDNN's head dims, on CUDA, from 256 keys", () => {
+    for (const id of [...SDPA_DIVERGED, "c3_e2b/f16", "c1_dense/q4g32"]) expect(halfAttentionForCudnn(ck(id)), id).toBe(true);
+    for (const id of ["c1_dense/f32", "c1_dense/q4g32_f32", "c5_moe/f32"]) expect(halfAttentionForCudnn(ck(id)), id).toBe(false);
+    const cuda = mx.backend() === "cuda" && mx.defaultDevice() === "gpu" && process.env.MLX_CUDA_USE_CUDNN_SDPA !== "0";
+    for (const id of SDPA_DIVERGED) {
+      expect(mlxBugFor(ck(id), 428)?.id ?? null, id).toBe(cuda ? "cuda-sdpa-decode-kernel" : null);
+      expect(mlxBugFor(ck(id), 255), id).toBeNull();
+    }
+    expect(mlxBugFor(ck("c1_dense/f32"), 428)).toBeNull();
   });
 });
