@@ -31,6 +31,7 @@
 #               golden_distance.py --merge)
 #   repro       Python-only: is MLX's GPU quantized matmul a function of its inputs? (bench/cuda/repro_qmm.py)
 #   repro-sdpa  Python-only: does MLX's GPU one-row attention depend on the allocator? (bench/cuda/repro_sdpa.py)
+#   repro-compile  Python-only: does mx.compile change elementwise bits on the GPU? (bench/cuda/repro_compile.py)
 #   tests       the whole bun test suite on the GPU
 #   bench-<w>   `npm run bench` for workload(s) <w> (comma-separated) at full width on the GPU
 set -uo pipefail
@@ -108,6 +109,7 @@ for s in "$@"; do
               stage "golden-$tag" 540 .venv/bin/python -I oracle/python/golden_distance.py "${only[@]}" --out "$LOGS/golden-distance-cuda-$tag.json" ;;
     repro) stage repro 240 .venv/bin/python -I bench/cuda/repro_qmm.py ;;
     repro-sdpa) stage repro-sdpa 240 env MLX_DEVICE=gpu .venv/bin/python -I bench/cuda/repro_sdpa.py ;;
+    repro-compile) stage repro-compile 240 .venv/bin/python -I bench/cuda/repro_compile.py ;;
     tests) stage tests 560 bun test ;;
     bench-*) stage "$s" 560 bun run bench/run.ts --device gpu --only "${s#bench-}" --e2b-layers 35 --e4b-layers 42 --moe-layers 30 --31b-layers 60 --big-prompts 512,4096 --big-decode 128
              cp bench/RESULTS-cuda.md bench/results-cuda.json "$LOGS/" 2>/dev/null ;;
