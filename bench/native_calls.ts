@@ -1,6 +1,6 @@
 // Counts, per decode step of the TS model: native (FFI) calls, and the nodes of the step's graph
 // (all of them, and the kernel-launching ones: views excluded), for the decode route in use and for
-// the op-by-op route (the graph mlx-lm builds). Run by bench/run.ts as a child process with
+// the op-by-op route (mlx-lm's primitives one for one: suites/gemma4/graph_parity.test.ts). Run by bench/run.ts as a child process with
 // MLX_BUN_COUNT_CALLS=1 (the counter is installed at load time):
 //   MLX_BUN_COUNT_CALLS=1 bun bench/native_calls.ts <checkpoint> [steps]
 import * as mx from "@mlx-bun/mlx";

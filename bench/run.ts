@@ -441,7 +441,7 @@ async function main(): Promise<void> {
         const c = JSON.parse(calls.stdout.trim().split("\n").pop()!) as { median: number; nodes: { total: number; kernels: number; opByOpKernels: number } };
         notes.push({
           workload: w.name,
-          text: `${w.name}: **${c.median} native calls** per decode step on the TS side (graph building, MLX_BUN_COUNT_CALLS=1); the step graph has ${c.nodes.total} nodes, ${c.nodes.kernels} of them kernel-launching primitives (views excluded), against ${c.nodes.opByOpKernels} for the op-by-op graph mlx-lm builds; eval ${fmtMs(stat(tsE).median)} per step on the TS side = ${((stat(tsE).median * 1e6) / c.nodes.kernels).toFixed(1)} µs per kernel.`,
+          text: `${w.name}: **${c.median} native calls** per decode step on the TS side (graph building, MLX_BUN_COUNT_CALLS=1); the step graph has ${c.nodes.total} nodes, ${c.nodes.kernels} of them kernel-launching primitives (views excluded), against ${c.nodes.opByOpKernels} for the op-by-op route, which builds mlx-lm's primitives one for one (suites/gemma4/graph_parity.test.ts); eval ${fmtMs(stat(tsE).median)} per step on the TS side = ${((stat(tsE).median * 1e6) / c.nodes.kernels).toFixed(1)} µs per kernel.`,
         });
       }
       done.push({ ...w, measured: started, mode });
