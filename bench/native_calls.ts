@@ -1,7 +1,7 @@
 // Counts, per decode step of the TS model: native (FFI) calls, and the nodes of the step's graph
 // (all of them, and the kernel-launching ones: views excluded), for the decode route in use and for
-// the op-by-op route (mlx-lm's primitives one for one: suites/gemma4/graph_parity.test.ts). Run by bench/run.ts as a child process with
-// MLX_BUN_COUNT_CALLS=1 (the counter is installed at load time):
+// the op-by-op route (mlx-lm's primitives one for one: suites/gemma4/graph_parity.test.ts). Run by
+// bench/run.ts as a child process with MLX_BUN_COUNT_CALLS=1 (the counter is installed at load time):
 //   MLX_BUN_COUNT_CALLS=1 bun bench/native_calls.ts <checkpoint> [steps]
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
