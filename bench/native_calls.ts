@@ -51,8 +51,10 @@ function measure(): { calls: number[]; graph: ReturnType<typeof graphCounts> } {
     if (i > 0) calls.push(after - before); // step 0 is the prefill of 8 tokens
     const last = mx.slice(logits, [0, logits.shape[1]! - 1, 0], [1, logits.shape[1]!, logits.shape[2]!]);
     const next = mx.argmax(last, -1);
-    if (i === steps) graph = graphCounts([next, ...cache.flatMap((c) => c.state)]);
-    mx.evaluate(next, cache.flatMap((c) => c.state));
+    const states = cache.flatMap((c) => c.state);
+    if (i === steps) graph = graphCounts([next, ...states]);
+    mx.evaluate(next, states);
+    for (const s of states) s.dispose();
     y.dispose();
     y = next;
     logits.dispose();

@@ -172,8 +172,12 @@ function tsStepTimes(model: ReturnType<typeof loadGenerationModel>["model"], pro
       const L = logits.shape[1]!;
       const last = mx.slice(logits, [0, L - 1, 0], [1, L, logits.shape[2]!]);
       const next = mx.argmax(last, -1);
-      mx.evaluate(next, cache.flatMap((c) => c.state));
+      // (the state handles are aliases: held past the eval, they would keep every cache buffer
+      // shared, and the next step's slice_update would copy it instead of updating it in place)
+      const states = cache.flatMap((c) => c.state);
+      mx.evaluate(next, states);
       const t2 = performance.now();
+      for (const s of states) s.dispose();
       if (i > 0) {
         build.push((t1 - t0) / 1000);
         evalT.push((t2 - t1) / 1000);
