@@ -1,0 +1,87 @@
+// oracle/python/golden_distance.py, the measurement behind a backend's golden budget in the
+// manifest (`golden:regen --cross-backend`): on the backend the goldens were recorded on it must
+// measure every stored tap of the entries it runs at distance 0 (text entries through mlx-lm,
+// multimodal ones through mlx-vlm, as regen records them), and parts measured apart must merge
+// into the one result a single run gives.
+import { afterAll, describe, expect, it } from "vitest";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import * as mx from "@mlx-bun/mlx";
+import { DEFAULT_PYTHON, REPO_ROOT } from "../../oracle/client.ts";
+
+interface Agg {
+  taps: number;
+  taps_differing: number;
+  max_ulp: number;
+  max_abs: number;
+}
+interface Measurement {
+  backend: string;
+  entries: number;
+  entry_ids: string[];
+  complete: boolean;
+  taps: number;
+  diverged: unknown[];
+  per_dtype: Record<string, Agg>;
+  per_checkpoint: Record<string, Record<string, Agg>>;
+}
+
+const tmp = mkdtempSync(join(tmpdir(), "golden-distance-"));
+afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+
+const manifest = JSON.parse(readFileSync(join(REPO_ROOT, "golden", "manifest.json"), "utf8")) as {
+  fingerprint: { mlx_backend?: string; device?: string };
+  entries: Record<string, { same_as?: string; stored: number }>;
+};
+
+function gd(args: string[]): { code: number; stderr: string } {
+  const p = Bun.spawnSync([DEFAULT_PYTHON, "-I", "oracle/python/golden_distance.py", ...args], { cwd: REPO_ROOT, env: { ...process.env } });
+  return { code: p.exitCode ?? -1, stderr: p.stderr.toString() };
+}
+const read = (f: string) => JSON.parse(readFileSync(f, "utf8")) as Measurement;
+const stored = (ids: string[]) => ids.reduce((a, id) => a + manifest.entries[id]!.stored, 0);
+const selected = (re: RegExp) => Object.keys(manifest.entries).filter((id) => re.test(id) && !manifest.entries[id]!.same_as);
+
+// the goldens' own backend and device: the distance must be 0 there
+const home = (manifest.fingerprint.mlx_backend ?? "cpu") === mx.backend() && (manifest.fingerprint.device ?? "cpu") === mx.defaultDevice();
+
+describe("golden_distance.py", () => {
+  const text = join(tmp, "text.json");
+  const media = join(tmp, "media.json");
+
+  it("measures text and multimodal entries: every stored tap, partial until all entries are in", () => {
+    for (const [out, glob] of [[text, "c2_keqv/f32/*"], [media, "m1_dense/f32/mm_fwd_*"]] as const) {
+      const r = gd(["--only", glob, "--out", out]);
+      expect(r.code, r.stderr.slice(-2000)).toBe(0);
+      const m = read(out);
+      const ids = selected(new RegExp(`^${glob.replace(/\*/g, ".*")}$`));
+      expect(m.entry_ids.sort()).toEqual(ids.sort());
+      expect(m.taps).toBe(stored(ids));
+      expect(m.complete).toBe(false);
+      expect(Object.keys(m.per_checkpoint)).toEqual([glob.split("/").slice(0, 2).join("/")]);
+    }
+  }, 120_000);
+
+  it.skipIf(!home)("is 0 on the goldens' own backend and device", () => {
+    for (const f of [text, media]) {
+      const m = read(f);
+      expect(m.diverged).toEqual([]);
+      for (const [dt, a] of Object.entries(m.per_dtype)) expect([dt, a.taps_differing, a.max_abs, Math.max(a.max_ulp, 0)]).toEqual([dt, 0, 0, 0]);
+    }
+  });
+
+  it("merges disjoint parts into their sum, and refuses overlapping ones", () => {
+    const both = join(tmp, "both.json");
+    const r = gd(["--merge", text, media, "--out", both]);
+    expect(r.code, r.stderr).toBe(0);
+    const [a, b, m] = [read(text), read(media), read(both)];
+    expect(m.entries).toBe(a.entries + b.entries);
+    expect(m.taps).toBe(a.taps + b.taps);
+    expect(Object.keys(m.per_checkpoint).sort()).toEqual([...Object.keys(a.per_checkpoint), ...Object.keys(b.per_checkpoint)].sort());
+    for (const [dt, agg] of Object.entries(m.per_dtype)) expect(agg.taps, dt).toBe((a.per_dtype[dt]?.taps ?? 0) + (b.per_dtype[dt]?.taps ?? 0));
+    const again = gd(["--merge", text, both, "--out", join(tmp, "overlap.json")]);
+    expect(again.code).not.toBe(0);
+    expect(again.stderr).toContain("share");
+  }, 60_000);
+});
