@@ -55,10 +55,11 @@ export interface BackendMeasurement {
   taps: number;
   /** Entries whose generated tokens differ there (taps compared up to the first differing token). */
   diverged: { entry: string; first_differing_token: number }[];
-  per_dtype: Record<string, { taps: number; taps_differing: number; max_ulp: number; max_abs: number }>;
-  per_kind: Record<string, Record<string, { taps: number; taps_differing: number; max_ulp: number; max_abs: number }>>;
+  /** max_abs null: a non-finite difference (one side inf where the other is finite). */
+  per_dtype: Record<string, { taps: number; taps_differing: number; max_ulp: number; max_abs: number | null }>;
+  per_kind: Record<string, Record<string, { taps: number; taps_differing: number; max_ulp: number; max_abs: number | null }>>;
   /** Per checkpoint id, then dtype (some checkpoints meet backend bugs others do not); absent in older measurements. */
-  per_checkpoint?: Record<string, Record<string, { taps: number; taps_differing: number; max_ulp: number; max_abs: number }>>;
+  per_checkpoint?: Record<string, Record<string, { taps: number; taps_differing: number; max_ulp: number; max_abs: number | null }>>;
 }
 
 export interface CrossPlatform {

@@ -31,6 +31,7 @@ import argparse
 import fnmatch
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -103,10 +104,19 @@ def golden_files_digest(files: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def json_safe(x):
+    """Non-finite floats (a max |d| of inf, where one side holds inf) as null: JSON has no inf."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [json_safe(v) for v in x]
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
 def write_atomic(path: Path, obj: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(json_safe(obj), indent=1, sort_keys=True, allow_nan=False) + "\n")
     os.replace(tmp, path)
 
 
@@ -131,7 +141,8 @@ def merge(files: list[Path], manifest: dict) -> dict:
 
     def fold(aggs: list[dict]) -> dict:
         return {"taps": sum(a["taps"] for a in aggs), "taps_differing": sum(a["taps_differing"] for a in aggs),
-                "max_ulp": max(a["max_ulp"] for a in aggs), "max_abs": max(a["max_abs"] for a in aggs)}
+                "max_ulp": max(a["max_ulp"] for a in aggs),
+                "max_abs": None if any(a["max_abs"] is None for a in aggs) else max(a["max_abs"] for a in aggs)}
     overlap = sum(len(p["entry_ids"]) for p in parts) - len(done)
     if overlap:
         raise SystemExit(f"the parts share {overlap} entries: measure disjoint --only sets")
