@@ -20,18 +20,7 @@ const steps = Number(stepsArg ?? 8);
 const VIEWS = new Set(["Broadcast", "Reshape", "ExpandDims", "Squeeze", "Slice", "Transpose", "Unflatten", "Flatten", "StopGradient", "AsStrided", "Depends"]);
 
 function graphCounts(outs: MlxArray[]): { total: number; kernels: number; byPrimitive: Record<string, number> } {
-  const seen = new Set<number>();
-  const byPrimitive: Record<string, number> = {};
-  for (const o of outs) {
-    for (const n of mx.graph.graphNodes(o)) {
-      const id = mx.graph.arrayId(n.array);
-      n.array.dispose();
-      for (const i of n.inputs) i.dispose();
-      if (seen.has(id)) continue;
-      seen.add(id);
-      byPrimitive[n.op] = (byPrimitive[n.op] ?? 0) + 1;
-    }
-  }
+  const byPrimitive = mx.graph.primitiveCounts(outs);
   const total = Object.values(byPrimitive).reduce((a, b) => a + b, 0);
   const kernels = Object.entries(byPrimitive).reduce((a, [op, n]) => a + (VIEWS.has(op) ? 0 : n), 0);
   return { total, kernels, byPrimitive };

@@ -41,6 +41,23 @@ export function graphNodes(out: MlxArray): GraphNode[] {
   return ownVec(lib.mlxb_graph_nodes(out.handle), "graph_nodes").map((array) => ({ array, op: primitiveName(array), inputs: inputsOf(array) }));
 }
 
+/** How many nodes of each primitive the unevaluated graph behind `roots` holds (each array once). */
+export function primitiveCounts(roots: readonly MlxArray[]): Record<string, number> {
+  const seen = new Set<number>();
+  const out: Record<string, number> = {};
+  for (const r of roots) {
+    for (const n of graphNodes(r)) {
+      const id = arrayId(n.array);
+      n.array.dispose();
+      for (const i of n.inputs) i.dispose();
+      if (seen.has(id)) continue;
+      seen.add(id);
+      out[n.op] = (out[n.op] ?? 0) + 1;
+    }
+  }
+  return out;
+}
+
 /** The same primitives applied again with leaf `from[i]` replaced by `to[i]`; aligned with graphNodes(out). */
 export function replayGraph(out: MlxArray, from: readonly MlxArray[], to: readonly MlxArray[]): MlxArray[] {
   if (from.length !== to.length) throw new MlxError("graph_replay", "from and to must have the same length");

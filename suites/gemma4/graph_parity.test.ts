@@ -25,23 +25,6 @@ const ref = (() => {
   return (JSON.parse(p.stdout.toString()) as { runs: { primitives: Record<string, number> }[] }).runs;
 })();
 
-/** Primitive counts of the unevaluated graph behind the roots (each array once). */
-function primitives(roots: MlxArray[]): Record<string, number> {
-  const seen = new Set<number>();
-  const out: Record<string, number> = {};
-  for (const r of roots) {
-    for (const n of mx.graph.graphNodes(r)) {
-      const id = mx.graph.arrayId(n.array);
-      n.array.dispose();
-      for (const i of n.inputs) i.dispose();
-      if (seen.has(id)) continue;
-      seen.add(id);
-      out[n.op] = (out[n.op] ?? 0) + 1;
-    }
-  }
-  return out;
-}
-
 /** The prompt but its last token prefilled, one decode step evaluated, the next one's graph counted. */
 function decodeGraph(ckpt: string): Record<string, number> {
   const { loaded, model } = loadGenerationModel(join(CKPT_ROOT, ckpt));
@@ -73,7 +56,7 @@ function decodeGraph(ckpt: string): Record<string, number> {
     for (const a of first) a.dispose();
     const states = cache.flatMap((c) => c.state);
     try {
-      return primitives([...second, ...states]);
+      return mx.graph.primitiveCounts([...second, ...states]);
     } finally {
       for (const a of [...second, ...states]) a.dispose();
     }

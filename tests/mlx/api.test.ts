@@ -134,3 +134,17 @@ describe("evaluation, memory, devices, streams", () => {
     expect(mx.newThreadLocalStream("cpu")).toBeGreaterThan(s);
   });
 });
+
+describe("graph introspection", () => {
+  it("primitiveCounts: each unevaluated node once across roots; evaluated arrays are leaves", () => {
+    using x = mx.array([1, 2, 3], [3], "float32");
+    using a = mx.add(x, x);
+    using b = mx.multiply(a, a);
+    using c = mx.exp(a);
+    expect(mx.graph.primitiveCounts([b, c])).toEqual({ Add: 1, Multiply: 1, Exp: 1 });
+    mx.evaluate(a);
+    expect(mx.graph.primitiveCounts([b, c])).toEqual({ Multiply: 1, Exp: 1 });
+    mx.evaluate(b, c);
+    expect(mx.graph.primitiveCounts([b, c])).toEqual({});
+  });
+});
