@@ -7,14 +7,13 @@
 // length, greedy, no EOS, so every sequence generates max_tokens tokens; the generated tokens of
 // the two sides are compared too. Results: bench/BATCH.md and bench/batch_results.json.
 import * as mx from "@mlx-bun/mlx";
-import { spawn } from "node:child_process";
 import { renameSync, writeFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
-import { createInterface } from "node:readline";
 import { join } from "node:path";
 import { helpText, parseArgs, UsageError, type FlagSpec } from "../parity/args.ts";
 import { batchGenerate, batchModel } from "../model/generate_batch.ts";
 import { loadModel } from "../model/gemma4/index.ts";
+import { PyWorker } from "./py_worker.ts";
 
 const ROOT = join(import.meta.dir, "..");
 
@@ -38,23 +37,6 @@ interface Sample {
   tokens: number[][];
 }
 
-class Worker {
-  private proc = spawn(join(ROOT, ".venv", "bin", "python"), [join(ROOT, "bench", "python", "batch_worker.py")], { cwd: ROOT, stdio: ["pipe", "pipe", "inherit"] });
-  private lines = createInterface({ input: this.proc.stdout! })[Symbol.asyncIterator]();
-
-  async call<T>(req: Record<string, unknown>): Promise<T> {
-    this.proc.stdin!.write(`${JSON.stringify(req)}\n`);
-    const { value, done } = await this.lines.next();
-    if (done) throw new Error("the mlx-lm batch worker exited");
-    const r = JSON.parse(value as string) as { ok: boolean; error?: string } & T;
-    if (!r.ok) throw new Error(`mlx-lm batch worker: ${r.error}`);
-    return r;
-  }
-
-  close(): void {
-    this.proc.stdin!.end(`${JSON.stringify({ cmd: "quit" })}\n`);
-  }
-}
 
 /** B prompts of fixed pseudo-random ids (an LCG per prompt), the same on both sides. */
 function prompts(B: number, n: number, vocab: number): number[][] {
@@ -102,7 +84,7 @@ async function main(): Promise<void> {
     return;
   }
   const { pairs, sizes, plen, maxTokens } = plan;
-  const py = new Worker();
+  const py = new PyWorker("batch_worker.py", "mlx-lm batch worker");
   const rows: Row[] = [];
   const started = new Date().toISOString();
   const noEos = { eosTokenIds: [], decode: () => "" };

@@ -6,10 +6,9 @@
 // stops at the first token; decode tok/s = (n + 1) / (time since the first token).
 // Results: bench/RESULTS.md and bench/results.json.
 import * as mx from "@mlx-bun/mlx";
-import { spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { existsSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, totalmem } from "node:os";
-import { createInterface } from "node:readline";
 import { join, relative } from "node:path";
 import { helpText, parseArgs, UsageError, type FlagSpec } from "../parity/args.ts";
 import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "../parity/device.ts";
@@ -19,9 +18,9 @@ import { loadGenerationModel } from "../model/runtime.ts";
 import type { KVCacheLike } from "../model/cache/index.ts";
 import { type TrainWorkload, trainBatch, trainWorkloads, tsTrainer } from "./train.ts";
 import { measureMtp } from "./mtp.ts";
+import { PY, PyWorker } from "./py_worker.ts";
 
 const ROOT = join(import.meta.dir, "..");
-const PY = join(ROOT, ".venv", "bin", "python");
 
 export const FLAGS: FlagSpec[] = [
   { name: "quick", kind: "bool", help: "smoke mode: tiny fixtures only, 2 pairs, short prompts (< 3 minutes)" },
@@ -107,25 +106,7 @@ function workloads(o: Shapes): Workload[] {
 /** Workloads a plain run takes: the big E4B and 31B shapes only on a GPU (or when named). */
 const DEFAULT_ON_CPU = new Set(["tiny-dense", "tiny-e2b", "tiny-moe", "e2b", "moe"]);
 
-// ------------------------------------------------------------------ the mlx-lm side
-
-class PyWorker {
-  private proc = spawn(PY, [join(ROOT, "bench", "python", "bench_worker.py")], { cwd: ROOT, stdio: ["pipe", "pipe", "inherit"] });
-  private lines = createInterface({ input: this.proc.stdout! })[Symbol.asyncIterator]();
-
-  async call<T>(req: Record<string, unknown>): Promise<T> {
-    this.proc.stdin!.write(`${JSON.stringify(req)}\n`);
-    const { value, done } = await this.lines.next();
-    if (done) throw new Error("the mlx-lm bench worker exited");
-    const r = JSON.parse(value as string) as { ok: boolean; error?: string } & T;
-    if (!r.ok) throw new Error(`mlx-lm bench worker: ${r.error}`);
-    return r;
-  }
-
-  close(): void {
-    this.proc.stdin!.end(`${JSON.stringify({ cmd: "quit" })}\n`);
-  }
-}
+// ------------------------------------------------------------------ the mlx-lm side (bench/py_worker.ts)
 
 interface GenSample {
   prompt_tps: number;
@@ -374,7 +355,7 @@ async function main(): Promise<void> {
   const done: MeasuredWorkload[] = [];
   const started = new Date().toISOString();
   const mode = quick ? "--quick" : `${pairs} pairs`;
-  const py = new PyWorker();
+  const py = new PyWorker("bench_worker.py", "mlx-lm bench worker");
   try {
     for (const w of wl) {
       ensureCheckpoint(w);
