@@ -4,20 +4,21 @@
 // the same MLX error.
 import * as mx from "@mlx-bun/mlx";
 import { CASES, exposedOps, NOT_OPS } from "../oracle/ops/cases.ts";
-import { type IsolatedRun, runCasesIsolated } from "../oracle/ops/isolated.ts";
+import { type IsolatedRun, runCasesIsolated, runSharded } from "../oracle/ops/isolated.ts";
 import { type CaseResult, coverage, groupUnsupported } from "../oracle/ops/runner.ts";
 import { NOT_DIFFERENTIABLE, runVjpCasesIsolated, vjpCases, vjpCoverage } from "../oracle/ops/vjp_runner.ts";
 import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
 
 export const FLAGS: FlagSpec[] = [
   { name: "table", kind: "string", valueName: "forward|vjp", help: "one of the two tables only (both by default; two processes can run one each)" },
+  { name: "jobs", kind: "string", valueName: "N", help: "run the cases in N interleaved shards at once, each in its own worker processes (default 1)" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
 
 type Table = "forward" | "vjp";
 
 /** `[op]` (one op's cases only), --table and --help; anything else, or an op without cases, is a UsageError. */
-export function opsReportArgs(argv: readonly string[]): { only: string | undefined; tables: Table[] } | null {
+export function opsReportArgs(argv: readonly string[]): { only: string | undefined; tables: Table[]; jobs: number } | null {
   const flags: string[] = [];
   const positional: string[] = [];
   for (let i = 0; i < argv.length; i++) {
@@ -25,7 +26,7 @@ export function opsReportArgs(argv: readonly string[]): { only: string | undefin
     if (!x.startsWith("--")) positional.push(x);
     else {
       flags.push(x);
-      if (x === "--table" && i + 1 < argv.length) flags.push(argv[++i]!);
+      if ((x === "--table" || x === "--jobs") && i + 1 < argv.length) flags.push(argv[++i]!);
     }
   }
   const a = parseArgs(flags, FLAGS);
@@ -35,13 +36,16 @@ export function opsReportArgs(argv: readonly string[]): { only: string | undefin
   if (only !== undefined && !CASES.some((c) => c.op === only || c.oracle === only)) throw new UsageError(`no op parity case for '${only}' (ops look like add, fast.rope, quantized_matmul)`);
   const t = a.table as string | undefined;
   if (t !== undefined && t !== "forward" && t !== "vjp") throw new UsageError(`--table takes forward or vjp, got '${t}'`);
-  return { only, tables: t ? [t] : ["forward", "vjp"] };
+  const j = a.jobs as string | undefined;
+  const jobs = j === undefined ? 1 : Number(j);
+  if (!/^[1-9][0-9]*$/.test(j ?? "1")) throw new UsageError(`--jobs takes a whole number ≥ 1, got '${j}'`);
+  return { only, tables: t ? [t] : ["forward", "vjp"], jobs };
 }
 
 async function main(argv: string[]): Promise<number> {
   const parsed = opsReportArgs(argv);
   if (parsed === null) {
-    process.stdout.write(helpText("npm run parity:ops -- [op] [--table forward|vjp]", "The op-level parity table alone (every case, or one op's cases).", FLAGS));
+    process.stdout.write(helpText("npm run parity:ops -- [op] [--table forward|vjp] [--jobs N]", "The op-level parity table alone (every case, or one op's cases).", FLAGS));
     return 0;
   }
   const t0 = performance.now();
@@ -65,8 +69,9 @@ async function main(argv: string[]): Promise<number> {
   const fwdOn = parsed.tables.includes("forward");
   const vjpOn = parsed.tables.includes("vjp");
   const none: IsolatedRun = { results: [], workers: 0, poisoners: [] };
-  const run = fwdOn ? await runCasesIsolated(cases, progress("", cases.length)) : none;
-  const gradRun = vjpOn ? await runVjpCasesIsolated(gradCases, progress("vjp ", gradCases.length)) : none;
+  const jobs = parsed.jobs;
+  const run = fwdOn ? await runSharded(cases, jobs, (s, on) => runCasesIsolated(s, on), progress("", cases.length)) : none;
+  const gradRun = vjpOn ? await runSharded(gradCases, jobs, (s, on) => runVjpCasesIsolated(s, on), progress("vjp ", gradCases.length)) : none;
   const results = run.results;
   const cov = coverage(exposed, cases, results);
   const gradCov = vjpCoverage(exposed, gradCases, gradRun.results);

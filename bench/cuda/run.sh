@@ -89,7 +89,7 @@ for s in "$@"; do
     ckpt) export -f check_ckpts; stage ckpt 300 bash -c check_ckpts && touch "$CKPT_READY" ;;
     after-ckpt) export -f wait_ckpts; export CKPT_READY; stage after-ckpt 400 bash -c wait_ckpts ;;
     ops) stage ops 540 bun run parity/ops_report.ts ;;
-    ops@*) stage "ops-${s#ops@}" 540 bun run parity/ops_report.ts --table "${s#ops@}" ;;
+    ops@*) stage "ops-${s#ops@}" 540 bun run parity/ops_report.ts --table "${s#ops@}" --jobs "${OPS_JOBS:-4}" ;;
     ops-*) stage "$s" 300 bun run parity/ops_report.ts "${s#ops-}" ;;
     decode) stage decode 400 bun test suites/gemma4/decode_compile.test.ts ;;
     gen) stage gen 300 bun test suites/generation/parity.test.ts

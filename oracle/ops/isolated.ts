@@ -112,3 +112,26 @@ export async function runCasesIsolated(
   }
   return { results, poisoners, workers };
 }
+
+/**
+ * `run` over `jobs` interleaved shards of the cases at once (each shard in its own worker
+ * processes), merged back into the cases' order: on a GPU machine one pair of processes mostly
+ * waits on NVRTC, so several shards use its idle cores. A sticky error stays inside its shard.
+ */
+export async function runSharded<C extends Pick<OpCase, "id">>(
+  cases: readonly C[],
+  jobs: number,
+  run: (shard: C[], onResult: (r: CaseResult) => void) => Promise<IsolatedRun>,
+  onResult: (r: CaseResult, done: number) => void = () => {},
+): Promise<IsolatedRun> {
+  if (!Number.isInteger(jobs) || jobs < 1) throw new Error(`jobs must be a whole number ≥ 1, got ${jobs}`);
+  let done = 0;
+  const shards = Array.from({ length: Math.min(jobs, Math.max(1, cases.length)) }, (_, k) => cases.filter((_, i) => i % jobs === k));
+  const runs = await Promise.all(shards.map((s) => run(s, (r) => onResult(r, ++done))));
+  const byId = new Map(runs.flatMap((r) => r.results).map((r) => [r.id, r]));
+  return {
+    results: cases.map((c) => byId.get(c.id)!),
+    poisoners: runs.flatMap((r) => r.poisoners),
+    workers: runs.reduce((n, r) => n + r.workers, 0),
+  };
+}

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import type { OpCase } from "../../oracle/ops/cases.ts";
-import { runCasesIsolated } from "../../oracle/ops/isolated.ts";
+import { runCasesIsolated, runSharded } from "../../oracle/ops/isolated.ts";
 import { groupUnsupported, runCases } from "../../oracle/ops/runner.ts";
 
 const A = (xs: unknown[]) => xs[0] as mx.MlxArray;
@@ -51,5 +51,16 @@ describe("op runner isolation", () => {
     expect(run.results[1]!.detail).toMatch(/worker process died on this case \(exit 7\)/);
     expect(seen.sort()).toEqual(["a", "b", "crash"]);
   });
-});
 
+  it("runs interleaved shards at once and merges them in the cases' order, a poisoner restarting its own shard only", async () => {
+    const cases = ids(["a", "poison-1", "b", "c", "poison-2", "d", "e"]);
+    const shardIds: string[][] = [];
+    let done = 0;
+    const run = await runSharded(cases, 3, (s, on) => (shardIds.push(s.map((c) => c.id)), runCasesIsolated(s, on, fake)), (_, n) => (done = n));
+    expect(shardIds.sort()).toEqual([["a", "c", "e"], ["b", "d"], ["poison-1", "poison-2"]]);
+    expect(run.results.map((r) => `${r.id}:${r.status}`)).toEqual(["a:exact", "poison-1:unsupported", "b:exact", "c:exact", "poison-2:unsupported", "d:exact", "e:exact"]);
+    expect(run.poisoners.map((p) => p.id).sort()).toEqual(["poison-1", "poison-2"]);
+    expect(run.workers).toBe(4); // 3 shards + one restart after poison-1 (poison-2 ends its shard)
+    expect(done).toBe(7);
+  });
+});
