@@ -99,22 +99,55 @@ export interface OpCaseShape {
   params: Record<string, unknown>;
 }
 
+/** The sm90 condition on one quantized_matmul call (qmm.cu): affine with biases, bits 4 or 8, transposed, K a multiple of 64 and at most one group, more than one row (one row takes qmv). */
+function sm90Call(p: Record<string, unknown>, k: number, rows: number): boolean {
+  const bits = (p.bits as number | undefined) ?? 4;
+  return p.mode === "affine" && p.has_biases === true && (bits === 4 || bits === 8) && k % 64 === 0 && ((p.group_size as number | undefined) ?? 64) >= k && rows > 1;
+}
+
 /**
  * A `quantized_matmul` case on the path MLX's CUDA QuantizedMatmul sends to qmm_sm90 on compute
- * capability 9 (mlx/backend/cuda/quantized/qmm/qmm.cu: affine with biases, bits 4 or 8,
- * transposed, K a multiple of 64 and group_size >= K; more than one row of x, since one row
- * takes qmv).
+ * capability 9 (mlx/backend/cuda/quantized/qmm/qmm.cu). A gradient case (`params._vjp`, from
+ * oracle/ops/vjp_runner.ts) also takes it where the forward does not: the vjp of a
+ * transpose=False product w.r.t. x is quantized_matmul(cotangent, w, transpose=True), whose K is
+ * w's row length (bench/cuda/repro_vjp.py checks that the two are one computation).
  */
 export function takesQmmSm90(c: OpCaseShape): boolean {
-  const x = c.inputs[0];
+  const [x, w] = c.inputs;
   if (c.oracle !== "quantized_matmul" || !x || !("shape" in x)) return false;
-  const k = x.shape.at(-1)!;
   const rows = x.shape.slice(0, -1).reduce((a, b) => a * b, 1);
   const p = c.params;
-  return p.mode === "affine" && p.has_biases === true && p.transpose === true && (p.bits === 4 || p.bits === 8) && k % 64 === 0 && ((p.group_size as number | undefined) ?? 64) >= k && rows > 1;
+  if (p.transpose === true) return sm90Call(p, x.shape.at(-1)!, rows);
+  const vjp = p._vjp as { diff: number[] } | undefined;
+  if (p.transpose !== false || !vjp?.diff.includes(0) || !w || !("shape" in w)) return false;
+  return sm90Call(p, (w.shape.at(-1)! * 32) / ((p.bits as number | undefined) ?? 4), rows);
+}
+
+/**
+ * MLX's CUDA scatter_add adds with atomics (ScatterSum, mlx/backend/cuda/device/scatter_ops.cuh):
+ * where indices repeat, the order of the float additions follows the threads' arrival, and so
+ * does the rounding. gather_mm's and gather_qmm's vjp with unsorted indices scatter-add their
+ * gradients (gather_mm_grad and GatherQMM::vjp, mlx/primitives.cpp).
+ */
+const SCATTER_ADD_ORDER: MlxBug = {
+  id: "cuda-scatter-add-order",
+  what: "MLX's CUDA scatter_add sums repeated indices with atomics in no fixed order: gather_mm's and gather_qmm's gradients with unsorted indices round differently from run to run",
+  reproducer: "bench/cuda/repro_vjp.py",
+};
+
+/**
+ * A gradient case of gather_mm or gather_qmm with unsorted indices whose vjp scatter-adds over
+ * given indices: x's gradient over the lhs indices, the weight side's (w, or scales and biases)
+ * over the rhs indices. (Without given indices MLX uses an arange: no index repeats.)
+ */
+export function scatterAddsGradients(c: OpCaseShape): boolean {
+  const diff = (c.params._vjp as { diff: number[] } | undefined)?.diff;
+  if (!diff || (c.oracle !== "gather_mm" && c.oracle !== "gather_qmm") || c.params.sorted_indices === true) return false;
+  return (c.params.lhs === true && diff.includes(0)) || (c.params.rhs === true && diff.some((i) => i > 0));
 }
 
 /** The recorded MLX bug an op case meets on the current backend, if any. */
 export function mlxBugForOp(c: OpCaseShape): MlxBug | null {
-  return onCudaGpu() && takesQmmSm90(c) ? QMM_SM90 : null;
+  if (!onCudaGpu()) return null;
+  return takesQmmSm90(c) ? QMM_SM90 : scatterAddsGradients(c) ? SCATTER_ADD_ORDER : null;
 }

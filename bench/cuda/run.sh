@@ -32,6 +32,7 @@
 #   repro       Python-only: is MLX's GPU quantized matmul a function of its inputs? (bench/cuda/repro_qmm.py)
 #   repro-sdpa  Python-only: does MLX's GPU one-row attention depend on the allocator? (bench/cuda/repro_sdpa.py)
 #   repro-compile  Python-only: does mx.compile change elementwise bits on the GPU? (bench/cuda/repro_compile.py)
+#   repro-vjp   Python-only: are the op gradients that differ on CUDA functions of their inputs? (bench/cuda/repro_vjp.py)
 #   tests       the whole bun test suite on the GPU
 #   bench-<w>   `npm run bench` for workload(s) <w> (comma-separated) at full width on the GPU
 set -uo pipefail
@@ -90,7 +91,7 @@ for s in "$@"; do
     after-ckpt) export -f wait_ckpts; export CKPT_READY; stage after-ckpt 400 bash -c wait_ckpts ;;
     ops) stage ops 540 bun run parity/ops_report.ts ;;
     ops@*) stage "ops-${s#ops@}" 540 bun run parity/ops_report.ts --table "${s#ops@}" --jobs "${OPS_JOBS:-4}" ;;
-    ops-*) stage "$s" 300 bun run parity/ops_report.ts "${s#ops-}" ;;
+    ops-*) stage "$s" 300 bun run parity/ops_report.ts "${s#ops-}" --jobs "${OPS_JOBS:-4}" ;;
     decode) stage decode 400 bun test suites/gemma4/decode_compile.test.ts ;;
     gen) stage gen 300 bun test suites/generation/parity.test.ts
          stage gen-opbyop 300 env GEMMA4_DECODE_COMPILE=0 bun test suites/generation/parity.test.ts ;;
@@ -109,6 +110,7 @@ for s in "$@"; do
               stage "golden-$tag" 540 .venv/bin/python -I oracle/python/golden_distance.py "${only[@]}" --out "$LOGS/golden-distance-cuda-$tag.json" ;;
     repro) stage repro 240 .venv/bin/python -I bench/cuda/repro_qmm.py ;;
     repro-sdpa) stage repro-sdpa 240 env MLX_DEVICE=gpu .venv/bin/python -I bench/cuda/repro_sdpa.py ;;
+    repro-vjp) stage repro-vjp 240 env MLX_DEVICE=gpu .venv/bin/python -I bench/cuda/repro_vjp.py ;;
     repro-compile) stage repro-compile 240 .venv/bin/python -I bench/cuda/repro_compile.py ;;
     tests) stage tests 560 bun test ;;
     bench-*) stage "$s" 560 bun run bench/run.ts --device gpu --only "${s#bench-}" --e2b-layers 35 --e4b-layers 42 --moe-layers 30 --31b-layers 60 --big-prompts 512,4096 --big-decode 128

@@ -96,15 +96,23 @@ export function inputBytes(spec: ArraySpec, seed: string): Uint8Array {
     return out;
   }
   const vals = values(gen, n, spec.dtype, rnd);
-  if (isFloatDt(spec.dtype)) {
-    // float32 values (every generator is exact in f32), converted by MLX itself for f16/bf16/f64
-    using f = mx.fromBytes(new Float32Array(vals), spec.shape, "float32");
-    if (spec.dtype === "float32") return f.toBytes();
-    using c = mx.astype(f, spec.dtype);
-    return c.toBytes();
+  // converted by MLX on its CPU device, whatever the default: the same bytes on every backend,
+  // and a GPU that refuses a dtype (float64 on CUDA) must still get the case, to refuse it there
+  const device = mx.defaultDevice();
+  mx.setDefaultDevice("cpu");
+  try {
+    if (isFloatDt(spec.dtype)) {
+      // float32 values (every generator is exact in f32), converted by MLX itself for f16/bf16/f64
+      using f = mx.fromBytes(new Float32Array(vals), spec.shape, "float32");
+      if (spec.dtype === "float32") return f.toBytes();
+      using c = mx.astype(f, spec.dtype);
+      return c.toBytes();
+    }
+    using a = mx.array(vals, spec.shape, spec.dtype);
+    return a.toBytes();
+  } finally {
+    mx.setDefaultDevice(device);
   }
-  using a = mx.array(vals, spec.shape, spec.dtype);
-  return a.toBytes();
 }
 
 export function applyView(a: MlxArray, view: View | undefined): MlxArray {

@@ -6,8 +6,9 @@ import { describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import { join } from "node:path";
 import { REPO_ROOT } from "../../oracle/client.ts";
-import { halfAttentionForCudnn, hasOneGroupRows, mlxBugFor, mlxBugForOp, takesQmmSm90 } from "../../oracle/mlx_bugs.ts";
+import { halfAttentionForCudnn, hasOneGroupRows, mlxBugFor, mlxBugForOp, scatterAddsGradients, takesQmmSm90 } from "../../oracle/mlx_bugs.ts";
 import { CASES } from "../../oracle/ops/cases.ts";
+import { vjpCases } from "../../oracle/ops/vjp_runner.ts";
 
 const ck = (id: string) => join(REPO_ROOT, ".cache", "checkpoints", id);
 
@@ -37,6 +38,22 @@ describe("recorded MLX bugs", () => {
     expect(sm90.some((c) => "shape" in c.inputs[0]! && c.inputs[0].shape.slice(0, -1).reduce((a, b) => a * b, 1) === 1)).toBe(false);
     const expected = mx.backend() === "cuda" && mx.defaultDevice() === "gpu";
     for (const c of CASES) expect(mlxBugForOp(c) !== null, c.id).toBe(expected && takesQmmSm90(c));
+  });
+
+  it("names the gradient cases that meet an MLX bug: transposed-back products on qmm_sm90, unsorted gather products' scatter-add", () => {
+    const grads = vjpCases();
+    // as measured on the H200: the x gradient of a transpose=False product whose w rows are one group
+    const back = grads.filter((c) => takesQmmSm90(c) && c.params.transpose === false);
+    expect(back.map((c) => c.id).sort()).toEqual(CASES.filter((c) => c.op === "quantizedMatmul" && c.params.transpose === false && c.params.bits === undefined && "shape" in c.inputs[1]! && c.inputs[1].shape.at(-1) === 8).map((c) => c.id).sort());
+    expect(back.length).toBeGreaterThan(0);
+    for (const c of back) expect(CASES.find((f) => f.id === c.id)!.params._vjp, "forward cases never take it this way").toBeUndefined();
+    const scatter = grads.filter(scatterAddsGradients);
+    expect(scatter.length).toBeGreaterThan(0);
+    for (const c of scatter) expect(["gatherMm", "gatherQmm"]).toContain(c.op);
+    expect(grads.some((c) => c.op === "gatherMm" && c.params.sorted_indices === true && scatterAddsGradients(c))).toBe(false);
+    expect(CASES.some(scatterAddsGradients), "forward gather products do not scatter").toBe(false);
+    const cuda = mx.backend() === "cuda" && mx.defaultDevice() === "gpu";
+    for (const c of grads) expect(mlxBugForOp(c)?.id ?? null, c.id).toBe(!cuda ? null : takesQmmSm90(c) ? "cuda-qmm-sm90" : scatterAddsGradients(c) ? "cuda-scatter-add-order" : null);
   });
 
   // diverged on the H200 at a decode step's sdpa (gen_P300_S128), bit-exact with MLX_CUDA_USE_CUDNN_SDPA=0
