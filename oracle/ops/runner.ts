@@ -124,35 +124,48 @@ export function applyView(a: MlxArray, view: View | undefined): MlxArray {
 // ---------------------------------------------------------------- running
 
 interface Prepared {
-  ts: Operand[];
+  /** The binding's operands, or the MLX error that refused them (a GPU refuses float64 arrays). */
+  ts: Operand[] | Error;
   owned: MlxArray[];
   oracle: OpInput[];
   views: (View | null)[];
 }
 
 function prepare(c: OpCase): Prepared {
-  const ts: Operand[] = [];
-  const owned: MlxArray[] = [];
   const oracle: OpInput[] = [];
   const views: (View | null)[] = [];
-  c.inputs.forEach((spec: InputSpec, i) => {
+  const bytes = c.inputs.map((spec: InputSpec, i) => {
+    views.push("scalar" in spec ? null : (spec.view ?? null));
     if ("scalar" in spec) {
-      ts.push(spec.kind === "bool" ? spec.scalar !== 0 : spec.kind === "int" ? mx.pyInt(spec.scalar) : mx.pyFloat(spec.scalar));
       // JSON has no inf/nan: send them as the strings Python's float() parses
       const wire = Number.isFinite(spec.scalar) ? spec.scalar : String(spec.scalar).replace("Infinity", "inf").replace("NaN", "nan");
       oracle.push({ scalar: wire as number, kind: spec.kind });
-      views.push(null);
-      return;
+      return null;
     }
-    const bytes = inputBytes(spec, `${c.id}|${i}`);
-    oracle.push({ dtype: spec.dtype, shape: spec.shape, data: bytes });
-    const base = mx.fromBytes(bytes, spec.shape, spec.dtype);
-    owned.push(base);
-    const v = applyView(base, spec.view);
-    if (v !== base) owned.push(v);
-    ts.push(v);
-    views.push(spec.view ?? null);
+    const b = inputBytes(spec, `${c.id}|${i}`);
+    oracle.push({ dtype: spec.dtype, shape: spec.shape, data: b });
+    return b;
   });
+  const ts: Operand[] = [];
+  const owned: MlxArray[] = [];
+  try {
+    c.inputs.forEach((spec: InputSpec, i) => {
+      if ("scalar" in spec) {
+        ts.push(spec.kind === "bool" ? spec.scalar !== 0 : spec.kind === "int" ? mx.pyInt(spec.scalar) : mx.pyFloat(spec.scalar));
+        return;
+      }
+      const base = mx.fromBytes(bytes[i]!, spec.shape, spec.dtype);
+      owned.push(base);
+      const v = applyView(base, spec.view);
+      if (v !== base) owned.push(v);
+      ts.push(v);
+    });
+  } catch (e) {
+    if (!(e instanceof mx.MlxError)) throw e;
+    for (const a of owned) a.dispose();
+    // the oracle still gets the case: both sides refusing it alike is "unsupported"
+    return { ts: e, owned: [], oracle, views };
+  }
   return { ts, owned, oracle, views };
 }
 
@@ -247,6 +260,7 @@ export async function runCases(cases: readonly OpCase[], oracle: OracleClient, o
       // (the client writes the input .npy files synchronously inside op())
       let ts: TsOut[] | Error;
       try {
+        if (prep.ts instanceof Error) throw prep.ts;
         const r = c.run(prep.ts, c.params);
         const outs = Array.isArray(r) ? r : [r];
         mx.evaluate(outs);

@@ -30,6 +30,16 @@ describe("op runner verdicts", () => {
     const stopped = await runCases(cases, oracle, { stopAfterFailure: true, window: 1 });
     expect(stopped.map((r) => r.id)).toEqual(["reshape/ok", "reshape/same-error"]);
   });
+
+  it("still sends a case whose operands the binding refuses to the oracle, so that both sides' errors are compared", async () => {
+    const oracle = await sharedOracle();
+    // a transpose view with an axis out of range: the binding refuses it while making the operands
+    const bad: OpCase = { id: "reshape/bad-view", op: "reshape", oracle: "reshape", inputs: [{ ...arr, view: { transpose: [0, 5] } }], params: { shape: [6] }, run: (xs, p) => mx.reshape(A(xs), p.shape as number[]) };
+    const [r] = await runCases([bad], oracle);
+    // both sides raise MLX's own message for it: unsupported, as a float64 cotangent on a GPU is
+    expect(r!.status).toBe("unsupported");
+    expect(r!.detail).toMatch(/transpose/i);
+  });
 });
 
 describe("op runner isolation", () => {
