@@ -188,12 +188,18 @@ function manifestText(m: Manifest): string {
   return `${lines.join("\n")}\n`;
 }
 
+/** The versions a cross-backend measurement must share with the goldens. */
+const COMPUTING_LIBS = ["mlx", "mlx_lm"];
+
 /**
  * The manifest's cross-platform section: measured backends (given now, or kept from the previous
  * manifest while its goldens and versions are unchanged) and the unmeasured starting budget.
  */
 function crossPlatform(old: Manifest | undefined, files: string[], versions: Record<string, string>, digest: string): Manifest["cross_platform"] {
-  const valid = (m: BackendMeasurement) => m.golden_files === digest && JSON.stringify(m.versions) === JSON.stringify(versions);
+  // the libraries that compute the taps must be the goldens' own; Python and numpy (which only
+  // load the arrays) are whatever the other machine's environment has
+  const computing = (v: Record<string, string>) => JSON.stringify(COMPUTING_LIBS.map((k) => v[k] ?? null));
+  const valid = (m: BackendMeasurement) => m.golden_files === digest && computing(m.versions) === computing(versions);
   const backends: Record<string, BackendMeasurement> = {};
   for (const [b, m] of Object.entries(old?.cross_platform.backends ?? {})) {
     if (valid(m)) backends[b] = m;
@@ -203,7 +209,7 @@ function crossPlatform(old: Manifest | undefined, files: string[], versions: Rec
     const m = JSON.parse(readFileSync(f, "utf8")) as BackendMeasurement;
     if (!m.per_dtype || !m.backend) throw new Error(`${f} is not a golden_distance.py result`);
     if (m.complete !== true) throw new Error(`${f} measured ${m.entries} entries, not all of the manifest's (a run stopped early, or an --only part: combine parts with golden_distance.py --merge)`);
-    if (!valid(m)) throw new Error(`${f} was measured against other goldens or versions than these (golden_files ${m.golden_files.slice(0, 12)} vs ${digest.slice(0, 12)}; versions ${JSON.stringify(m.versions)})`);
+    if (!valid(m)) throw new Error(`${f} was measured against other goldens or library versions than these (golden_files ${m.golden_files.slice(0, 12)} vs ${digest.slice(0, 12)}; ${COMPUTING_LIBS.join(", ")} ${computing(m.versions)} vs ${computing(versions)})`);
     const { entry_ids: _ids, ...kept } = m as BackendMeasurement & { entry_ids?: string[] }; // (the list is the manifest's own entries)
     backends[m.backend] = kept;
     console.error(`cross-backend: ${m.backend} measured ${m.measured}: ${m.taps} taps, max ULP per dtype ${JSON.stringify(Object.fromEntries(Object.entries(m.per_dtype).map(([d, v]) => [d, v.max_ulp])))}`);
