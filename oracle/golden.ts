@@ -88,9 +88,14 @@ export function goldenRule(m: Manifest, here: { versions: Record<string, string>
   const backend = String(here.fingerprint.mlx_backend ?? "cpu");
   const meas = m.cross_platform.backends?.[backend];
   if (backend !== from && meas && JSON.stringify(meas.versions) === JSON.stringify(here.versions)) {
+    // float dtypes: the measured max ULP; integer and bool dtypes (no ULP): the measured max |d|
     const budget: Record<string, number> = {};
-    for (const [dt, v] of Object.entries(meas.per_dtype)) if (v.max_ulp >= 0) budget[dt] = v.max_ulp;
-    return { mode: "budget", budget, measured: true, what: `goldens recorded on ${from} compared within the ${backend} distance measured ${meas.measured.slice(0, 10)} (max ULP per dtype ${JSON.stringify(budget)})` };
+    for (const [dt, v] of Object.entries(meas.per_dtype)) {
+      const float = ["float32", "float16", "bfloat16", "float64"].includes(dt);
+      if (float && v.max_ulp >= 0) budget[dt] = v.max_ulp;
+      else if (!float && v.max_abs !== null && Number.isFinite(v.max_abs)) budget[dt] = v.max_abs;
+    }
+    return { mode: "budget", budget, measured: true, what: `goldens recorded on ${from} compared within the ${backend} distance measured ${meas.measured.slice(0, 10)} (per dtype: max ULP for floats, max |d| for integers: ${JSON.stringify(budget)})` };
   }
   if (backend !== from) return { mode: "none", what: `goldens recorded on ${from} not compared on ${backend}: the manifest has no distance measured there (oracle/python/golden_distance.py); the live oracle is compared bit for bit` };
   return { mode: "budget", budget: m.cross_platform.ulp_budget, measured: false, what: `goldens recorded on another ${from} machine compared within the unmeasured starting budget ${JSON.stringify(m.cross_platform.ulp_budget)}` };

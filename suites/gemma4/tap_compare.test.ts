@@ -64,4 +64,13 @@ describe("cross-platform ULP budget (goldens from another fingerprint)", () => {
     const i = (v: number): TapData => ({ name: "i", kind: "array", dtype: "int32", shape: [1], data: new Uint8Array(new Int32Array([v]).buffer) });
     expect(compareTapLists([i(1)], [i(2)], { float32: 64 }).ok).toBe(false);
   });
+
+  it("an integer dtype's budget is an absolute difference (a measured one has them), never passed by a ULP of 0", () => {
+    const u = (v: number): TapData => ({ name: "router/inds", kind: "array", dtype: "uint32", shape: [1], data: new Uint8Array(new Uint32Array([v]).buffer) });
+    // an integer has no ULP: a budget of 0 for its dtype keeps it exact
+    expect(compareTapLists([u(3)], [u(5)], { uint32: 0 }).ok).toBe(false);
+    expect(compareTapLists([u(3)], [u(5)], { uint32: 1 }).ok).toBe(false);
+    expect(compareTapLists([u(3)], [u(5)], { uint32: 2 }).ok).toBe(true);
+    expect(compareTapLists([u(5)], [u(5)], { uint32: 0 }).ok).toBe(true);
+  });
 });

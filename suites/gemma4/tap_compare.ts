@@ -73,12 +73,23 @@ function describe(t: TapData): string {
 }
 
 /**
- * Per-dtype ULP budget (golden/manifest.json cross_platform.ulp_budget): used only against
- * goldens recorded on another platform fingerprint; float taps within it count as matching.
+ * Per-dtype budget, used only against goldens recorded on another platform fingerprint
+ * (oracle/golden.ts goldenRule): for a float dtype the most ULPs apart, for an integer or bool
+ * dtype the largest absolute difference (a backend's measured distance has both kinds: MoE
+ * router indices follow the scores' rounding). A tap within it counts as matching; a dtype
+ * without an entry must match bit for bit.
  */
 export type UlpBudget = Record<string, number>;
 
-/** Compares one pair; null when identical (or within `budget` for float dtypes). */
+const FLOAT_DTYPES = new Set(["float32", "float16", "bfloat16", "float64"]);
+
+function withinBudget(d: { dtype: string; maxUlp: number; maxAbs: number }, budget: UlpBudget | undefined): boolean {
+  const b = budget?.[d.dtype];
+  if (b === undefined || Number.isNaN(d.maxAbs)) return false;
+  return FLOAT_DTYPES.has(d.dtype) ? Number.isFinite(d.maxUlp) && d.maxUlp <= b : d.maxAbs <= b;
+}
+
+/** Compares one pair; null when identical (or within `budget`). */
 export function compareTap(index: number, ours: TapData, theirs: TapData, budget?: UlpBudget): Divergence | null {
   const name = theirs.name;
   if (ours.name !== theirs.name) return { index, name, reason: "name", detail: `TS emitted ${JSON.stringify(ours.name)} where the oracle has ${JSON.stringify(theirs.name)}` };
@@ -99,8 +110,7 @@ export function compareTap(index: number, ours: TapData, theirs: TapData, budget
     data: theirs.data,
   });
   if (!d.equal) {
-    const b = budget?.[d.dtype];
-    if (!d.note && b !== undefined && Number.isFinite(d.maxUlp) && d.maxUlp <= b && !Number.isNaN(d.maxAbs)) return null;
+    if (!d.note && withinBudget(d, budget)) return null;
     return { index, name, reason: d.note ? "dtype/shape" : "value", detail: formatDiff(d), diff: d };
   }
   const pa = ours.meta?.python_int;

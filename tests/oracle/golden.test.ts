@@ -130,8 +130,13 @@ describe("the goldens' cross-platform rule (goldenRule)", () => {
   });
   it("uses a backend's measured maximum there, and says so", () => {
     const r = goldenRule(m({ cuda: meas }), { versions, fingerprint: cuda });
-    expect(r).toMatchObject({ mode: "budget", measured: true, budget: { float32: 12 } });
+    expect(r).toMatchObject({ mode: "budget", measured: true, budget: { float32: 12, int32: 0 } });
     expect(r.mode === "budget" && r.what).toMatch(/recorded on cpu compared within the cuda distance measured 2026-12-01/);
+  });
+  it("takes an integer dtype's measured max |d| as its budget (no ULP there), and no non-finite one", () => {
+    const withInts = { ...meas, per_dtype: { ...meas.per_dtype, uint32: { taps: 4, taps_differing: 2, max_ulp: 0, max_abs: 191 }, bfloat16: { taps: 3, taps_differing: 3, max_ulp: 900, max_abs: null } } } as unknown as BackendMeasurement;
+    const r = goldenRule(m({ cuda: withInts }), { versions, fingerprint: cuda });
+    expect(r).toMatchObject({ mode: "budget", budget: { float32: 12, int32: 0, uint32: 191, bfloat16: 900 } });
   });
   it("does not compare on another backend without a measurement there, and says so", () => {
     const r = goldenRule(m({ cuda: meas }), { versions, fingerprint: { ...cpu, os: "Darwin", mlx_backend: "metal" } });
