@@ -1,9 +1,11 @@
-// A one-line progress bar on stderr (redrawn in place on a TTY, one line per update otherwise).
+// A one-line progress bar on stderr (redrawn in place on a TTY; otherwise, as in a CI log, a line
+// at each tenth of the way and at most every 15 s between them).
 
 export class ProgressBar {
   private readonly t0 = performance.now();
   private lastLine = "";
   private readonly tty = process.stderr.isTTY === true;
+  private logged = { tenth: -1, at: 0 };
 
   constructor(private readonly label: string) {}
 
@@ -18,7 +20,13 @@ export class ProgressBar {
     if (line === this.lastLine) return;
     this.lastLine = line;
     if (this.tty) process.stderr.write(`\r\x1b[2K${line}`);
-    else if (!detail.includes("layer") || detail.endsWith(" 1/1")) process.stderr.write(`${line}\n`);
+    else if (!detail.includes("layer") || detail.endsWith(" 1/1")) {
+      const tenth = Math.floor(f * 10);
+      const now = performance.now();
+      if (tenth === this.logged.tenth && now - this.logged.at < 15_000) return;
+      this.logged = { tenth, at: now };
+      process.stderr.write(`${line}\n`);
+    }
   }
 
   done(summary: string): void {
