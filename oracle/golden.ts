@@ -1,5 +1,6 @@
 // Reading goldens: golden/manifest.json, per-entry .json index, and the uncompressed .npz tap files.
 
+import * as mx from "@mlx-bun/mlx";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -91,7 +92,7 @@ export function goldenRule(m: Manifest, here: { versions: Record<string, string>
     // float dtypes: the measured max ULP; integer and bool dtypes (no ULP): the measured max |d|
     const budget: Record<string, number> = {};
     for (const [dt, v] of Object.entries(meas.per_dtype)) {
-      const float = ["float32", "float16", "bfloat16", "float64"].includes(dt);
+      const float = mx.isFloating(dt as mx.Dtype);
       if (float && v.max_ulp >= 0) budget[dt] = v.max_ulp;
       else if (!float && v.max_abs !== null && Number.isFinite(v.max_abs)) budget[dt] = v.max_abs;
     }

@@ -92,6 +92,15 @@ export function mlxBugFor(dir: string, kvLength = 0): MlxBug | null {
   return null;
 }
 
+/**
+ * `what` (a divergence of a run on this checkpoint) with the recorded MLX bug it meets here
+ * named, for the suites that count such runs apart; null when it meets none (a failure).
+ */
+export function atMlxBug(dir: string, what: string, kvLength = 0): string | null {
+  const bug = mlxBugFor(dir, kvLength);
+  return bug && `${what} (MLX bug ${bug.id}, ${bug.reproducer})`;
+}
+
 /** What an op parity case is, as far as the predicates below need it (oracle/ops/cases.ts). */
 export interface OpCaseShape {
   oracle: string;

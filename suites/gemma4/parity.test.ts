@@ -12,7 +12,7 @@ import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { type CaptureResult, OracleClient, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { goldenRule, loadGolden, readManifest } from "../../oracle/golden.ts";
-import { mlxBugFor } from "../../oracle/mlx_bugs.ts";
+import { atMlxBug } from "../../oracle/mlx_bugs.ts";
 import { loadModel, type LoadedModel } from "../../model/gemma4/index.ts";
 import { compareTapLists, formatVerdict, fromOracle, TapCollector, type TapData } from "./tap_compare.ts";
 
@@ -105,9 +105,9 @@ describe("gemma4 taps vs live mlx-lm", () => {
       if (!v.ok) {
         // a checkpoint on a path of MLX's own proven broken on this backend (oracle/mlx_bugs.ts):
         // counted apart, with the tap and the bug named, never as bit-exact
-        const bug = mlxBugFor(join(CKPT_ROOT, ckpt));
-        if (bug) {
-          atMlxBugs.push(`${formatVerdict(`${ckpt} ${scn}`, v)} (MLX bug ${bug.id}, ${bug.reproducer})`);
+        const note = atMlxBug(join(CKPT_ROOT, ckpt), formatVerdict(`${ckpt} ${scn}`, v));
+        if (note) {
+          atMlxBugs.push(note);
           return;
         }
         throw new Error(formatVerdict(`${ckpt} ${scn}`, v));

@@ -81,12 +81,10 @@ function describe(t: TapData): string {
  */
 export type UlpBudget = Record<string, number>;
 
-const FLOAT_DTYPES = new Set(["float32", "float16", "bfloat16", "float64"]);
-
 function withinBudget(d: { dtype: string; maxUlp: number; maxAbs: number }, budget: UlpBudget | undefined): boolean {
   const b = budget?.[d.dtype];
   if (b === undefined || Number.isNaN(d.maxAbs)) return false;
-  return FLOAT_DTYPES.has(d.dtype) ? Number.isFinite(d.maxUlp) && d.maxUlp <= b : d.maxAbs <= b;
+  return mx.isFloating(d.dtype as mx.Dtype) ? Number.isFinite(d.maxUlp) && d.maxUlp <= b : d.maxAbs <= b;
 }
 
 /** Compares one pair; null when identical (or within `budget`). */

@@ -14,7 +14,7 @@ import * as mx from "@mlx-bun/mlx";
 import { type OracleClient, sharedOracle } from "../../oracle/client.ts";
 import { KVCache, RotatingKVCache } from "../../model/cache/index.ts";
 import { generateStep } from "../../model/generate.ts";
-import { mlxBugFor } from "../../oracle/mlx_bugs.ts";
+import { atMlxBug } from "../../oracle/mlx_bugs.ts";
 import { CKPT_ROOT, explain, generateModel, isMoe, loadCheckpoints, loadScenarios, model, parityRun, type ParityRun, type Scenario } from "./parity.ts";
 
 let oracle: OracleClient;
@@ -83,10 +83,10 @@ describe("generation parity vs mlx-lm generate_step (greedy, per call, bit-exact
       const r = await parityRun(oracle, ck, sc);
       results.push(r);
       if (r.first) {
-        const bug = mlxBugFor(join(CKPT_ROOT, ck), (sc.prompt?.length ?? 0) + (sc.max_tokens ?? 20));
         const where = `${ck} × ${sc.id}: first divergence at ${r.first.call} tap ${r.first.tap}: ${r.first.detail}`;
-        if (bug) {
-          atMlxBugs.push(`${where} (MLX bug ${bug.id}, ${bug.reproducer})`);
+        const note = atMlxBug(join(CKPT_ROOT, ck), where, (sc.prompt?.length ?? 0) + (sc.max_tokens ?? 20));
+        if (note) {
+          atMlxBugs.push(note);
           return;
         }
         const why = await explain(oracle, ck, sc, r.first.call).catch((e) => `(explain failed: ${e})`);
@@ -198,9 +198,9 @@ describe("sampled generation parity (fixed seeds, make_sampler)", () => {
       const { toks, lps, metas } = ours[i]!;
       const where = `${id} seed ${r.seed} ${JSON.stringify({ temp: r.temp, top_p: r.top_p, min_p: r.min_p, top_k: r.top_k })}`;
       const firstLp = lps.findIndex((h, k) => h !== ref[i]!.logprobs[k]);
-      const bug = firstLp >= 0 ? mlxBugFor(r.checkpoint, r.prompt.length + r.max_tokens) : null;
-      if (bug) {
-        bugs.push(`${where}: logprobs differ from step ${firstLp} (MLX bug ${bug.id}, ${bug.reproducer})`);
+      const note = firstLp >= 0 ? atMlxBug(r.checkpoint, `${where}: logprobs differ from step ${firstLp}`, r.prompt.length + r.max_tokens) : null;
+      if (note) {
+        bugs.push(note);
         continue;
       }
       expect(firstLp, `${where}: first step with different logprobs`).toBe(-1);

@@ -6,7 +6,7 @@ import { describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import { join } from "node:path";
 import { REPO_ROOT } from "../../oracle/client.ts";
-import { halfAttentionForCudnn, hasOneGroupRows, mlxBugFor, mlxBugForOp, scatterAddsGradients, takesQmmSm90 } from "../../oracle/mlx_bugs.ts";
+import { atMlxBug, halfAttentionForCudnn, hasOneGroupRows, mlxBugFor, mlxBugForOp, scatterAddsGradients, takesQmmSm90 } from "../../oracle/mlx_bugs.ts";
 import { CASES } from "../../oracle/ops/cases.ts";
 import { vjpCases } from "../../oracle/ops/vjp_runner.ts";
 
@@ -27,6 +27,9 @@ describe("recorded MLX bugs", () => {
     const expected = mx.backend() === "cuda" && mx.defaultDevice() === "gpu" ? "cuda-qmm-sm90" : null;
     for (const id of DIVERGED) expect(mlxBugFor(ck(id))?.id ?? null).toBe(expected);
     for (const id of CLEAN) expect(mlxBugFor(ck(id))).toBeNull();
+    // the suites' note for a run counted apart, null where the divergence is a failure
+    expect(atMlxBug(ck(DIVERGED[0]!), "diverges at x")).toBe(expected ? "diverges at x (MLX bug cuda-qmm-sm90, bench/cuda/repro_qmm.py)" : null);
+    expect(atMlxBug(ck(CLEAN[0]!), "diverges at x")).toBeNull();
   });
 
   it("names the op cases that take the qmm_sm90 path: the 18 of K = group 64 with 5 and 36 rows", () => {
