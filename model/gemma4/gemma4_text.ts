@@ -46,7 +46,10 @@ export type { ModelArgs } from "./config.ts";
  * (DecoderLayer.decodeCompiled) where that route is proven bit-exact against mlx-lm's uncompiled
  * step: on the CPU device. On a GPU device it is off by default: on CUDA (H200, MLX 0.32.4) the
  * compiled route gave other bytes than the op-by-op route on 7 of 7 fixtures
- * (suites/gemma4/decode_compile.test.ts; bench/PARITY-cuda.md), and Metal is not measured.
+ * (suites/gemma4/decode_compile.test.ts; bench/PARITY-cuda.md): MLX's CUDA backend compiles a
+ * fused elementwise kernel with NVRTC's default --fmad=true, so a multiply feeding an add is
+ * rounded once (bench/cuda/repro_compile.py: 9 of 12 chains differ there, 0 of 12 on the CPU).
+ * Metal is not measured.
  * GEMMA4_DECODE_COMPILE=1 (or setDecodeCompile(true)) forces it on everywhere, =0 (false) off
  * everywhere: every call then builds Python's graph op by op.
  */

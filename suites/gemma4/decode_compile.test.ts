@@ -5,7 +5,8 @@
 // (it runs with the default route: compiled on the CPU device).
 //
 // On a GPU device the route is off by default: on CUDA this check failed on 7 of 7 fixtures
-// (bench/PARITY-cuda.md). GEMMA4_DECODE_COMPILE=1 runs it there, to measure again.
+// (bench/PARITY-cuda.md), since NVRTC contracts a multiply feeding an add inside a fused kernel
+// (bench/cuda/repro_compile.py). GEMMA4_DECODE_COMPILE=1 runs it there, to measure again.
 import { describe, expect, it } from "vitest";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
