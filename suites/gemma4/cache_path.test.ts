@@ -4,11 +4,14 @@
 // argmax feedback) the oracle recorded. Every model tap of every call must be byte-identical
 // (cache_keys/cache_values, offsets read before the update, masks from the caches, shared-layer
 // reuse). The sampler taps (logprobs, token) belong to the generation suites and are skipped.
-// The reference is the golden full dump when golden/manifest.json has one, else a live capture.
+// The reference is the golden full dump when golden/manifest.json has one recorded on this
+// platform, else a live capture (goldens of another backend only bound the distance; the bar
+// here is bytes). A checkpoint at a recorded MLX bug of this backend is counted apart.
 
 import { describe, expect, it } from "vitest";
 import { join } from "node:path";
 import { loadModel } from "../../model/gemma4/index.ts";
+import { atMlxBug } from "../../oracle/mlx_bugs.ts";
 import { CKPT_ROOT, modelTapsOnly, reference, replayTaps } from "./run.ts";
 import { compareTapLists, formatVerdict } from "./tap_compare.ts";
 
@@ -25,6 +28,7 @@ const CASES: [string, string][] = [
 ];
 
 const totals = { calls: 0, taps: 0, golden: 0 };
+const atMlxBugs: string[] = [];
 
 describe("gemma4 cache path vs mlx-lm generate_step", () => {
   for (const [ckpt, scn] of CASES) {
@@ -33,7 +37,12 @@ describe("gemma4 cache path vs mlx-lm generate_step", () => {
       const { model } = loadModel(join(CKPT_ROOT, ckpt));
       try {
         const theirs = modelTapsOnly(ref.taps);
-        const v = compareTapLists(replayTaps(model, ref.calls, theirs), theirs, ref.budget);
+        const v = compareTapLists(replayTaps(model, ref.calls, theirs), theirs);
+        const note = v.ok ? null : atMlxBug(join(CKPT_ROOT, ckpt), formatVerdict(`${ckpt} ${scn} (${ref.source})`, v));
+        if (note) {
+          atMlxBugs.push(note);
+          return;
+        }
         if (!v.ok) throw new Error(formatVerdict(`${ckpt} ${scn} (${ref.source})`, v));
         expect(v.ok).toBe(true);
         totals.calls += ref.calls.length;
@@ -46,8 +55,9 @@ describe("gemma4 cache path vs mlx-lm generate_step", () => {
   }
   it("summary", () => {
     console.log(
-      `[gemma4 cache path] ${CASES.length} generate scenarios, ${totals.calls} model calls, ${totals.taps} taps bit-identical ` +
-        `(${totals.golden} from goldens, the rest live)`,
+      `[gemma4 cache path] ${CASES.length - atMlxBugs.length}/${CASES.length} generate scenarios, ${totals.calls} model calls, ${totals.taps} taps bit-identical ` +
+        `(${totals.golden} from goldens, the rest live)` +
+        (atMlxBugs.length ? `; ${atMlxBugs.length} at MLX bugs:\n  ${atMlxBugs.join("\n  ")}` : ""),
     );
   });
 });

@@ -7,7 +7,7 @@ import { type CallRecord, REPO_ROOT, sharedOracle } from "../../oracle/client.ts
 import { type GoldenRule, goldenRule, loadGolden, readManifest } from "../../oracle/golden.ts";
 import { KVCache, type KVCacheLike, RotatingKVCache } from "../../model/cache/index.ts";
 import { type AnyModel, prefixed } from "../../model/gemma4/index.ts";
-import { fromOracle, TapCollector, type TapData, type UlpBudget } from "./tap_compare.ts";
+import { fromOracle, TapCollector, type TapData } from "./tap_compare.ts";
 
 export const CKPT_ROOT = join(REPO_ROOT, ".cache", "checkpoints");
 
@@ -56,8 +56,6 @@ export interface Reference {
   calls: CallRecord[];
   taps: TapData[];
   source: "golden" | "live";
-  /** Set for a golden from another platform fingerprint: compare within this ULP budget. */
-  budget?: UlpBudget;
 }
 
 let platformCheck: Promise<GoldenRule | undefined> | undefined;
@@ -78,32 +76,32 @@ const manifest = readManifest();
 const memo = new Map<string, Promise<Reference>>();
 
 /**
- * The oracle's full record of a scenario: the golden full dump when there is one, else a live
- * capture (memoised for the test process: the cache-path and mutation suites share them).
+ * The oracle's full record of a scenario, to compare bytes against: the golden full dump when
+ * there is one recorded on this platform, else a live capture (a golden of another backend only
+ * bounds the distance, and a bug worth 1-2 ULP must not hide in that bound). Memoised for the
+ * test process: the cache-path and mutation suites share them.
  */
-export function reference(ckpt: string, scn: string, { exact = false }: { exact?: boolean } = {}): Promise<Reference> {
-  const key = `${ckpt}/${scn}${exact ? "#exact" : ""}`;
+export function reference(ckpt: string, scn: string): Promise<Reference> {
+  const key = `${ckpt}/${scn}`;
   let p = memo.get(key);
   if (!p) {
-    p = fetchReference(ckpt, scn, exact);
+    p = fetchReference(ckpt, scn);
     memo.set(key, p);
     p.catch(() => memo.delete(key));
   }
   return p;
 }
 
-/** `exact`: never a golden from another platform (those only match within a ULP budget). */
-async function fetchReference(ckpt: string, scn: string, exact: boolean): Promise<Reference> {
+async function fetchReference(ckpt: string, scn: string): Promise<Reference> {
   const gid = `${ckpt}/${scn}`;
   const rule = await goldenRuleHere();
-  if (manifest?.entries[gid] && rule && (rule.mode === "exact" || (rule.mode === "budget" && !exact))) {
+  if (manifest?.entries[gid] && rule?.mode === "exact") {
     const g = loadGolden(gid);
     if (g.scenario.mode === "full" && g.scenario.calls) {
       return {
         calls: g.scenario.calls as unknown as CallRecord[],
         taps: g.taps.map((t) => fromOracle({ ...t, kind: t.kind ?? "array", array: g.arrays.get(t.name) })),
         source: "golden",
-        ...(rule.mode === "budget" ? { budget: rule.budget } : {}),
       };
     }
   }
