@@ -11,7 +11,9 @@ import * as mx from "@mlx-bun/mlx";
 import { type OracleClient, sharedOracle } from "../../oracle/client.ts";
 import { KVCache, RotatingKVCache } from "../../model/cache/index.ts";
 import { generateStep } from "../../model/generate.ts";
-import { generateModel, model } from "../generation/parity.ts";
+import { join } from "node:path";
+import { atMlxBug } from "../../oracle/mlx_bugs.ts";
+import { CKPT_ROOT, generateModel, model } from "../generation/parity.ts";
 import { compareRaw, formatDiff, rawOfNpy, type RawTensor } from "../../oracle/compare.ts";
 import { checkProperty, propertyRuns, propertyTimeout } from "./harness.ts";
 
@@ -20,7 +22,13 @@ beforeAll(async () => {
   oracle = await sharedOracle();
 }, 120_000);
 
-const CKPTS = ["c1_dense/f32", "c3_e2b/bf16", "c4_e4b/f32", "c5_moe/q4g32", "c6_sink/f32", "c2_keqv/bf16"];
+const ALL_CKPTS = ["c1_dense/f32", "c3_e2b/bf16", "c4_e4b/f32", "c5_moe/q4g32", "c6_sink/f32", "c2_keqv/bf16"];
+// a checkpoint on a path of MLX's own proven broken on this backend (oracle/mlx_bugs.ts; at most
+// 43 keys here) leaves the pool, said below: the property is about the port, not that bug
+const notes = ALL_CKPTS.map((ck) => [ck, atMlxBug(join(CKPT_ROOT, ck), ck, 43)] as const);
+const CKPTS = notes.filter(([, n]) => n === null).map(([ck]) => ck);
+const AT_BUGS = notes.flatMap(([, n]) => n ?? []);
+if (AT_BUGS.length) console.log(`[model properties] left out of the random pool on this backend: ${AT_BUGS.join("; ")}`);
 
 async function tsGenerate(ck: string, prompt: number[], prefill: number, maxTokens: number) {
   const gm = generateModel(model(ck));
