@@ -34,6 +34,7 @@
 #   repro-compile  Python-only: does mx.compile change elementwise bits on the GPU? (bench/cuda/repro_compile.py)
 #   repro-vjp   Python-only: are the op gradients that differ on CUDA functions of their inputs? (bench/cuda/repro_vjp.py)
 #   tests       the whole bun test suite on the GPU
+#   tests@<p>   the test files under the comma-separated paths <p> (lanes split the suite)
 #   bench-<w>   `npm run bench` for workload(s) <w> (comma-separated) at full width on the GPU
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -113,6 +114,7 @@ for s in "$@"; do
     repro-vjp) stage repro-vjp 240 env MLX_DEVICE=gpu .venv/bin/python -I bench/cuda/repro_vjp.py ;;
     repro-compile) stage repro-compile 240 .venv/bin/python -I bench/cuda/repro_compile.py ;;
     tests) stage tests 560 bun test ;;
+    tests@*) IFS=, read -ra paths <<< "${s#tests@}"; stage "tests-$(echo "${s#tests@}" | tr -c 'A-Za-z0-9_\n' _)" 560 bun test "${paths[@]}" ;;
     bench-*) stage "$s" 560 bun run bench/run.ts --device gpu --only "${s#bench-}" --e2b-layers 35 --e4b-layers 42 --moe-layers 30 --31b-layers 60 --big-prompts 512,4096 --big-decode 128
              cp bench/RESULTS-cuda.md bench/results-cuda.json "$LOGS/" 2>/dev/null ;;
     *) echo "unknown stage $s" >&2; exit 2 ;;
