@@ -20,6 +20,8 @@
 #   decode      the compiled decode route against the op-by-op route (suites/gemma4/decode_compile.test.ts)
 #   gen         generation parity vs mlx-lm, compiled decode route and op-by-op (GEMMA4_DECODE_COMPILE=0)
 #   genfull     the full generation matrix (GEN_FULL=1)
+#   genfull@<c> the matrix's greedy runs of the comma-separated checkpoints <c> (lanes split it;
+#               genfull-sampled is the rest of that file under GEN_FULL=1)
 #   gen-sdpa    the bfloat16 runs of gen_P300_S128 (one query row against >= 256 keys), both
 #               sides with MLX_CUDA_USE_CUDNN_SDPA=0 (the vector kernel always), then as MLX picks
 #   parity      `npm run parity` on the fixtures without the op section, with --bisect
@@ -97,6 +99,8 @@ for s in "$@"; do
     gen) stage gen 300 bun test suites/generation/parity.test.ts
          stage gen-opbyop 300 env GEMMA4_DECODE_COMPILE=0 bun test suites/generation/parity.test.ts ;;
     genfull) stage genfull 560 env GEN_FULL=1 bun test suites/generation/parity.test.ts ;;
+    genfull@*) stage "genfull-$(echo "${s#genfull@}" | tr -c 'A-Za-z0-9_\n' _)" 560 env GEN_CKPTS="${s#genfull@}" bun test suites/generation/parity.test.ts -t "generation parity vs mlx-lm" ;;
+    genfull-sampled) stage genfull-sampled 560 env GEN_FULL=1 bun test suites/generation/parity.test.ts -t "sampled generation parity" ;;
     gen-sdpa) sel=(GEN_CKPTS=c1_dense/bf16,c2_keqv/bf16,c3_e2b/bf16 GEN_SCENARIOS=gen_P300_S128)
               stage gen-sdpa-vector 300 env "${sel[@]}" MLX_CUDA_USE_CUDNN_SDPA=0 bun test suites/generation/parity.test.ts
               stage gen-sdpa-default 300 env "${sel[@]}" bun test suites/generation/parity.test.ts ;;
