@@ -88,6 +88,15 @@ def scatter_cases():
     f = lambda x_: mx.gather_qmm(x_, wq, s, b, lhs_indices=li, rhs_indices=rj, transpose=True, group_size=64, bits=4)  # noqa: E731
     yield ("gather_qmm vjp wrt x, bf16 [3,2,128], lhs+rhs indices, unsorted", lambda: mx.vjp(f, [xl], [cl])[1])
 
+    # cummin's vjp scatter-adds each cotangent into the element holding the running minimum there
+    # (Scan::vjp, scatter_add_axis): the op table's failing case, float16 [2,3,7], reverse, exclusive
+    xc = normal((2, 3, 7), mx.float16)
+    cc = normal((2, 3, 7), mx.float16)
+    yield ("cummin vjp, f16 [2,3,7], axis -1, reverse, exclusive", lambda: mx.vjp(lambda a: mx.cummin(a, axis=-1, reverse=True, inclusive=False), [xc], [cc])[1])
+    xm = normal((64, 512), mx.float16)
+    cm = normal((64, 512), mx.float16)
+    yield ("cummax vjp, f16 [64,512], axis -1 (long runs of one owner)", lambda: mx.vjp(lambda a: mx.cummax(a, axis=-1), [xm], [cm])[1])
+
     # the mechanism alone: many updates into few rows
     base = mx.zeros((4, 64))
     upd = normal((4096, 1, 64))

@@ -20,11 +20,12 @@ import type { Mask } from "../../model/mask.ts";
 import { cacheState } from "../../parity/batch_engine.ts";
 import { compareRaw, formatDiff, rawOf, rawOfNpy } from "../../oracle/compare.ts";
 import { checkProperty, propertyTimeout } from "../properties/harness.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 let oracle: OracleClient;
 beforeAll(async () => {
   oracle = await sharedOracle();
-}, 120_000);
+}, limit(120_000));
 
 type Dt = "float32" | "bfloat16" | "float16";
 

@@ -14,12 +14,13 @@ import { BatchGenerator, batchGenerate, batchModel } from "../../model/generate_
 import { GenerateError } from "../../model/generate.ts";
 import { CKPT_ROOT, freeModels, model } from "../generation/parity.ts";
 import * as mx from "@mlx-bun/mlx";
+import { limit } from "../../tests/time_limit.ts";
 
 let oracle: OracleClient;
 const tmp = mkdtempSync(join(tmpdir(), "batch-faces-"));
 beforeAll(async () => {
   oracle = await sharedOracle();
-}, 120_000);
+}, limit(120_000));
 afterAll(() => {
   rmSync(tmp, { recursive: true, force: true });
   freeModels();
@@ -51,7 +52,7 @@ describe("batch_generate vs mlx-lm's", () => {
     // the stop happened and its token is not in the output
     expect(ts.tokenIds[0]!.length).toBeLessThan(maxTokens[0]!);
     expect(ts.tokenIds.flat()).not.toContain(eos[0]);
-  }, 60_000);
+  }, limit(60_000));
 
   it("returnPromptCaches: one caller-owned cache list per prompt, in prompt order", () => {
     const r = batchGenerate(batchModel(model(CK)), stub([]), PROMPTS, { maxTokens: [3, 2, 4], returnPromptCaches: true });
@@ -62,11 +63,11 @@ describe("batch_generate vs mlx-lm's", () => {
     } finally {
       for (const c of r.caches!.flat()) c.dispose();
     }
-  }, 60_000);
+  }, limit(60_000));
 });
 
 function generateCli(args: string[]): { status: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(join(REPO_ROOT, "node_modules", ".bin", "bun"), ["run", join(REPO_ROOT, "parity", "generate_cli.ts"), ...args], { encoding: "utf8", cwd: REPO_ROOT, timeout: 120_000 });
+  const r = spawnSync(join(REPO_ROOT, "node_modules", ".bin", "bun"), ["run", join(REPO_ROOT, "parity", "generate_cli.ts"), ...args], { encoding: "utf8", cwd: REPO_ROOT, timeout: limit(120_000) });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
@@ -82,7 +83,7 @@ describe("npm run generate in batch mode", () => {
     expect(r.stdout).toMatch(/\[batch_generate\] Prompt: \d+ tokens, [\d.]+ tokens-per-sec/);
     expect(r.stdout).toMatch(/\[batch_generate\] Generation: 18 tokens, [\d.]+ tokens-per-sec/);
     expect(r.stdout).toMatch(/\[batch_generate\] Peak memory: [\d.]+ GB/);
-  }, 120_000);
+  }, limit(120_000));
 
   const dir = join(CKPT_ROOT, CK);
   const cases: [string, string[], RegExp][] = [
@@ -106,7 +107,7 @@ describe("npm run generate in batch mode", () => {
       expect(errs.length).toBe(1);
       expect(errs[0]).toMatch(msg);
       expect(r.stdout).toBe("");
-    }, 60_000);
+    }, limit(60_000));
   }
 });
 
@@ -120,12 +121,12 @@ describe("npm run parity -- --mode batch: bad flags", () => {
   ];
   for (const [args, msg] of cases) {
     it(`${args.join(" ")}: exit 2 and one error line`, () => {
-      const r = spawnSync(join(REPO_ROOT, "node_modules", ".bin", "bun"), ["run", join(REPO_ROOT, "parity", "cli.ts"), ...args], { encoding: "utf8", cwd: REPO_ROOT, timeout: 60_000 });
+      const r = spawnSync(join(REPO_ROOT, "node_modules", ".bin", "bun"), ["run", join(REPO_ROOT, "parity", "cli.ts"), ...args], { encoding: "utf8", cwd: REPO_ROOT, timeout: limit(60_000) });
       expect(r.status).toBe(2);
       const errs = r.stderr.split("\n").filter((l) => l.startsWith("error:"));
       expect(errs.length).toBe(1);
       expect(errs[0]).toMatch(msg);
-    }, 60_000);
+    }, limit(60_000));
   }
 });
 
@@ -212,5 +213,5 @@ describe("ownership: a batched run leaves no native handle behind", () => {
     run();
     run();
     expect(mx.liveHandles()).toBe(before);
-  }, 120_000);
+  }, limit(120_000));
 });

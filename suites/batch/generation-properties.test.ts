@@ -22,11 +22,12 @@ import { type BatchRun, type BatchScenario, compareRuns, runOracleBatch, runTsBa
 import { compareRaw, formatDiff, type RawTensor, rawOf, rawOfNpy } from "../../oracle/compare.ts";
 import { CKPT_ROOT, freeModels, generateModel, model } from "../generation/parity.ts";
 import { checkProperty, propertyTimeout } from "../properties/harness.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 let oracle: OracleClient;
 beforeAll(async () => {
   oracle = await sharedOracle();
-}, 120_000);
+}, limit(120_000));
 afterAll(() => freeModels());
 
 const CKPTS = ["c1_dense/f32", "c3_e2b/bf16", "c5_moe/f32"];
@@ -191,7 +192,7 @@ describe("a batch of one ≡ single-sequence generation", () => {
         expect(holds(r.ts)).toBe(true);
       }
     }
-  }, 180_000);
+  }, limit(180_000));
 });
 
 // ------------------------------------------------------------------------------- removal
@@ -282,7 +283,7 @@ describe("removing a finished sequence from a batch", () => {
       expect(compareRuns("removed", runTsBatch(m, removed), pyR).first).toBeNull();
       expect(compareRuns("kept", runTsBatch(m, kept), pyK).first).toBeNull();
     }
-  }, 180_000);
+  }, limit(180_000));
 
   it("where it does not hold: a one-token prompt decodes a call early, and once it is gone the others form a new batch instead of joining it (mlx-lm's bits, reproduced)", async () => {
     // [t], a 16- and a 12-token prompt on the dense fixture: sequence 0 starts decoding at call 0; if it
@@ -300,5 +301,5 @@ describe("removing a finished sequence from a batch", () => {
     }
     expect(othersUnchanged(runs[0]!, runs[1]!, 0)).toBe(false);
     expect(othersUnchanged(ts[0]!, ts[1]!, 0)).toBe(false);
-  }, 120_000);
+  }, limit(120_000));
 });

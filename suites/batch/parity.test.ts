@@ -16,11 +16,12 @@ import { type OracleClient, REPO_ROOT, sharedOracle } from "../../oracle/client.
 import { batchModel } from "../../model/generate_batch.ts";
 import { type BatchComparison, type BatchScenario, batchParity, runFeatures } from "../../parity/batch_engine.ts";
 import { freeModels, loadCheckpoints, model } from "../generation/parity.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 let oracle: OracleClient;
 beforeAll(async () => {
   oracle = await sharedOracle();
-}, 120_000);
+}, limit(120_000));
 
 const scenarios = (JSON.parse(readFileSync(join(REPO_ROOT, "fixtures", "batch_scenarios.json"), "utf8")) as { scenarios: BatchScenario[] }).scenarios;
 const DEFAULT_CKPTS = ["c1_dense/f32", "c3_e2b/bf16", "c5_moe/f32"];
@@ -53,7 +54,7 @@ describe("batched generation vs mlx-lm's BatchGenerator (every next() call, bit-
       if (sc.completion_batch_size) {
         for (const c of r.oracleRun.calls) expect(c.generation_batch.uids.length).toBeLessThanOrEqual(Math.max(sc.completion_batch_size, sc.prefill_batch_size ?? 8));
       }
-    }, 180_000);
+    }, limit(180_000));
   }
 });
 

@@ -11,6 +11,7 @@ import { REPO_ROOT } from "../../oracle/client.ts";
 import { regressions } from "./regressions.ts";
 import { runFuzz, runInputs, summaryLine } from "./runner.ts";
 import { TARGETS } from "./targets.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const soak = Number(process.env.FUZZ_SOAK ?? 0);
 const base = TARGETS.reduce((s, t) => s + t.sample, 0);
@@ -30,7 +31,7 @@ describe("fuzz: nothing malformed aborts, hangs or leaks", () => {
     expect(tally.clear).toBeGreaterThan(0);
     expect(tally.ok).toBeGreaterThan(0);
     expect({ abort: tally.abort, hang: tally.hang, leak: tally.leak, unclear: tally.unclear }).toEqual({ abort: 0, hang: 0, leak: 0, unclear: 0 });
-  }, soak > 0 ? 3_600_000 : 240_000);
+  }, limit(soak > 0 ? 3_600_000 : 240_000));
 
   it("what the fuzz found stays fixed (each regression input gets its verdict, in the worker)", async () => {
     const list = regressions();
@@ -38,5 +39,5 @@ describe("fuzz: nothing malformed aborts, hangs or leaks", () => {
     const got = list.map((r, i) => ({ was: r.was, expect: r.expect, got: tally.verdicts[i] }));
     for (const f of tally.findings) console.error(`${f.verdict} ${f.target}: ${f.detail}`);
     expect(got.filter((g) => g.got !== g.expect)).toEqual([]);
-  }, 240_000);
+  }, limit(240_000));
 });

@@ -9,6 +9,7 @@ import { join } from "node:path";
 import fc from "fast-check";
 import { seedFor } from "../properties/harness.ts";
 import { encodeInput, type FuzzTarget, MARK } from "./target.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 export type Verdict = "ok" | "clear" | "unclear" | "leak" | "abort" | "hang";
 
@@ -179,7 +180,7 @@ async function runPlan(root: string, plan: { t: FuzzTarget; seed: number; inputs
           worker = new Worker(o.root);
           await worker.ready;
         }
-        const r = await worker.ask(id++, t.name, input, t.timeoutMs ?? 20_000);
+        const r = await worker.ask(id++, t.name, input, limit(t.timeoutMs ?? 20_000));
         const v = r.verdict ?? "unclear";
         tally.inputs++;
         tally[v]++;

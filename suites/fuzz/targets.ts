@@ -24,6 +24,7 @@ import { arbConfig, type ConfigSpec, configText } from "./inputs/config.ts";
 import { arbOpCall, callOp, type OpCall } from "./inputs/ops.ts";
 import { arbSafetensors, baseOfFile, SMALL_BASE, type StSpec, stBytes } from "./inputs/safetensors.ts";
 import { expectError, type FuzzContext, type FuzzTarget, target } from "./target.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 export const FIXTURE = join(REPO_ROOT, ".cache", "checkpoints", "c1_dense", "f32");
 export const WRAP_FIXTURE = join(REPO_ROOT, ".cache", "checkpoints", "c6_sink", "wrap_f32");
@@ -101,7 +102,7 @@ function runCliProcess(input: CliInput, ctx: FuzzContext): void {
   const marker = join(ctx.scratch, "oracle-started");
   const recorder = join(ctx.scratch, "python");
   writeFileSync(recorder, `#!/bin/sh\ntouch '${marker}'\nexit 1\n`, { mode: 0o755 });
-  const r = spawnSync(process.execPath, [join(ctx.root, c.script), ...argv], { cwd: ctx.root, encoding: "utf8", timeout: 120_000, env: { ...process.env, ORACLE_PYTHON: recorder } });
+  const r = spawnSync(process.execPath, [join(ctx.root, c.script), ...argv], { cwd: ctx.root, encoding: "utf8", timeout: limit(120_000), env: { ...process.env, ORACLE_PYTHON: recorder } });
   const out = `${r.stdout}${r.stderr}`;
   if (r.status === null) throw new Error(`${c.name} ${JSON.stringify(argv)}: killed (${r.signal ?? r.error?.message})`);
   if (existsSync(marker)) throw new Error(`${c.name} ${JSON.stringify(argv)}: an oracle process was started for a command line it refuses`);

@@ -18,6 +18,7 @@ import { valueAndGrad } from "../../model/gemma4/nn.ts";
 import { loadModel } from "../../model/gemma4/weights.ts";
 import { applySteps, type ModuleStep } from "./module_steps.ts";
 import { CKPT_ROOT } from "./run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const N = 3;
 const TOKENS = [
@@ -116,5 +117,5 @@ describe("compiled training step", () => {
     same(tsEager, pyEager, "TS eager vs mlx-lm eager");
     same(tsCompiled, pyCompiled, "TS compiled vs mlx-lm compiled");
     same(tsCompiled, tsEager, "TS compiled vs TS eager");
-  }, 300_000);
+  }, limit(300_000));
 });

@@ -14,11 +14,12 @@ import { sharedOracle } from "../../oracle/client.ts";
 import { loadModel } from "../../model/gemma4/index.ts";
 import { setDecodeCompile } from "../../model/gemma4/gemma4_text.ts";
 import { cacheFactory, CKPT_ROOT } from "./run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 // Every fixture feature on the decode path: dense bf16, k_eq_v bf16, PLE + KV sharing (4-bit),
 // E4B f32, MoE (f32 and 4-bit, so the router scale input and gather_qmm), attention sinks.
 const CKPTS = ["c1_dense/bf16", "c2_keqv/bf16", "c3_e2b/q4g32", "c4_e4b/f32", "c5_moe/f32", "c5_moe/q4g32", "c6_sink/q4g64"];
-await (await sharedOracle()).request("make_checkpoints", { only: CKPTS }, 600_000);
+await (await sharedOracle()).request("make_checkpoints", { only: CKPTS }, limit(600_000));
 
 interface Run {
   logits: Buffer[];
@@ -73,6 +74,6 @@ describe.skipIf(onGpuUnforced)("compiled decode steps equal the op-by-op route (
       const live = mx.liveHandles();
       model.dispose();
       expect(mx.liveHandles()).toBeLessThan(live);
-    }, 300_000);
+    }, limit(300_000));
   }
 });

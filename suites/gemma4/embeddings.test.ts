@@ -15,11 +15,12 @@ import { parseNpy, toNpy } from "../../oracle/npy.ts";
 import { gemma4_text, loadModel } from "../../model/gemma4/index.ts";
 import { compareRaw, formatDiff } from "../../oracle/compare.ts";
 import { CKPT_ROOT } from "./run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "gemma4-emb-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 const oracle = await sharedOracle();
-await oracle.request("make_checkpoints", { only: ["c3_e2b/f32", "c3_e2b/bf16", "c4_e4b/f32", "c6_sink/f32", "c1_dense/f32"] }, 600_000);
+await oracle.request("make_checkpoints", { only: ["c3_e2b/f32", "c3_e2b/bf16", "c4_e4b/f32", "c6_sink/f32", "c1_dense/f32"] }, limit(600_000));
 
 const TOKENS = [
   [92, 35, 201, 117, 109, 58, 233, 71, 198, 75, 117, 114, 158],
@@ -69,7 +70,7 @@ describe("embeddings-only path vs mlx-lm", () => {
       } finally {
         model.dispose();
       }
-    }, 60_000);
+    }, limit(60_000));
   }
 });
 

@@ -8,10 +8,11 @@ import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { ConfigError, loadModel, WeightsError } from "../../model/gemma4/index.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const CKPT = join(REPO_ROOT, ".cache", "checkpoints");
 const oracle = await sharedOracle();
-await oracle.request("make_checkpoints", { only: ["c1_dense/f32", "c3_e2b/*bf16", "c5_moe/*f32", "c6_sink/*f32"] }, 600_000);
+await oracle.request("make_checkpoints", { only: ["c1_dense/f32", "c3_e2b/*bf16", "c5_moe/*f32", "c6_sink/*f32"] }, limit(600_000));
 
 const TOKENS = [
   [92, 35, 201, 117, 109, 58, 233, 71, 198, 75, 117, 114, 158],

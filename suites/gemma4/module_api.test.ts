@@ -10,6 +10,7 @@ import { Linear, Module } from "../../model/gemma4/nn.ts";
 import { loadModel } from "../../model/gemma4/weights.ts";
 import { applySteps, type ModuleStep } from "./module_steps.ts";
 import { CKPT_ROOT } from "./run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 function show(t: unknown): unknown {
   if (t instanceof mx.MlxArray) return `${t.dtype}[${t.shape.join(", ")}]`;
@@ -75,7 +76,7 @@ describe("nn.Module training API vs mlx.nn.Module", () => {
     } finally {
       model.dispose();
     }
-  }, 60_000);
+  }, limit(60_000));
 
   it("strict keys that no module has raise in both", async () => {
     const oracle = await sharedOracle();

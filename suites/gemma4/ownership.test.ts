@@ -7,9 +7,10 @@ import * as mx from "@mlx-bun/mlx";
 import { sharedOracle } from "../../oracle/client.ts";
 import { loadModel } from "../../model/gemma4/index.ts";
 import { cacheFactory, CKPT_ROOT } from "./run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const oracle = await sharedOracle();
-await oracle.request("make_checkpoints", { only: ["c6_sink/q4g32", "c3_e2b/bf16", "c5_moe/f32"] }, 600_000);
+await oracle.request("make_checkpoints", { only: ["c6_sink/q4g32", "c3_e2b/bf16", "c5_moe/f32"] }, limit(600_000));
 
 describe("no leaked handles", () => {
   for (const ckpt of ["c6_sink/q4g32", "c3_e2b/bf16", "c5_moe/f32"]) {
@@ -42,6 +43,6 @@ describe("no leaked handles", () => {
       } finally {
         model.dispose();
       }
-    }, 60_000);
+    }, limit(60_000));
   }
 });

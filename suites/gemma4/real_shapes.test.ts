@@ -11,6 +11,7 @@ import * as mx from "@mlx-bun/mlx";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { loadModel } from "../../model/gemma4/index.ts";
 import { compareRaw, formatDiff } from "../../oracle/compare.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const BENCH = join(REPO_ROOT, ".cache", "bench");
 const enabled = process.env.GEMMA4_REAL_SHAPES === "1";
@@ -32,6 +33,6 @@ describe.skipIf(!enabled)("real-shape checkpoints vs mlx-lm (opt-in)", () => {
       } finally {
         model.dispose();
       }
-    }, 1_800_000);
+    }, limit(1_800_000));
   }
 });

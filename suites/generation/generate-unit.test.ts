@@ -6,6 +6,7 @@ import type { MlxArray } from "@mlx-bun/mlx";
 import { KVCache, RotatingKVCache, type KVCacheLike } from "../../model/cache/index.ts";
 import { generate, generateStep, GenerateError, type CallInfo, type GenerateModel } from "../../model/generate.ts";
 import { SamplerError, makeSampler } from "../../model/sample.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const V = 16;
 
@@ -88,5 +89,5 @@ describe("generate_step mechanics", () => {
     const a = await run();
     const b = await run();
     expect(a).toEqual(b);
-  }, 120_000);
+  }, limit(120_000));
 });

@@ -14,13 +14,14 @@ import * as mx from "@mlx-bun/mlx";
 import { type OracleClient, sharedOracle } from "../../oracle/client.ts";
 import { KVCache, RotatingKVCache } from "../../model/cache/index.ts";
 import { generateStep } from "../../model/generate.ts";
-import { atMlxBug } from "../../oracle/mlx_bugs.ts";
+import { atMlxBug, keepMlxBugNote } from "../../oracle/mlx_bugs.ts";
 import { CKPT_ROOT, explain, generateModel, isMoe, loadCheckpoints, loadScenarios, model, parityRun, type ParityRun, type Scenario } from "./parity.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 let oracle: OracleClient;
 beforeAll(async () => {
   oracle = await sharedOracle();
-}, 120_000);
+}, limit(120_000));
 
 const fileScenarios = loadScenarios().filter((s) => s.kind === "generate");
 // gen_P300_S128 grows the KVCache at prev = 256 (256 % 256 == 0: no pre-slice); this inline
@@ -86,14 +87,14 @@ describe("generation parity vs mlx-lm generate_step (greedy, per call, bit-exact
         const where = `${ck} × ${sc.id}: first divergence at ${r.first.call} tap ${r.first.tap}: ${r.first.detail}`;
         const note = atMlxBug(join(CKPT_ROOT, ck), where, (sc.prompt?.length ?? 0) + (sc.max_tokens ?? 20));
         if (note) {
-          atMlxBugs.push(note);
+          keepMlxBugNote(atMlxBugs, "generation parity", note);
           return;
         }
         const why = await explain(oracle, ck, sc, r.first.call).catch((e) => `(explain failed: ${e})`);
         throw new Error(`${where}\n${why}`);
       }
       expect(r.steps).toBe((sc.max_tokens ?? 20) + 1);
-    }, 180_000);
+    }, limit(180_000));
   }
 });
 
@@ -106,10 +107,9 @@ afterAll(() => {
   const msO = results.reduce((a, r) => a + r.ms.oracle, 0);
   const msT = results.reduce((a, r) => a + r.ms.ts, 0);
   console.log(
-    `[generation parity] ${ok.length}/${results.length} runs bit-exact${atMlxBugs.length ? `, ${atMlxBugs.length} diverging at MLX bugs` : ""}; ${calls} model calls, ${steps} decode steps ` +
+    `[generation parity] ${ok.length}/${results.length} runs bit-exact${atMlxBugs.length ? `, ${atMlxBugs.length} diverging at recorded MLX bugs (named above)` : ""}; ${calls} model calls, ${steps} decode steps ` +
       `(${ok.reduce((a, r) => a + r.tokens.length, 0)} yielded tokens), ${tensors} tensors compared; oracle ${(msO / 1000).toFixed(1)} s, TS ${(msT / 1000).toFixed(1)} s`,
   );
-  for (const m of atMlxBugs) console.log(`  ${m}`);
 });
 
 // ------------------------------------------------------------------------------- sampled runs
@@ -210,5 +210,5 @@ describe("sampled generation parity (fixed seeds, make_sampler)", () => {
     }
     console.log(`[sampled parity] ${runs.length - bugs.length} sampled runs, ${steps} sampled steps bit-exact (tokens + logprobs) vs mlx-lm${bugs.length ? `; ${bugs.length} diverging at MLX bugs:\n  ${bugs.join("\n  ")}` : ""}`);
     mx.clearCache();
-  }, 600_000);
+  }, limit(600_000));
 });

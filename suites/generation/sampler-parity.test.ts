@@ -6,6 +6,7 @@ import fc from "fast-check";
 import * as mx from "@mlx-bun/mlx";
 import { applyMinP, applyTopK, applyTopP, makeSampler } from "../../model/sample.ts";
 import { propertyRuns, seedFor } from "../properties/harness.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 interface Cfg { temp: number; top_p: number; min_p: number; min_tokens_to_keep: number; top_k: number }
 interface Case { logits: number[][]; dtype: "float32" | "bfloat16" | "float16"; seed: number; draws: number; configs: Cfg[] }
@@ -87,5 +88,5 @@ describe("make_sampler parity with mlx-lm (bit-exact, same seed)", () => {
       }
     }
     console.log(`[sampler-parity] ${cases.length} cases, ${draws} draws bit-exact vs mlx-lm (seed ${seed})`);
-  }, 300_000);
+  }, limit(300_000));
 });

@@ -18,6 +18,7 @@ import { loadAudio } from "../../model/media/wav.ts";
 import { audioTables, featureExtractorConfig, Gemma4AudioFeatureExtractor } from "../../model/gemma4/audio_feature_extractor.ts";
 import { computeAudioNumTokens, loadProcessorConfig } from "../../model/gemma4/processing_gemma4.ts";
 import { FULL, makeMedia, makeProcessorDirs, type MediaItem, tempDir } from "./media_fixtures.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const tmp = tempDir("audio");
 afterAll(tmp.remove);
@@ -78,5 +79,5 @@ describe("audio front end = mlx-vlm's, byte for byte", () => {
     }
     console.log(`[audio] ${clips.length} clips: ${exact} bit-exact (features + mask + tokens), ${values} feature values`);
     expect(failures).toEqual([]);
-  }, 600_000);
+  }, limit(600_000));
 });

@@ -11,6 +11,7 @@ import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { MM_MEDIA, fixtureImages, type ImageSpec } from "../../oracle/mm_fixtures.ts";
 import { loadMultimodalModel, MediaError } from "../../model/gemma4/index.ts";
 import { CKPT_ROOT } from "./run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "mm-bad-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -50,7 +51,7 @@ describe("placeholder counts", () => {
     expect(() => forward(join(CKPT_ROOT, "m1_dense/f32"), prompt, { image: true })).toThrow(
       /the prompt has 11 image placeholder tokens \(id 250\) but the image input gives 9 feature rows.*mlx-vlm would silently wrap the features around/,
     );
-  }, 120_000);
+  }, limit(120_000));
 
   it("fewer placeholders than features, and placeholders without an image", () => {
     const ck = join(CKPT_ROOT, "m1_dense/f32");
@@ -85,7 +86,7 @@ describe("media without their tower", () => {
 
 describe("the faces", () => {
   const run = (face: string, args: string[]) => {
-    const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", face), ...args], { cwd: REPO_ROOT, encoding: "utf8", timeout: 120_000 });
+    const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", face), ...args], { cwd: REPO_ROOT, encoding: "utf8", timeout: limit(120_000) });
     return { code: r.status, out: `${r.stdout}${r.stderr}` };
   };
   const img = join(tmp, "x.png");
@@ -105,6 +106,6 @@ describe("the faces", () => {
         expect(r.code).toBe(2);
         expect(r.out).not.toMatch(/\n\s+at .+:\d+:\d+/);
       }
-    }, 120_000);
+    }, limit(120_000));
   }
 });

@@ -9,6 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DEFAULT_PYTHON, REPO_ROOT } from "../../oracle/client.ts";
 import { CKPT_ROOT } from "./run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "mm-faces-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -55,7 +56,7 @@ const [png, jpg, wav] = [join(tmp, "a.png"), join(tmp, "b.jpg"), join(tmp, "c.wa
 const CKPT = join(CKPT_ROOT, "m2_e2b/f32");
 
 function face(file: string, args: string[]): { code: number | null; out: string } {
-  const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", file), ...args], { cwd: REPO_ROOT, encoding: "utf8", timeout: 180_000 });
+  const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", file), ...args], { cwd: REPO_ROOT, encoding: "utf8", timeout: limit(180_000) });
   return { code: r.status, out: `${r.stdout}${r.stderr}` };
 }
 
@@ -68,7 +69,7 @@ describe("media faces on PNG, JPEG and WAV files", () => {
     // 2, boi + 15 + eoi, 7, boi + 15 + eoi, boa + 33 + eoa, 9 (1.3 s at 40 ms a token)
     expect(r.out).toMatch(/Prompt: 72 tokens/);
     expect(r.out).toMatch(/Generation: 5 tokens/);
-  }, 180_000);
+  }, limit(180_000));
 
   it("parity: every tap bit-exact against mlx-vlm, the processor outputs included", () => {
     const r = face("cli.ts", [...MEDIA, "--steps", "4", "--out", join(tmp, "report")]);
@@ -79,7 +80,7 @@ describe("media faces on PNG, JPEG and WAV files", () => {
     expect(run.bitExact).toBe(run.tapsCompared);
     const names = run.taps.map((t) => t.name);
     for (const n of ["embed/vision_tower/pixel_values", "embed/audio_tower/input_features", "embed/audio_tower/input_mask", "embed/inputs"]) expect(names).toContain(n);
-  }, 180_000);
+  }, limit(180_000));
 
   it("--prompt --chat on a checkpoint with a tokenizer and a processor config: the media placed as mlx-vlm's chat template places them, parity PASS", () => {
     const ck = join(tmp, "ck");
@@ -92,7 +93,7 @@ describe("media faces on PNG, JPEG and WAV files", () => {
     const r = face("cli.ts", [...args, "--steps", "3", "--out", join(tmp, "report-chat")]);
     expect(r.out).toMatch(/Verdict: PASS/);
     expect(r.code).toBe(0);
-  }, 180_000);
+  }, limit(180_000));
 
   for (const file of ["generate_cli.ts", "cli.ts"]) {
     it(`${file}: an undecodable image is one line naming the file, exit 2`, () => {
@@ -102,6 +103,6 @@ describe("media faces on PNG, JPEG and WAV files", () => {
       expect(r.out).toMatch(/bad\.png: /);
       expect(r.code).toBe(2);
       expect(r.out).not.toMatch(/\n\s+at .+:\d+:\d+/);
-    }, 60_000);
+    }, limit(60_000));
   }
 });

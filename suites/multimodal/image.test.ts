@@ -18,6 +18,7 @@ import { hostBytes, type HostArray } from "../../model/media/host.ts";
 import { loadImage, type RgbImage } from "../../model/media/image.ts";
 import { Gemma4ImageProcessor, loadProcessorConfig } from "../../model/gemma4/processing_gemma4.ts";
 import { FULL, makeMedia, makeProcessorDirs, type MediaItem, tempDir } from "./media_fixtures.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const tmp = tempDir("img");
 afterAll(tmp.remove);
@@ -101,6 +102,6 @@ describe("image preprocessing = mlx-vlm's processor, byte for byte", () => {
       console.log(`[image] ${group}: ${t.images} images, decode exact ${t.decodeExact}, pixel_values exact ${t.processExact}` +
         (group === "jpeg" ? `, from identical pixels ${t.samePixelsExact}` : ""));
       expect(t.failures).toEqual([]);
-    }, 600_000);
+    }, limit(600_000));
   }
 });

@@ -10,6 +10,7 @@ import * as mx from "@mlx-bun/mlx";
 import { loadMultimodalModel } from "../../model/gemma4/index.ts";
 import { compareTapLists, formatVerdict } from "../gemma4/tap_compare.ts";
 import { CKPT_ROOT, mmForwardTaps, mmReference, mmScenario } from "./run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "mm-load-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -51,5 +52,5 @@ describe("multimodal checkpoint layouts", () => {
     } finally {
       model.dispose();
     }
-  }, 120_000);
+  }, limit(120_000));
 });

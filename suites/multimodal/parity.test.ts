@@ -15,10 +15,11 @@ import { loadGolden, readManifest } from "../../oracle/golden.ts";
 import { type LoadedMultimodalModel, loadMultimodalModel } from "../../model/gemma4/index.ts";
 import { goldenRuleHere } from "../gemma4/run.ts";
 import { compareTapLists, formatVerdict, fromOracle, type TapData, type Verdict } from "../gemma4/tap_compare.ts";
-import { atMlxBug } from "../../oracle/mlx_bugs.ts";
+import { atMlxBug, keepMlxBugNote } from "../../oracle/mlx_bugs.ts";
 import { mmFixtureConfig, scenarioMedia } from "../../oracle/mm_fixtures.ts";
 import { callPrefix, expandMediaTaps, expandTaps, mediaTapConfig, mmCallShape, tapConfig } from "../../oracle/taps.ts";
 import { CKPT_ROOT, MM_SCENARIOS, type MmReference, type MmScenario, mmForwardTaps, mmGenerateTaps, mmReference, mmScenario } from "./run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const FULL = process.env.MM_PARITY_FULL === "1";
 // both towers in one forward (the rest: the goldens here, and `npm run parity`, which runs every
@@ -26,7 +27,7 @@ const FULL = process.env.MM_PARITY_FULL === "1";
 const LIVE = new Set(["m2_e2b/f32 mm_fwd_image_audio"]);
 
 const oracle = await sharedOracle();
-await oracle.request("make_checkpoints", { only: ["m*"] }, 600_000);
+await oracle.request("make_checkpoints", { only: ["m*"] }, limit(600_000));
 const plan = await oracle.request<{ mm_checkpoints: { id: string; towers: string[] }[] }>("plan");
 const pairs: { ckpt: string; scn: MmScenario }[] = [];
 for (const c of plan.mm_checkpoints) for (const s of MM_SCENARIOS) if (s.needs.every((t) => c.towers.includes(t))) pairs.push({ ckpt: c.id, scn: s });
@@ -77,7 +78,7 @@ describe("multimodal taps vs mlx-vlm", () => {
       });
       expect({ ckpt, names: cap.taps.map((t) => t.name) }).toEqual({ ckpt, names: want });
     }
-  }, 120_000);
+  }, limit(120_000));
 
   it("every multimodal checkpoint × scenario has a golden entry", () => {
     const missing = pairs.map((p) => `${p.ckpt}/${p.scn.id}`).filter((id) => !manifest?.entries[id]);
@@ -109,7 +110,7 @@ describe("multimodal taps vs mlx-vlm", () => {
       for (const t of oursG) counts.golden[part(t.name)]++;
 
       if (FULL || LIVE.has(key)) await livePair(ckpt, scn, key);
-    }, 120_000);
+    }, limit(120_000));
   }
 });
 
@@ -118,7 +119,7 @@ const atMlxBugs: string[] = [];
 /** A divergence on a checkpoint at a path of MLX's own proven broken here (oracle/mlx_bugs.ts): recorded apart, never as bit-exact. */
 function countedAtMlxBug(ckpt: string, label: string, v: Verdict): boolean {
   const note = atMlxBug(join(CKPT_ROOT, ckpt), formatVerdict(label, v));
-  if (note) atMlxBugs.push(note);
+  if (note) keepMlxBugNote(atMlxBugs, "multimodal parity", note);
   return note !== null;
 }
 
@@ -144,7 +145,7 @@ afterAll(() => {
     `[multimodal parity] ${pairs.length} (checkpoint, scenario) pairs; live mlx-vlm: ${totals.livePairs} pairs bit-identical (${fmt(counts.live)} taps)` +
       `${FULL ? "" : " [MM_PARITY_FULL=1: every pair live]"}; goldens (${!goldensCompared ? `not compared: ${rule && "what" in rule ? rule.what : "no manifest"}` : budget ? "other platform: forward pairs within the manifest's measured budget, generation live" : "same platform: bit-exact"}): ` +
       `${totals.goldenPairs} pairs (${totals.goldenFull} full dumps; ${fmt(counts.golden)} taps)` +
-      (atMlxBugs.length ? `; ${atMlxBugs.length} pairs diverging at MLX bugs:\n  ${atMlxBugs.join("\n  ")}` : ""),
+      (atMlxBugs.length ? `; ${atMlxBugs.length} pairs diverging at recorded MLX bugs (named above)` : ""),
   );
   if (FULL) console.log(`  live taps per pair:\n  ${perPair.join("\n  ")}`);
 });

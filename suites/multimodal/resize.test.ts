@@ -9,6 +9,7 @@ import type { NpyRecord } from "../../oracle/npy.ts";
 import { compareRaw, formatDiff } from "../../oracle/tensor_diff.ts";
 import { resizeBicubic } from "../../model/media/pil_resample.ts";
 import { FULL } from "./media_fixtures.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const oracle = await sharedOracle();
 
@@ -51,5 +52,5 @@ describe("Pillow BICUBIC resize, byte for byte", () => {
       if (!d.equal) failures.push(formatDiff(d));
     }
     expect(failures).toEqual([]);
-  }, 600_000);
+  }, limit(600_000));
 });

@@ -17,10 +17,11 @@ import { arbKV, arbMask, arbRot, maskCase, runDiff, useOracle } from "../propert
 import { seedFor } from "../properties/harness.ts";
 import { sharedOracle } from "../../oracle/client.ts";
 import { loadScenarios, parityCapture, parityRun, type Scenario } from "../generation/parity.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 beforeAll(async () => {
   await useOracle();
-}, 120_000);
+}, limit(120_000));
 
 const RUNS = 200;
 
@@ -109,14 +110,14 @@ describe("cache/mask mutations are caught", () => {
       console.log(`[mutation ${m}] pure: ${show(pure)}\n[mutation ${m}] oracle: ${show(oracle)}`);
       expect(pure.failed, `${m} not caught by the pure-reference properties`).toBe(true);
       expect(oracle?.failed ?? false, `${m} not caught by the oracle differential`).toBe(true);
-    }, 300_000);
+    }, limit(300_000));
   }
 
   it("with no mutation switched on, the same checks pass", async () => {
     const seed = seedFor("mutation-none");
     expect(fc.check(pureCheck(), { seed, numRuns: 50 }).failed).toBe(false);
     expect(fc.check(pureKVCheck(), { seed, numRuns: 20 }).failed).toBe(false);
-  }, 120_000);
+  }, limit(120_000));
 });
 
 // The same mutations through the generation parity suite (model + caches + generate vs the
@@ -145,6 +146,6 @@ describe("cache/mask mutations are caught by generation parity at the right call
       console.log(`[mutation ${c.m}] generation parity: ${r.first ? `caught at ${r.first.call} ${r.first.tap}: ${r.first.detail.slice(0, 200)}` : "NOT caught"}`);
       expect(r.first, `${c.m} not caught by generation parity`).not.toBeNull();
       expect(r.first!.tap).toMatch(c.first);
-    }, 300_000);
+    }, limit(300_000));
   }
 });

@@ -13,6 +13,7 @@ import { loadModel } from "../../model/gemma4/index.ts";
 import { MUTATIONS, type Mutation, withMutation } from "../../model/gemma4/mutations.ts";
 import { CKPT_ROOT, forwardTaps, modelTapsOnly, reference, replayTaps } from "../gemma4/run.ts";
 import { compareTapLists, formatVerdict, type Verdict } from "../gemma4/tap_compare.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 interface Case {
   mutation: Mutation;
@@ -104,7 +105,7 @@ describe("gemma4 mutations: each known bug fails first where it lives", () => {
       if (caught) score.caught++;
       score.lines.push(`${caught ? "caught" : "MISSED"} ${c.mutation}: ${what}`);
       if (!caught) throw new Error(`mutation ${c.mutation} not caught where expected (${c.firstTap ?? c.loadError}): ${what}`);
-    }, 120_000);
+    }, limit(120_000));
   }
 });
 

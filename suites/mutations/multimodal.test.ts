@@ -11,6 +11,7 @@ import { loadMultimodalModel } from "../../model/gemma4/index.ts";
 import { MEDIA_MUTATIONS, type MediaMutation, withMutationAsync } from "../../model/gemma4/mutations.ts";
 import { compareTapLists, formatVerdict, type Verdict } from "../gemma4/tap_compare.ts";
 import { CKPT_ROOT, mmForwardTaps, mmGenerateTaps, mmReference, mmScenario } from "../multimodal/run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 interface Case {
   mutation: MediaMutation;
@@ -70,7 +71,7 @@ describe("multimodal mutations: each bug fails first where it lives", () => {
       const what = formatVerdict(`${c.ckpt} ${c.scn}`, v);
       score.lines.push(`${caught ? "caught" : "MISSED"} ${c.mutation}: ${what.slice(0, 220)}`);
       if (!caught) throw new Error(`mutation ${c.mutation} not caught where expected (${c.firstTap}): ${what}`);
-    }, 120_000);
+    }, limit(120_000));
   }
 });
 

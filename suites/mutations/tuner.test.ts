@@ -16,6 +16,7 @@ import type { StepKind } from "../../oracle/train_compare.ts";
 import { type LoopCase, loopJob, runLoop } from "../tuner/loop_run.ts";
 import { readMeta, readTensors, runTunerRef } from "../tuner/ref.ts";
 import { pythonJob, runAndCompare, type TrainSpec } from "../tuner/train_run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "tuner-mut-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -90,7 +91,7 @@ describe("tuner mutations: each bug fails first where it shows", () => {
     const { cmp } = runAndCompare(SPEC, ref(), join(tmp, "spec"));
     if (!cmp.ok) throw new Error(cmp.summary());
     expect(firstReportDiff(runLoop(LOOP, join(tmp, "ts-loop"), true), loopRef())).toBeNull();
-  }, 120_000);
+  }, limit(120_000));
 
   for (const c of CASES) {
     it(`${c.mutation}: ${c.why}`, async () => {
@@ -111,7 +112,7 @@ describe("tuner mutations: each bug fails first where it shows", () => {
       if (caught) score.caught++;
       score.lines.push(`${caught ? "caught" : "MISSED"} ${c.mutation}: ${what}`);
       if (!caught) throw new Error(`mutation ${c.mutation} not caught where expected: ${what}`);
-    }, 120_000);
+    }, limit(120_000));
   }
 });
 

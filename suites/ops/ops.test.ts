@@ -7,6 +7,7 @@ import * as mx from "@mlx-bun/mlx";
 import { CASES, exposedOps, NOT_OPS } from "../../oracle/ops/cases.ts";
 import { runCasesIsolated } from "../../oracle/ops/isolated.ts";
 import { type CaseResult, coverage, groupUnsupported } from "../../oracle/ops/runner.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 let results: CaseResult[] = [];
 let poisoners: string[] = [];
@@ -18,7 +19,7 @@ beforeAll(async () => {
   results = run.results;
   poisoners = run.poisoners.map((p) => p.id);
   for (const r of results) byOp.set(r.op, [...(byOp.get(r.op) ?? []), r]);
-}, 900_000);
+}, limit(900_000));
 
 afterAll(() => {
   const cov = coverage(exposedOps().filter((o) => !(o in NOT_OPS)), CASES, results);

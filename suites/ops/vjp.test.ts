@@ -7,6 +7,7 @@ import * as mx from "@mlx-bun/mlx";
 import { CASES, exposedOps, NOT_OPS } from "../../oracle/ops/cases.ts";
 import { type CaseResult, groupUnsupported } from "../../oracle/ops/runner.ts";
 import { NOT_DIFFERENTIABLE, runVjpCasesIsolated, vjpCases, vjpCoverage } from "../../oracle/ops/vjp_runner.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const exposed = exposedOps().filter((o) => !(o in NOT_OPS));
 const cases = vjpCases();
@@ -20,7 +21,7 @@ beforeAll(async () => {
   results = run.results;
   poisoners = run.poisoners.map((p) => p.id);
   for (const r of results) byOp.set(r.op, [...(byOp.get(r.op) ?? []), r]);
-}, 900_000);
+}, limit(900_000));
 
 afterAll(() => {
   const cov = vjpCoverage(exposed, cases, results);

@@ -10,6 +10,7 @@ import { sharedOracle } from "../../oracle/client.ts";
 import { compareGrads, formatGradComparison } from "../../oracle/grad_compare.ts";
 import type { NpyRecord } from "../../oracle/npy.ts";
 import { inputBytes } from "../../oracle/ops/runner.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const STEPS = 6;
 const PARAMS: [string, number[], Dtype][] = [
@@ -125,5 +126,5 @@ describe("optimizers vs mlx.optimizers", () => {
       for (const [, a] of treeFlatten<MlxArray>(params)) a.dispose();
       opt.state = {};
     }
-  }, 60_000);
+  }, limit(60_000));
 });

@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { runParity, type RunSpec } from "../../parity/engine.ts";
 import { perturbCheckpoint } from "../../parity/perturb.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "parity-outside-"));
 const PROMPT = [5, 17, 300, 42, 7, 99, 100, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18];
@@ -22,7 +23,7 @@ function spec(name: string, over: Partial<RunSpec> = {}): RunSpec {
 beforeAll(() => {
   const r = spawnSync(join(REPO_ROOT, ".venv", "bin", "python"), [join(REPO_ROOT, "parity", "testdata", "make_outside.py"), dir], { encoding: "utf8" });
   if (r.status !== 0) throw new Error(`make_outside.py failed: ${r.stderr}`);
-}, 300_000);
+}, limit(300_000));
 
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
@@ -36,7 +37,7 @@ describe("npm run parity -- --model on checkpoints outside the fixture set", () 
       expect(r.bitExact).toBe(r.tapsCompared);
       expect(r.tokens.ts).toEqual(r.tokens.oracle);
       expect(r.tokens.ts.length).toBe(4);
-    }, 300_000);
+    }, limit(300_000));
   }
 
   it("a 1-ULP perturbation of layers.2 q_proj is found at its first consuming tap, and --bisect names the op", async () => {
@@ -59,5 +60,5 @@ describe("npm run parity -- --model on checkpoints outside the fixture set", () 
     expect(b.inputs.map((i) => i.dtype)).toEqual(["bfloat16", "bfloat16"]);
     expect(b.differingParameters).toEqual(["model.layers.2.self_attn.q_proj.weight"]);
     expect(b.reproducesOracle).toBe(true);
-  }, 300_000);
+  }, limit(300_000));
 });

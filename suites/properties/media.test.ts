@@ -17,11 +17,12 @@ import { masked_scatter } from "../../model/gemma4/gemma4.ts";
 import { makeMediaMasks } from "../../model/gemma4/language.ts";
 import { checkProperty, propertyTimeout } from "./harness.ts";
 import { maskEq } from "./oracle-diff-lib.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 let oracle: OracleClient;
 beforeAll(async () => {
   oracle = await sharedOracle();
-}, 120_000);
+}, limit(120_000));
 
 const SPAN = fc.record({ kind: fc.constantFrom(0, 0, 1, 3), len: fc.integer({ min: 1, max: 11 }) });
 

@@ -16,11 +16,12 @@ import { atMlxBug } from "../../oracle/mlx_bugs.ts";
 import { CKPT_ROOT, generateModel, model } from "../generation/parity.ts";
 import { compareRaw, formatDiff, rawOfNpy, type RawTensor } from "../../oracle/compare.ts";
 import { checkProperty, propertyRuns, propertyTimeout } from "./harness.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 let oracle: OracleClient;
 beforeAll(async () => {
   oracle = await sharedOracle();
-}, 120_000);
+}, limit(120_000));
 
 const ALL_CKPTS = ["c1_dense/f32", "c3_e2b/bf16", "c4_e4b/f32", "c5_moe/q4g32", "c6_sink/f32", "c2_keqv/bf16"];
 // a checkpoint on a path of MLX's own proven broken on this backend (oracle/mlx_bugs.ts; at most

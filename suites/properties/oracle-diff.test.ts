@@ -4,10 +4,11 @@ import { beforeAll, describe, it } from "vitest";
 import fc from "fast-check";
 import { arbKV, arbMask, arbRot, maskCase, runDiff, runMetaDiff, useOracle } from "./oracle-diff-lib.ts";
 import { checkProperty, propertyTimeout } from "./harness.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 beforeAll(async () => {
   await useOracle();
-}, 120_000);
+}, limit(120_000));
 
 describe("caches vs the live oracle (mlx-lm 0.32.2 cache.py)", () => {
   it("RotatingKVCache: random chunks S∈1..3W and trims → identical keys/values/masks/state bytes", async () => {

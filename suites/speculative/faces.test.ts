@@ -8,6 +8,7 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSyn
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { REPO_ROOT } from "../../oracle/client.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const CK = join(REPO_ROOT, ".cache", "checkpoints");
 const SP = join(CK, "speculative");
@@ -16,7 +17,7 @@ const tmp = mkdtempSync(join(tmpdir(), "spec-faces-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 
 function run(script: string, args: string[]): { code: number | null; out: string; stdout: string } {
-  const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", script), ...args], { cwd: REPO_ROOT, encoding: "utf8", timeout: 120_000 });
+  const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", script), ...args], { cwd: REPO_ROOT, encoding: "utf8", timeout: limit(120_000) });
   return { code: r.status, out: `${r.stdout}${r.stderr}`, stdout: r.stdout };
 }
 const generate = (args: string[]) => run("generate_cli.ts", args);
@@ -42,7 +43,7 @@ function withTokenizer(src: string, name: string, vocab: Record<string, number>)
 
 const TOKENS = ["--tokens", "11,48,85,122,159,196", "--max-tokens", "10"];
 
-describe("npm run generate: speculative decoding and prompt-cache files", { timeout: 120_000 }, () => {
+describe("npm run generate: speculative decoding and prompt-cache files", { timeout: limit(120_000) }, () => {
   it("--draft-model (a draft checkpoint, then an MTP drafter) prints greedy's tokens and the acceptance rate", () => {
     const plain = generate(["--model", C1, ...TOKENS]);
     expect(plain.code).toBe(0);

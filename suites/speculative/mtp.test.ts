@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { ROWS_INVARIANT } from "./rows.ts";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { exactVerifyParity, ModelPool, mtpParity, type MtpResult } from "../../oracle/speculative.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const CK = join(REPO_ROOT, ".cache", "checkpoints");
 const SP = join(CK, "speculative");
@@ -49,7 +50,7 @@ describe("MTP speculative decoding vs mlx-vlm, round by round", () => {
         expect(r.rejectRounds).toBeGreaterThan(0);
       }
       if (s.compacts) expect(r.maxStartPosition).toBeGreaterThan(0);
-    }, 120_000);
+    }, limit(120_000));
   }
 });
 
@@ -67,6 +68,6 @@ describe("Gemma4ExactSpeculativeVerifier vs mlx-vlm's", () => {
       // (a relation of mlx-vlm's own numbers: see rows.ts)
       if (ROWS_INVARIANT) expect(inWindow.oracleEqualsForward).toBe(fx === "c1_dense");
       expect(past.oracleEqualsForward).toBe(false);
-    }, 120_000);
+    }, limit(120_000));
   }
 });

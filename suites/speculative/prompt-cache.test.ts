@@ -13,6 +13,7 @@ import { join } from "node:path";
 import { checkPromptCacheFits, loadPromptCache, PromptCacheError, savePromptCache, cachePrompt, canTrimPromptCache, trimPromptCache } from "../../model/cache/prompt_cache.ts";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { ModelPool, promptCacheInterop, type PromptCacheResult } from "../../oracle/speculative.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const CK = join(REPO_ROOT, ".cache", "checkpoints");
 const pool = new ModelPool();
@@ -46,7 +47,7 @@ describe("prompt-cache files interoperate with mlx-lm both ways", () => {
         expect(t.first).toBeNull();
         expect(t.tensors).toBeGreaterThan(0);
       }
-    }, 120_000);
+    }, limit(120_000));
   }
 });
 

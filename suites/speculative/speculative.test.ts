@@ -12,6 +12,7 @@ import { join } from "node:path";
 import { ROWS_INVARIANT } from "./rows.ts";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { ModelPool, type SpeculativeResult, speculativeParity } from "../../oracle/speculative.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const CK = join(REPO_ROOT, ".cache", "checkpoints");
 const SP = join(CK, "speculative");
@@ -79,7 +80,7 @@ describe("speculative decoding with a draft model", () => {
           expect(r.vsGreedy.tensors).toBe(c.N);
           // mlx-lm is right here: its output is greedy's too
           if (r.inWindow) expect(r.oracleVsGreedy).toEqual({ token: null, logprobs: null });
-        }, 120_000);
+        }, limit(120_000));
       }
     });
   }
@@ -115,5 +116,5 @@ describe("mlx-lm's speculative_generate_step past the window (suites/speculative
     expect(past!.trim.trimmed_of_3).toBe(0);
     expect(past!.trim.offsets_after).toEqual(past!.trim.offsets);
     console.log(`[mlx-lm divergence] window ${past!.window}, prompt 5, k=3: first token differing from greedy ${past!.first_token_diff}, first logprobs ${past!.first_logprobs_diff}; trim_prompt_cache(3) trimmed ${past!.trim.trimmed_of_3} (offsets ${past!.trim.offsets.join(",")})`);
-  }, 120_000);
+  }, limit(120_000));
 });

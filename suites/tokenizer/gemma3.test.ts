@@ -15,10 +15,11 @@ import { type OracleClient, REPO_ROOT, sharedOracle } from "../../oracle/client.
 import { type ChatMessage, loadTokenizer } from "../../parity/inputs.ts";
 import { modelRun, parityPlan } from "../../parity/cli.ts";
 import { seedFor } from "../properties/harness.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const DIR = join(REPO_ROOT, ".cache", "tokenizer-fixture");
 const SOURCE = join(REPO_ROOT, "node_modules", "@lenml", "tokenizer-gemma3", "models");
-const SLOW = 300_000;
+const SLOW = limit(300_000);
 // one TS tokenizer (a 33 MB tokenizer.json) for the tests below, loaded after beforeAll built the fixture
 let tokenizer: ReturnType<typeof loadTokenizer> | undefined;
 const ourTokenizer = () => (tokenizer ??= loadTokenizer(DIR));

@@ -11,6 +11,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DEFAULT_PYTHON, REPO_ROOT } from "../../oracle/client.ts";
 import { CKPT_ROOT, firstMismatch, readTensors, runTunerRef } from "./ref.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "tuner-face-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -63,7 +64,7 @@ describe.skipIf(!FULL)("npm run train vs mlx_lm lora (TUNER_FULL=1: runs mlx-lm'
     // the report lines carry the same train and validation losses
     const losses = (out: string) => [...out.matchAll(/^\s+(\d+)\s+(val )?([0-9.]+)/gm)].map((m) => `${m[1]} ${m[2] ?? ""}${m[3]}`);
     expect(losses(ts.out).length).toBeGreaterThan(0);
-  }, 240_000);
+  }, limit(240_000));
 });
 
 describe.skipIf(!FULL)("npm run fuse vs mlx_lm fuse (TUNER_FULL=1: runs mlx-lm's CLI)", () => {
@@ -76,7 +77,7 @@ describe.skipIf(!FULL)("npm run fuse vs mlx_lm fuse (TUNER_FULL=1: runs mlx-lm's
     if (bad) throw new Error(bad);
     expect(readFileSync(join(tmp, "ts_fused", "config.json"), "utf8")).toBe(readFileSync(join(tmp, "py_fused", "config.json"), "utf8"));
     expect(readFileSync(join(tmp, "ts_fused", "tokenizer.json"), "utf8").length).toBeGreaterThan(0);
-  }, 240_000);
+  }, limit(240_000));
 });
 
 describe("usage errors", () => {
@@ -91,5 +92,5 @@ describe("usage errors", () => {
     const r = sh([bun, ...argv]);
     expect(r.code).toBe(2);
     expect(r.out).toMatch(msg);
-  }, 60_000);
+  }, limit(60_000));
 });

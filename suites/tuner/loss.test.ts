@@ -16,6 +16,7 @@ import { default_loss, type Example, iterate_batches } from "../../model/tuner/t
 import { linear_to_lora_layers } from "../../model/tuner/utils.ts";
 import { withTunerMutation } from "../../model/tuner/mutations.ts";
 import { CKPT_ROOT, firstMismatch, readMeta, readTensors, runTunerRef } from "./ref.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "tuner-loss-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -138,6 +139,6 @@ describe("iterate_batches and default_loss vs mlx-lm", () => {
         for (const [, a] of ours) a.dispose();
         loaded?.model.dispose();
       }
-    }, 60_000);
+    }, limit(60_000));
   });
 });

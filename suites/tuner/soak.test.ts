@@ -12,6 +12,7 @@ import { RandomState } from "../../model/tuner/np_random.ts";
 import { evalState, type Example, iterate_batches, makeStep } from "../../model/tuner/trainer.ts";
 import { linear_to_lora_layers } from "../../model/tuner/utils.ts";
 import { CKPT_ROOT } from "./ref.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const STEPS = 500;
 
@@ -47,5 +48,5 @@ describe.skipIf(process.env.TUNER_SOAK !== "1")("training soak (TUNER_SOAK=1)", 
       expect(Math.abs(s.active - base.active) / base.active).toBeLessThanOrEqual(0.05);
       expect(s.handles).toBeLessThanOrEqual(base.handles);
     }
-  }, 600_000);
+  }, limit(600_000));
 });

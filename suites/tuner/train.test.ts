@@ -16,6 +16,7 @@ import type { Example } from "../../model/tuner/trainer.ts";
 import { RandomState } from "../../model/tuner/np_random.ts";
 import { readMeta, readTensors, runTunerRef } from "./ref.ts";
 import { pythonJob, runAndCompare, type TrainSpec } from "./train_run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "tuner-train-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -99,7 +100,7 @@ describe("training vs mlx-lm's trainer (every tensor, every step)", () => {
     // the doc's measured values (mlxlm-extras §4.2), measured on the CPU device: on a GPU the
     // matmuls sum in another order (H200: 40ab0d37 40920192 4090ec95, TS = mlx-lm bit for bit there)
     if (mx.defaultDevice() === "cpu") expect(hex).toEqual(["40ab0a79", "40906697", "408e31df"]);
-  }, 120_000);
+  }, limit(120_000));
 
   SPECS.forEach((s, i) => {
     it(s.name, () => {
@@ -110,6 +111,6 @@ describe("training vs mlx-lm's trainer (every tensor, every step)", () => {
       expect(cmp.counts.param.compared).toBeGreaterThan(0);
       if (!s.compiled) expect(cmp.counts.grad.compared).toBeGreaterThan(0);
       if (!cmp.ok) throw new Error(cmp.summary());
-    }, 120_000);
+    }, limit(120_000));
   });
 });

@@ -12,6 +12,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { firstMismatch, readMeta, readTensors, runTunerRef } from "./ref.ts";
 import { LOOP_CASES, loopJob, runLoop } from "./loop_run.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "tuner-loop-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -33,6 +34,6 @@ describe("train() vs mlx-lm's trainer.train()", () => {
         const bad = firstMismatch(readTensors(join(tmp, `ts${i}`, f)), readTensors(join(tmp, `py${i}`, "adapters", f)));
         if (bad) throw new Error(`${f}: ${bad}`);
       }
-    }, 120_000);
+    }, limit(120_000));
   });
 });

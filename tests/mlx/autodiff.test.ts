@@ -4,6 +4,7 @@
 import { describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
+import { limit } from "../time_limit.ts";
 
 const f32 = (v: number[], shape = [v.length]) => mx.array(v, shape, "float32");
 const bytes = (a: MlxArray) => Buffer.from(a.toBytes()).toString("hex");
@@ -227,5 +228,5 @@ describe("ownership", () => {
     // every array was disposed explicitly: no garbage collection needed to get back to baseline
     expect(mx.liveTracedFunctions()).toBe(0);
     expect(mx.liveHandles()).toBe(handles0 + 3);
-  }, 60_000);
+  }, limit(60_000));
 });

@@ -11,6 +11,7 @@ import { describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import pinnedKernels from "./compile_kernels.pinned.json";
+import { limit } from "../time_limit.ts";
 
 describe("compile", () => {
   it("generates the kernels Python generates for geglu, gelu_approx, logit_softcap, _complete_square", () => {
@@ -39,7 +40,7 @@ describe("compile", () => {
     const names = JSON.parse(r.stdout.trim()) as string[];
     expect(names).toEqual(pinnedKernels);
     expect(readdirSync(cpu).filter((f) => f.startsWith("lib")).sort()).toEqual(pinnedKernels);
-  }, 300_000);
+  }, limit(300_000));
 
   it("captures random.state like @partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)", () => {
     // Python (mlx 0.32.4):
@@ -108,5 +109,5 @@ describe("compile", () => {
       if (!Buffer.from(viaNum.toBytes()).equals(Buffer.from(plainNum.toBytes()))) differing.push(v);
     }
     expect(differing).toEqual([]);
-  }, 60_000);
+  }, limit(60_000));
 });

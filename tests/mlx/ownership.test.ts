@@ -3,11 +3,14 @@
 import { describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
+import { limit } from "../time_limit.ts";
 
 const MB = 1024 * 1024;
 
 async function settle(): Promise<void> {
-  // FinalizationRegistry callbacks run on a later macrotask (Bun): collect, then yield.
+  // FinalizationRegistry callbacks run on a later macrotask (Bun): collect, then yield. A GPU
+  // backend releases buffers in its stream's completion handlers: synchronize runs them.
+  mx.synchronize();
   for (let i = 0; i < 3; i++) {
     Bun.gc(true);
     await Bun.sleep(0);
@@ -53,7 +56,7 @@ describe("ownership", () => {
     expect(active1).toBeLessThanOrEqual(active0 + 2 * 1024);
     expect(rss1 - rss0).toBeLessThan(50 * MB);
     expect(handles1).toBe(handles0 + 2);
-  }, 120_000);
+  }, limit(120_000));
 
   it("arrays dropped without dispose() are freed by the FinalizationRegistry backstop", async () => {
     await settle();
@@ -72,7 +75,7 @@ describe("ownership", () => {
     console.log(`[ownership] 2000 undisposed arrays: live handles back to ${mx.liveHandles()} (baseline ${handles0}); active ${mx.getActiveMemory()} B (baseline ${active0} B)`);
     expect(mx.liveHandles()).toBe(handles0);
     expect(mx.getActiveMemory()).toBeLessThanOrEqual(active0);
-  }, 60_000);
+  }, limit(60_000));
 
   it("stale-read guard: 50,000 calls of one FFI path, every result checked", () => {
     // copy-out into caller memory (the path an out-parameter would take) with a changing value

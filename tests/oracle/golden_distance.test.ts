@@ -9,6 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { DEFAULT_PYTHON, REPO_ROOT } from "../../oracle/client.ts";
+import { limit } from "../time_limit.ts";
 
 interface Agg {
   taps: number;
@@ -61,7 +62,7 @@ describe("golden_distance.py", () => {
       expect(m.complete).toBe(false);
       expect(Object.keys(m.per_checkpoint)).toEqual([glob.split("/").slice(0, 2).join("/")]);
     }
-  }, 120_000);
+  }, limit(120_000));
 
   it.skipIf(!home)("is 0 on the goldens' own backend and device", () => {
     for (const f of [text, media]) {
@@ -83,5 +84,5 @@ describe("golden_distance.py", () => {
     const again = gd(["--merge", text, both, "--out", join(tmp, "overlap.json")]);
     expect(again.code).not.toBe(0);
     expect(again.stderr).toContain("share");
-  }, 60_000);
+  }, limit(60_000));
 });

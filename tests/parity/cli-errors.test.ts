@@ -6,12 +6,13 @@ import * as mx from "@mlx-bun/mlx";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { REPO_ROOT } from "../../oracle/client.ts";
+import { limit } from "../time_limit.ts";
 
 const tmp = mkdtempSync(join(tmpdir(), "parity-cli-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 
 function cli(args: string[], env: Record<string, string> = {}): { code: number | null; out: string } {
-  const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", "cli.ts"), ...args], { cwd: REPO_ROOT, encoding: "utf8", env: { ...process.env, ...env }, timeout: 120_000 });
+  const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", "cli.ts"), ...args], { cwd: REPO_ROOT, encoding: "utf8", env: { ...process.env, ...env }, timeout: limit(120_000) });
   return { code: r.status, out: `${r.stdout}${r.stderr}` };
 }
 
@@ -125,7 +126,7 @@ describe("parity CLI bad input", { timeout: 120_000 }, () => {
     const ok = cli(["--model", fixtureCopy("good", () => {}), "--tokens", "2,7,1"], { ORACLE_PYTHON: recorder });
     expect(ok.code).toBe(1);
     expect(existsSync(marker)).toBe(true);
-  }, 300_000);
+  }, limit(300_000));
 
   it("documents every flag in --help", () => {
     const r = cli(["--help"]);
@@ -144,7 +145,7 @@ describe("parity CLI bad input", { timeout: 120_000 }, () => {
 
 describe("setup bad input", { timeout: 120_000 }, () => {
   const setup = (env: Record<string, string>) => {
-    const r = spawnSync("node", [join(REPO_ROOT, "scripts", "setup.mjs"), "--quiet"], { cwd: REPO_ROOT, encoding: "utf8", env: { ...process.env, ...env }, timeout: 120_000 });
+    const r = spawnSync("node", [join(REPO_ROOT, "scripts", "setup.mjs"), "--quiet"], { cwd: REPO_ROOT, encoding: "utf8", env: { ...process.env, ...env }, timeout: limit(120_000) });
     return { code: r.status, out: `${r.stdout}${r.stderr}` };
   };
   it.skipIf(existsSync("/proc/driver/nvidia/version"))("refuses MLX_BACKEND=cuda on a machine without an NVIDIA driver, with one message", () => {

@@ -7,6 +7,7 @@ import { type Browser, chromium } from "playwright-core";
 import { CHROMIUM_ARGS, findChromium } from "../../parity/browser.ts";
 import { renderHtml } from "../../parity/html.ts";
 import { type NonExactCase, reportOk, type RunResult, SCHEMA_ID, type TapResult } from "../../parity/schema.ts";
+import { limit } from "../time_limit.ts";
 
 function tap(step: number, layer: number | null, kind: string, maxUlp: number): TapResult {
   const name = `step${step}/${layer === null ? "" : `layers.${layer}/`}${kind}`;
@@ -47,7 +48,7 @@ describe.skipIf(chromiumPath === null)("parity.html in headless Chromium", () =>
   beforeAll(async () => {
     browser = await chromium.launch({ executablePath: chromiumPath!, args: CHROMIUM_ARGS, timeout: 120_000 });
     dir = mkdtempSync(join(tmpdir(), "parity-html-"));
-  }, 120_000);
+  }, limit(120_000));
   afterAll(async () => {
     await browser?.close();
     rmSync(dir, { recursive: true, force: true });
@@ -79,5 +80,5 @@ describe.skipIf(chromiumPath === null)("parity.html in headless Chromium", () =>
     mkdirSync("report/screenshots", { recursive: true });
     await page.screenshot({ path: "report/screenshots/parity-html.png", fullPage: true });
     await page.close();
-  }, 120_000);
+  }, limit(120_000));
 });
