@@ -6,7 +6,8 @@ import { describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import { join } from "node:path";
 import { REPO_ROOT } from "../../oracle/client.ts";
-import { atMlxBug, halfAttentionForCudnn, hasOneGroupRows, mlxBugFor, mlxBugForOp, scatterAddsGradients, takesQmmSm90 } from "../../oracle/mlx_bugs.ts";
+import { atMlxBug, halfAttentionForCudnn, hasOneGroupRows, mlxBugFor, mlxBugForGradient, mlxBugForOp, scatterAddsGradients, takesQmmSm90 } from "../../oracle/mlx_bugs.ts";
+import { loadModel } from "../../model/gemma4/weights.ts";
 import { CASES } from "../../oracle/ops/cases.ts";
 import { vjpCases } from "../../oracle/ops/vjp_runner.ts";
 
@@ -59,6 +60,23 @@ describe("recorded MLX bugs", () => {
     expect(CASES.some(scatterAddsGradients), "forward gather products do not scatter").toBe(false);
     const cuda = mx.backend() === "cuda" && mx.defaultDevice() === "gpu";
     for (const c of grads) expect(mlxBugForOp(c)?.id ?? null, c.id).toBe(!cuda ? null : takesQmmSm90(c) ? "cuda-qmm-sm90" : scatterAddsGradients(c) ? "cuda-scatter-add-order" : null);
+  });
+
+  it("names the model gradients the scatter-add order reaches: the experts' weights of c5_moe below 64 routes, on CUDA", () => {
+    const { model } = loadModel(ck("c5_moe/f32"));
+    try {
+      const paths = [...model.parameters().keys()];
+      const cuda = mx.backend() === "cuda" && mx.defaultDevice() === "gpu";
+      // measured on the H200: 18 of the 138 gradients differ at 28 routes (2 × 7 tokens, top-2)
+      expect(paths.length).toBe(138);
+      const named = paths.filter((p) => /\.switch_glu\.(gate|up|down)_proj\.weight$/.test(p));
+      expect(named.length).toBe(18);
+      for (const p of paths) expect(mlxBugForGradient(p, 28)?.id ?? null, p).toBe(cuda && named.includes(p) ? "cuda-scatter-add-order" : null);
+      // sorted from 64 routes (mlx-lm's SwitchGLU): not covered
+      for (const p of named) expect(mlxBugForGradient(p, 64), p).toBeNull();
+    } finally {
+      model.dispose();
+    }
   });
 
   // diverged on the H200 at a decode step's sdpa (gen_P300_S128), bit-exact with MLX_CUDA_USE_CUDNN_SDPA=0
