@@ -64,6 +64,9 @@ describe("golden_distance.py", () => {
     }
   }, limit(120_000));
 
+  // Skipped on another backend or device (e.g. CUDA's GPU): there the distance to the CPU goldens
+  // is not 0 by design (other kernels; measured and recorded as the manifest's `backends` entry).
+  // Zero can only be asserted where the goldens were recorded.
   it.skipIf(!home)("is 0 on the goldens' own backend and device", () => {
     for (const f of [text, media]) {
       const m = read(f);
