@@ -9,11 +9,12 @@
 # Versions are this machine's .venv's (the pins of requirements.txt and what they resolved to).
 # There, a pinned package is installed where the machine's version differs; a support package
 # only where the machine has none (their code is not on any compared path: scipy is imported by
-# mlx-audio's resampler, huggingface_hub, tqdm and yaml by its module imports).
+# mlx-audio's resampler, huggingface_hub, tqdm and yaml by its module imports, cffi and pycparser
+# by miniaudio's compiled module: without them mlx-vlm's audio path fails on `_cffi_backend`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PINNED=(mlx-vlm mlx-audio miniaudio pillow transformers tokenizers safetensors sentencepiece regex)
-SUPPORT=(scipy huggingface-hub hf-xet tqdm pyyaml)
+SUPPORT=(scipy huggingface-hub hf-xet tqdm pyyaml cffi pycparser)
 version() { .venv/bin/python -I -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
 specs=()
 for p in "${PINNED[@]}" "${SUPPORT[@]}"; do specs+=("$p==$(version "$p")"); done

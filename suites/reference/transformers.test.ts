@@ -3,12 +3,16 @@
 // recorded bound (oracle/reference.ts: REFERENCE_BOUND, with its measurements and reason). The
 // reference files were exported by `npm run reference:export`; this test needs no torch.
 // Negative controls: the semantic port bugs of model/gemma4/mutations.ts must land far outside it.
-import { describe, expect, it } from "vitest";
+// The bound is defined on MLX's CPU device (referenceBoundApplies): on a GPU the suite runs the TS
+// side there, so it judges the same thing on every machine (TS = mlx-lm on the GPU is the tap
+// suites' bar).
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import * as mx from "@mlx-bun/mlx";
 import { join } from "node:path";
 import { loadModel } from "../../model/gemma4/index.ts";
 import { type Mutation, withMutation } from "../../model/gemma4/mutations.ts";
 import { REPO_ROOT } from "../../oracle/client.ts";
-import { compareWithReference, readReferenceManifest, REFERENCE_BOUND, REFERENCE_DIR, type ReferenceDiff, sha256File } from "../../oracle/reference.ts";
+import { compareWithReference, readReferenceManifest, REFERENCE_BOUND, REFERENCE_DIR, referenceBoundApplies, type ReferenceDiff, sha256File } from "../../oracle/reference.ts";
 
 const CKPT = join(REPO_ROOT, ".cache", "checkpoints");
 const manifest = readReferenceManifest();
@@ -24,6 +28,12 @@ function compare(fixture: string): ReferenceDiff {
 }
 
 describe("TS (= mlx-lm) against transformers' Gemma 4, float32", () => {
+  const device = mx.defaultDevice();
+  beforeAll(() => {
+    if (!referenceBoundApplies()) mx.setDefaultDevice("cpu");
+  });
+  afterAll(() => mx.setDefaultDevice(device));
+
   it("has reference files for the 8 float32 fixtures, from these checkpoints' weights", () => {
     expect(manifest, `no ${REFERENCE_DIR}/manifest.json: run npm run reference:export`).not.toBeNull();
     expect(Object.keys(manifest!.fixtures).length).toBe(8);

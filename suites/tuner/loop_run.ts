@@ -48,7 +48,7 @@ export function loopJob(c: LoopCase, out: string): object {
 }
 
 /** The TS side of a loop case: mlx_lm.lora's seeds and setup, then train(); the recorded reports. */
-export function runLoop(c: LoopCase, adapterDir: string, eager = false): { train: object[]; val: object[] } {
+export function runLoop(c: LoopCase, adapterDir: string): { train: object[]; val: object[] } {
   const { model } = loadModel(join(CKPT_ROOT, c.ckpt));
   const reports = { train: [] as object[], val: [] as object[] };
   try {
@@ -60,7 +60,6 @@ export function runLoop(c: LoopCase, adapterDir: string, eager = false): { train
     const ds = (d: Example[]) => ({ length: d.length, get: (i: number) => d[i]! });
     train(model, optimizer, ds(TRAIN_DATA), ds(VAL_DATA), {
       args: { ...c.args, adapter_file: join(adapterDir, "adapters.safetensors") },
-      eager,
       callback: {
         onTrainLossReport: (i) => reports.train.push({ iteration: i.iteration, train_loss: i.train_loss, learning_rate: i.learning_rate, trained_tokens: i.trained_tokens }),
         onValLossReport: (i) => reports.val.push({ iteration: i.iteration, val_loss: i.val_loss }),
