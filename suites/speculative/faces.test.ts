@@ -43,7 +43,8 @@ function withTokenizer(src: string, name: string, vocab: Record<string, number>)
 
 const TOKENS = ["--tokens", "11,48,85,122,159,196", "--max-tokens", "10"];
 
-describe("npm run generate: speculative decoding and prompt-cache files", { timeout: limit(120_000) }, () => {
+// per-test limits: bun ignores a describe's timeout option (its default, 5 s, applied on the H200)
+describe("npm run generate: speculative decoding and prompt-cache files", () => {
   it("--draft-model (a draft checkpoint, then an MTP drafter) prints greedy's tokens and the acceptance rate", () => {
     const plain = generate(["--model", C1, ...TOKENS]);
     expect(plain.code).toBe(0);
@@ -53,7 +54,7 @@ describe("npm run generate: speculative decoding and prompt-cache files", { time
       expect(ids(r.stdout)).toBe(ids(plain.stdout));
       expect(r.stdout).toMatch(/Speculative decoding: \d+\.\d\d accepted tokens\/round \(\d+\.\d\d accepted drafts\/round, \d+\.\d% of drafted, avg draft \d+\.\d\d\) over \d+ rounds/);
     }
-  });
+  }, limit(120_000));
 
   it("cache-prompt writes a file that generate continues from (the tokens of the one-shot prompt)", () => {
     const file = join(tmp, "c1.safetensors");
@@ -66,22 +67,22 @@ describe("npm run generate: speculative decoding and prompt-cache files", { time
     expect(ids(cont.stdout)).toBe(ids(whole.stdout));
     // without --model, the model the file was written for
     expect(ids(generate(["--prompt-cache-file", file, "--tokens", "7,8", "--max-tokens", "6"]).stdout)).toBe(ids(cont.stdout));
-  });
+  }, limit(120_000));
 
   it("--num-draft-tokens 0 is a usage error", () => {
     expectClean(generate(["--model", C1, ...TOKENS, "--draft-model", join(SP, "c1_dense_draft"), "--num-draft-tokens", "0"]), 2, /error: --num-draft-tokens must be at least 1, got 0/);
-  });
+  }, limit(120_000));
 
   it("a draft model with another vocabulary is one clear error", () => {
     expectClean(generate(["--model", C1, ...TOKENS, "--draft-model", join(SP, "c1_dense_vocab128")]), 2, /error: the draft model's vocabulary \(128 tokens, .*\) differs from the target's \(256\)/);
-  });
+  }, limit(120_000));
 
   it("a draft model with another tokenizer is one clear error", () => {
     const v = Object.fromEntries(Array.from({ length: 256 }, (_, i) => [`t${i}`, i]));
     const target = withTokenizer(C1, "target-tok", v);
     const draft = withTokenizer(join(SP, "c1_dense_draft"), "draft-tok", { ...v, t0: 1, t1: 0 });
     expectClean(generate(["--model", target, ...TOKENS, "--draft-model", draft]), 2, /error: the draft model's tokenizer.json \(.*draft-tok\) maps tokens to other ids than the target's/);
-  });
+  }, limit(120_000));
 
   // bad input: exit 2, as for a checkpoint the loader refuses (parity/args.ts isInputError)
   it("a prompt-cache file of another model, or a truncated one, is one clear error", () => {
@@ -91,5 +92,5 @@ describe("npm run generate: speculative decoding and prompt-cache files", { time
     const cut = join(tmp, "cut.safetensors");
     writeFileSync(cut, readFileSync(file).subarray(0, 200));
     expectClean(generate(["--model", C1, "--prompt-cache-file", cut, ...TOKENS]), 2, /error: .*cut\.safetensors: not a readable safetensors file \(truncated or corrupt\?\)/);
-  });
+  }, limit(120_000));
 });
