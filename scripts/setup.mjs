@@ -107,11 +107,15 @@ function venv(backend) {
   return py;
 }
 
-// MLX_DEVICE=cpu|gpu (the device of a test or parity run, on both sides) must exist here.
+// MLX_DEVICE=cpu|gpu (the device of a test or parity run, on both sides) must be one of those,
+// checked before anything installs, and exist here, checked with the venv's MLX.
+function checkDeviceName() {
+  const want = process.env.MLX_DEVICE;
+  if (want && want !== "cpu" && want !== "gpu") fail(`MLX_DEVICE=${want} is not a device.`, "Use MLX_DEVICE=cpu or MLX_DEVICE=gpu, or leave it unset for MLX's default device.");
+}
 function checkDevice(py) {
   const want = process.env.MLX_DEVICE;
   if (!want) return;
-  if (want !== "cpu" && want !== "gpu") fail(`MLX_DEVICE=${want} is not a device.`, "Use MLX_DEVICE=cpu or MLX_DEVICE=gpu, or leave it unset for MLX's default device.");
   const r = spawnSync(py, ["-I", "-c", "import mlx.core as mx, sys; sys.exit(0 if mx.is_available(mx.gpu) else 3)"], { cwd: root });
   if (want === "gpu" && r.status !== 0) {
     fail("MLX_DEVICE=gpu, but this libmlx has no GPU here (CPU backend only).", "On Linux with an NVIDIA GPU, run setup with MLX_BACKEND=cuda; on macOS the Metal backend provides the GPU. Unset MLX_DEVICE to use the default device.");
@@ -182,8 +186,10 @@ function speculativeFixtures(py) {
   if (built) log(`built ${built} speculative-decoding fixtures`);
 }
 
-npmDeps();
+// bad MLX_BACKEND / MLX_DEVICE values: one message before any step installs anything
 const backend = backendChoice();
+checkDeviceName();
+npmDeps();
 const py = venv(backend);
 checkDevice(py);
 shim(py, backend);

@@ -177,7 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(args.out, out)
         print(f"[golden-distance] merged {len(args.merge)} parts: {out['entries']} entries, {out['taps']} taps, complete: {out['complete']} -> {args.out}", file=sys.stderr)
         return 0
-    server = Server(Path(tempfile.mkdtemp(prefix="golden-distance-")), DEFAULT_CKPT_ROOT, None)
+    # the capture server's scratch folder, removed at the end
+    with tempfile.TemporaryDirectory(prefix="golden-distance-") as work:
+        return measure(args, manifest, Server(Path(work), DEFAULT_CKPT_ROOT, None))
+
+
+def measure(args: argparse.Namespace, manifest: dict, server: Server) -> int:
     kinds: dict[str, dict[str, dict]] = {}
     per_checkpoint: dict[str, dict[str, dict]] = {}
     per_dtype: dict[str, dict] = {}

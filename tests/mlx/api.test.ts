@@ -6,24 +6,38 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import type { Dtype, MlxArray } from "@mlx-bun/mlx";
+import { onDevice } from "../on_device.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "mlx-api-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 describe("creation and copy-out", () => {
+  const bytesOf = (dt: Dtype): Uint8Array => {
+    const bytes = new Uint8Array(6 * mx.itemSize(dt)).map((_, i) => (i * 37 + 11) & 0x7f);
+    if (dt === "bool") bytes.forEach((_, i) => (bytes[i] = i & 1));
+    return bytes;
+  };
+
+  // on the CPU device: a GPU has no float64
   it("round-trips raw bytes in every dtype (bf16/f16 as bit patterns)", () => {
-    for (const dt of mx.DTYPES) {
-      const n = 6;
-      const bytes = new Uint8Array(n * mx.itemSize(dt)).map((_, i) => (i * 37 + 11) & 0x7f);
-      if (dt === "bool") bytes.forEach((_, i) => (bytes[i] = i & 1));
-      using a = mx.fromBytes(bytes, [2, 3], dt);
-      expect(a.dtype).toBe(dt);
-      expect(a.shape).toEqual([2, 3]);
-      expect(a.size).toBe(6);
-      expect(a.ndim).toBe(2);
-      expect(a.nbytes).toBe(bytes.byteLength);
-      expect(a.toBytes()).toEqual(bytes);
-    }
+    onDevice("cpu", () => {
+      for (const dt of mx.DTYPES) {
+        const bytes = bytesOf(dt);
+        using a = mx.fromBytes(bytes, [2, 3], dt);
+        expect(a.dtype).toBe(dt);
+        expect(a.shape).toEqual([2, 3]);
+        expect(a.size).toBe(6);
+        expect(a.ndim).toBe(2);
+        expect(a.nbytes).toBe(bytes.byteLength);
+        expect(a.toBytes()).toEqual(bytes);
+      }
+    });
+  });
+
+  it.skipIf(!mx.isAvailable("gpu"))("refuses float64 on a GPU device with MLX's message (where MLX has a GPU)", () => {
+    onDevice("gpu", () => {
+      expect(() => mx.fromBytes(bytesOf("float64"), [2, 3], "float64")).toThrow(new mx.MlxError("array", "float64 is not supported on the GPU"));
+    });
   });
 
   it("creates from typed arrays, number lists and scalars", () => {
@@ -113,25 +127,31 @@ describe("evaluation, memory, devices, streams", () => {
 
   it("devices, default stream selection and version", () => {
     expect(mx.version()).toBe("0.32.4");
-    expect(mx.defaultDevice()).toBe("cpu");
+    // the process's device: MLX_DEVICE (tests/preload.ts), else MLX's default, the GPU where there is one
+    const device = process.env.MLX_DEVICE || (mx.isAvailable("gpu") ? "gpu" : "cpu");
+    expect(mx.defaultDevice()).toBe(device);
     expect(mx.isAvailable("cpu")).toBe(true);
-    mx.setDefaultDevice("cpu");
-    const base = mx.defaultStreamIndex("cpu");
-    const s = mx.newStream("cpu");
-    expect(s).not.toBe(base);
-    const out = mx.withStream("cpu", s, () => {
-      expect(mx.defaultStreamIndex("cpu")).toBe(s);
-      using a = mx.ones([3]);
-      const b = mx.add(a, a);
-      mx.evaluate(b);
-      return b;
+    // the CPU's streams, with the CPU as the default device for this test only (later files keep theirs)
+    onDevice("cpu", () => {
+      expect(mx.defaultDevice()).toBe("cpu");
+      const base = mx.defaultStreamIndex("cpu");
+      const s = mx.newStream("cpu");
+      expect(s).not.toBe(base);
+      const out = mx.withStream("cpu", s, () => {
+        expect(mx.defaultStreamIndex("cpu")).toBe(s);
+        using a = mx.ones([3]);
+        const b = mx.add(a, a);
+        mx.evaluate(b);
+        return b;
+      });
+      expect(mx.defaultStreamIndex("cpu")).toBe(base);
+      mx.synchronize({ device: "cpu", index: s });
+      mx.synchronize();
+      expect(out.toNumbers()).toEqual([2, 2, 2]);
+      out.dispose();
+      expect(mx.newThreadLocalStream("cpu")).toBeGreaterThan(s);
     });
-    expect(mx.defaultStreamIndex("cpu")).toBe(base);
-    mx.synchronize({ device: "cpu", index: s });
-    mx.synchronize();
-    expect(out.toNumbers()).toEqual([2, 2, 2]);
-    out.dispose();
-    expect(mx.newThreadLocalStream("cpu")).toBeGreaterThan(s);
+    expect(mx.defaultDevice()).toBe(device);
   });
 });
 

@@ -11,6 +11,7 @@ import { describe, expect, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import pinnedKernels from "./compile_kernels.pinned.json";
+import { onDevice } from "../on_device.ts";
 import { limit } from "../time_limit.ts";
 
 describe("compile", () => {
@@ -29,9 +30,12 @@ describe("compile", () => {
     for (const name of pinnedKernels) {
       if (!existsSync(join(cpu, name)) && existsSync(join(shared, name))) copyFileSync(join(shared, name), join(cpu, name));
     }
+    // These .so files are the CPU backend's JIT (CUDA compiles with NVRTC and writes none): the
+    // helper runs on MLX's CPU device (MLX_DEVICE=cpu, applied by the tests' preload) everywhere.
     const bun = process.execPath;
-    const r = spawnSync(bun, ["run", join(import.meta.dir, "compile_kernels_ts.ts")], {
-      env: { ...process.env, TMPDIR: dir },
+    const preload = join(import.meta.dir, "..", "preload.ts");
+    const r = spawnSync(bun, ["run", "--preload", preload, join(import.meta.dir, "compile_kernels_ts.ts")], {
+      env: { ...process.env, TMPDIR: dir, MLX_DEVICE: "cpu" },
       encoding: "utf8",
       timeout: 300_000,
     });
@@ -42,7 +46,8 @@ describe("compile", () => {
     expect(readdirSync(cpu).filter((f) => f.startsWith("lib")).sort()).toEqual(pinnedKernels);
   }, limit(300_000));
 
-  it("captures random.state like @partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)", () => {
+  // on the CPU device: the draws are pinned from Python on the CPU
+  it("captures random.state like @partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)", () => onDevice("cpu", () => {
     // Python (mlx 0.32.4):
     //   mx.random.seed(7); logits = (mx.arange(40, dtype=mx.float32).reshape(2, 20) / 9.0).astype(mx.bfloat16)
     //   [categorical_sampling(logits, 0.7).tolist() for _ in range(4)], mx.random.uniform(shape=(2,)).tolist()
@@ -65,7 +70,7 @@ describe("compile", () => {
     using u = mx.random.uniform({ shape: [2] });
     expect(u.toNumbers()).toEqual([0.38290998339653015, 0.3371226489543915]);
     sample.dispose();
-  });
+  }), limit(60_000)); // the first run on a machine compiles the sampler's kernels
 
   it("is shapeless when asked, returns single or multiple outputs, and frees its trace handles", () => {
     const before = mx.liveHandles();
@@ -81,7 +86,7 @@ describe("compile", () => {
     }
     f.dispose();
     expect(mx.liveHandles()).toBe(before);
-  }, 60_000); // the first run on a machine compiles the fused kernel with g++
+  }, limit(60_000)); // the first run on a machine compiles the fused kernel (CPU: g++; CUDA: NVRTC)
   it("inlines captured 1-element arrays and JS numbers into fused kernels as literals that keep their bits", () => {
     // The compiled decode closures of the model capture single-number parameters and Python-float
     // constants; MLX 0.32.4 prints them into the generated C++ with 9 significant digits, which

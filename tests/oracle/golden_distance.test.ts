@@ -23,7 +23,7 @@ interface Measurement {
   entry_ids: string[];
   complete: boolean;
   taps: number;
-  diverged: unknown[];
+  diverged: { entry: string }[];
   per_dtype: Record<string, Agg>;
   per_checkpoint: Record<string, Record<string, Agg>>;
 }
@@ -58,7 +58,17 @@ describe("golden_distance.py", () => {
       const m = read(out);
       const ids = selected(new RegExp(`^${glob.replace(/\*/g, ".*")}$`));
       expect(m.entry_ids.sort()).toEqual(ids.sort());
-      expect(m.taps).toBe(stored(ids));
+      // Taps are compared up to the first generated token that differs from the goldens' (another
+      // backend may generate other tokens): every stored tap unless an entry diverged, and then
+      // fewer, but all those of the entries that did not. A diverged entry is one of those run.
+      const diverged = m.diverged.map((d) => d.entry);
+      for (const id of diverged) expect(ids).toContain(id);
+      expect(new Set(diverged).size).toBe(diverged.length);
+      if (diverged.length === 0) expect(m.taps).toBe(stored(ids));
+      else {
+        expect(m.taps).toBeLessThan(stored(ids));
+        expect(m.taps).toBeGreaterThanOrEqual(stored(ids.filter((id) => !diverged.includes(id))));
+      }
       expect(m.complete).toBe(false);
       expect(Object.keys(m.per_checkpoint)).toEqual([glob.split("/").slice(0, 2).join("/")]);
     }

@@ -61,43 +61,44 @@ function editHeader(dir: string, f: (h: Record<string, { dtype: string; shape: n
   writeFileSync(p, Buffer.concat([b.subarray(0, 8), text, b.subarray(8 + n)]));
 }
 
-describe("parity CLI bad input", { timeout: 120_000 }, () => {
+// each test has its own limit: bun takes no timeout from a describe
+describe("parity CLI bad input", () => {
   it("rejects a non-Gemma-4 checkpoint", () => {
     expectClean(cli(["--model", fakeCheckpoint("llama", { model_type: "llama" }), "--tokens", "1,2"]), 2, /not a Gemma 4 checkpoint: config.json has model_type 'llama'/);
-  });
+  }, limit(120_000));
 
   it("rejects a missing directory and a file given as the directory", () => {
     expectClean(cli(["--model", join(tmp, "nope"), "--tokens", "1"]), 2, /checkpoint directory not found/);
     const f = join(tmp, "file");
     writeFileSync(f, "x");
     expectClean(cli(["--model", f, "--tokens", "1"]), 2, /not a directory/);
-  });
+  }, limit(120_000));
 
   it("rejects a directory without config.json", () => {
     const d = join(tmp, "empty");
     mkdirSync(d, { recursive: true });
     expectClean(cli(["--model", d, "--tokens", "1"]), 2, /has no config.json/);
-  });
+  }, limit(120_000));
 
   it("needs tokenizer.json for --prompt", () => {
     expectClean(cli(["--model", fakeCheckpoint("notok", gemma), "--prompt", "hello"]), 2, /--prompt needs .*tokenizer.json, which is missing/);
-  });
+  }, limit(120_000));
 
   it("rejects a prompt longer than max_position_embeddings", () => {
     const tokens = Array.from({ length: 70 }, (_, i) => i % 200).join(",");
     expectClean(cli(["--model", fakeCheckpoint("short", gemma), "--tokens", tokens, "--steps", "1"]), 2, /exceeds the model's max_position_embeddings \(64\)/);
-  });
+  }, limit(120_000));
 
   it("rejects unknown flags and bad values", () => {
     expectClean(cli(["--frobnicate"]), 2, /unknown flag --frobnicate/);
     expectClean(cli(["--steps", "x"]), 2, /--steps needs an integer/);
     expectClean(cli(["--tokens", "1,2"]), 2, /--tokens needs --model/);
-  });
+  }, limit(120_000));
 
   it("reports an oracle that cannot start (missing venv)", () => {
     const d = fixtureCopy("ok", () => {});
     expectClean(cli(["--model", d, "--tokens", "1,2"], { ORACLE_PYTHON: join(tmp, "no-venv", "bin", "python") }), 1, /python interpreter not found: .*no-venv.*\(run npm run setup\)/);
-  });
+  }, limit(120_000));
 
   // Issue 15: a checkpoint the TS loader refuses is refused by our pre-flight check (config,
   // shapes, files; no weights read), with our message naming file and key, and no Python
@@ -132,7 +133,7 @@ describe("parity CLI bad input", { timeout: 120_000 }, () => {
     const r = cli(["--help"]);
     expect(r.code).toBe(0);
     for (const f of ["--model", "--prompt", "--chat", "--tokens", "--steps", "--prefill-step-size", "--ulp", "--atol", "--bisect", "--device"]) expect(r.out).toContain(f);
-  });
+  }, limit(120_000));
 
   it("rejects an unknown device, and a GPU where libmlx has none, before the oracle starts", () => {
     expectClean(cli(["--device", "tpu"]), 2, /--device must be cpu or gpu, got 'tpu'/);
@@ -140,21 +141,25 @@ describe("parity CLI bad input", { timeout: 120_000 }, () => {
     const noVenv = { ORACLE_PYTHON: join(tmp, "no-venv", "bin", "python") };
     if (!mx.isAvailable("gpu")) expectClean(cli(["--device", "gpu", "--skip-ops"], noVenv), 2, /--device gpu: no GPU is available to MLX here: this libmlx has the CPU backend only/);
     expectClean(cli(["--device", "cpu", "--skip-ops", "--only", "c1_dense/f32"], noVenv), 1, /python interpreter not found/);
-  });
+  }, limit(120_000));
 });
 
-describe("setup bad input", { timeout: 120_000 }, () => {
+describe("setup bad input", () => {
+  // Setup runs under node (npm run setup); where there is no node (the offline GPU machine), under
+  // bun, which has the Node APIs it uses.
+  const runtime = Bun.which("node") ?? process.execPath;
   const setup = (env: Record<string, string>) => {
-    const r = spawnSync("node", [join(REPO_ROOT, "scripts", "setup.mjs"), "--quiet"], { cwd: REPO_ROOT, encoding: "utf8", env: { ...process.env, ...env }, timeout: limit(120_000) });
+    const r = spawnSync(runtime, [join(REPO_ROOT, "scripts", "setup.mjs"), "--quiet"], { cwd: REPO_ROOT, encoding: "utf8", env: { ...process.env, ...env }, timeout: limit(120_000) });
     return { code: r.status, out: `${r.stdout}${r.stderr}` };
   };
   it.skipIf(existsSync("/proc/driver/nvidia/version"))("refuses MLX_BACKEND=cuda on a machine without an NVIDIA driver, with one message", () => {
     expectClean(setup({ MLX_BACKEND: "cuda" }), 1, /MLX_BACKEND=cuda, but this machine has no NVIDIA GPU driver/);
-  });
+  }, limit(120_000));
   it("refuses an unknown backend and an unknown device", () => {
+    // both are refused before setup's first step, so nothing installs
     expectClean(setup({ MLX_BACKEND: "rocm" }), 1, /MLX_BACKEND=rocm is not a backend for/);
     expectClean(setup({ MLX_DEVICE: "tpu" }), 1, /MLX_DEVICE=tpu is not a device/);
-  });
+  }, limit(120_000));
   it("has one requirements file per backend, each pinning its wheel to mlx's version", () => {
     const common = readFileSync(join(REPO_ROOT, "requirements.txt"), "utf8");
     const mlxPin = common.match(/^mlx==(\S+)$/m)?.[1];
@@ -164,8 +169,8 @@ describe("setup bad input", { timeout: 120_000 }, () => {
       expect(req).toContain("-r ../requirements.txt");
       expect(req.match(new RegExp(`^${wheel}==(\\S+)$`, "m"))?.[1]).toBe(mlxPin);
     }
-  });
+  }, limit(120_000));
   it.skipIf(mx.isAvailable("gpu"))("refuses MLX_DEVICE=gpu where libmlx has no GPU", () => {
     expectClean(setup({ MLX_DEVICE: "gpu" }), 1, /MLX_DEVICE=gpu, but this libmlx has no GPU here/);
-  });
+  }, limit(120_000));
 });
