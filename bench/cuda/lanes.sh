@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Several lanes of bench/cuda/run.sh stages at once on one GPU machine (its 16 cores sit idle
-# while one process waits on NVRTC or the GPU), all stopped at one time limit:
+# Several lanes of bench/cuda/run.sh stages at once on one GPU machine, all stopped at one time
+# limit. Worth it once the machine's kernels are compiled (MLX_PTX_CACHE_DIR): warm, four test
+# lanes ran in 57 s together. Cold, lanes compile kernels with NVRTC side by side and finish far
+# less: beside the gradient table's 12 workers, a lane of test files that took 57 s warm (over four
+# lanes) did not finish in 540 s, nor did the table itself (30 s alone, warm) (bench/PARITY-cuda.md,
+# seventh session).
 #
 #   LOGS=/tmp/cuda bash bench/cuda/lanes.sh 570 "ops-quantizedMatmul repro" "parity" "golden"
 #
