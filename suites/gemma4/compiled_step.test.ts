@@ -3,10 +3,10 @@
 // compiled TS step gives the eager TS step's bits, and both give mlx-lm's (eager and compiled):
 // every loss, every trainable parameter and the whole optimizer state, byte for byte.
 // compiled = eager holds on MLX's CPU backend only: on CUDA the fused elementwise kernels contract
-// a multiply feeding an add (bench/cuda/repro_compile.py), so there TS's verdict on that relation
-// must be mlx-lm's, while each TS run stays bit-exact against the same mlx-lm run.
+// a multiply feeding an add (bench/cuda/repro_compile.py). There the relation is printed, not
+// asserted: each TS run is bit-exact against the same mlx-lm run, so TS's verdict is mlx-lm's.
 import { join } from "node:path";
-import { describe, expect, it } from "vitest";
+import { describe, it } from "vitest";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import * as optim from "@mlx-bun/mlx/optimizers";
@@ -101,9 +101,9 @@ describe("compiled training step", () => {
     };
     // The first difference between two runs (losses, then each tree named), or null.
     const difference = (a: Run, b: Run): string | null => {
-      const hex = (r: Run) => r.losses.map((l) => Buffer.from(l.data).toString("hex"));
-      const step = hex(a).findIndex((h, i) => h !== hex(b)[i]);
-      if (step >= 0 || a.losses.length !== b.losses.length) return `loss of step ${step + 1} differs`;
+      const [la, lb] = [a, b].map((r) => r.losses.map((l) => Buffer.from(l.data).toString("hex")));
+      const step = la!.findIndex((h, i) => h !== lb![i]);
+      if (step >= 0 || la!.length !== lb!.length) return `losses differ (first at step ${step + 1})`;
       for (const what of ["params", "state"] as const) {
         const mine = new Map(a[what].map(([k, t]) => [k, mx.fromBytes(t.data, t.shape, t.dtype as mx.Dtype)] as const));
         try {
@@ -127,11 +127,6 @@ describe("compiled training step", () => {
     same(tsEager, pyEager, "TS eager vs mlx-lm eager");
     same(tsCompiled, pyCompiled, "TS compiled vs mlx-lm compiled");
     if (mx.defaultDevice() === "cpu") same(tsCompiled, tsEager, "TS compiled vs TS eager");
-    else {
-      const py = difference(pyCompiled, pyEager);
-      const ts = difference(tsCompiled, tsEager);
-      console.log(`[compiled step] ${mx.backend()}: ${ckpt} compiled vs eager: mlx-lm ${py ?? "equal"}; TS ${ts ?? "equal"}`);
-      expect(ts === null, `TS's compiled = eager verdict is mlx-lm's (mlx-lm: ${py ?? "equal"}; TS: ${ts ?? "equal"})`).toBe(py === null);
-    }
+    else console.log(`[compiled step] ${mx.backend()}: ${ckpt} compiled vs eager (TS = mlx-lm): ${difference(tsCompiled, tsEager) ?? "equal"}`);
   }, limit(300_000));
 });
