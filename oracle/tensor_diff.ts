@@ -38,7 +38,8 @@ function ordered(bits: number, width: 16 | 32): number {
 
 
 
-function reader(t: RawTensor): { num: (i: number) => number; ulp?: (i: number) => number } {
+/** Element readers of a raw tensor: its value as a number, and (float dtypes) its ordered bit pattern. */
+export function reader(t: RawTensor): { num: (i: number) => number; ulp?: (i: number) => number } {
   const dv = new DataView(t.data.buffer, t.data.byteOffset, t.data.byteLength);
   switch (t.dtype) {
     case "float32":
