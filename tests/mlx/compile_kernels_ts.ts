@@ -1,7 +1,8 @@
 // Helper of compile.test.ts (run as its own process with a fresh TMPDIR): builds mlx-lm's
-// compiled gemma4 helpers with the binding's compile() and prints the generated kernel names.
-import { readdirSync } from "node:fs";
-import { join } from "node:path";
+// compiled gemma4 helpers with the binding's compile() and prints the kernel libraries it loaded
+// and those in its kernel cache.
+import { existsSync, readdirSync, readFileSync, realpathSync } from "node:fs";
+import { basename, join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 
@@ -30,4 +31,15 @@ for (const dt of ["float32", "bfloat16"] as const) {
   for (const o of outs) o.dispose();
 }
 const cpu = join(process.env.TMPDIR!, "mlx", mx.version(), "cpu");
-console.log(JSON.stringify(readdirSync(cpu).filter((f) => f.startsWith("lib")).sort()));
+// What this process ran: the kernel libraries it has mapped (MLX dlopens each fused kernel it
+// uses and keeps it loaded), read from /proc/self/maps on Linux; null elsewhere (the test then
+// starts from an empty cache, where every file in it was written by this run). The cache's
+// listing alone would not do: the test seeds it with the pinned files, so a binding that no
+// longer compiled or fused would leave it unchanged.
+let mapped: string[] | null = null;
+if (existsSync("/proc/self/maps")) {
+  const prefix = `${realpathSync(cpu)}/`;
+  const files = readFileSync("/proc/self/maps", "utf8").split("\n").map((l) => l.slice(l.indexOf("/"))).filter((f) => f.startsWith(prefix));
+  mapped = [...new Set(files.map((f) => basename(f)))].sort();
+}
+console.log(JSON.stringify({ mapped, listed: readdirSync(cpu).filter((f) => f.startsWith("lib")).sort() }));
