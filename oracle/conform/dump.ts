@@ -349,7 +349,9 @@ function readHeader(dir: string, file: string): { entries: Map<string, Stored> }
   } catch (e) {
     if (!(e instanceof WeightsError)) throw e;
     const key = e.keys[0];
-    throw new DumpError(file, key ? `tensor ${JSON.stringify(key)}` : "(header)", key ? `tensor ${JSON.stringify(key)}: ${e.detail}` : e.detail);
+    if (!key) throw new DumpError(file, "(header)", e.detail);
+    const field = key.startsWith("__metadata__") ? key : `tensor ${JSON.stringify(key)}`;
+    throw new DumpError(file, field, `${field}: ${e.detail}`);
   }
   const lenBuf = Buffer.alloc(8);
   const fd = openSync(path, "r");
