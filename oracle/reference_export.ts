@@ -18,7 +18,7 @@ const VENV = join(REPO_ROOT, ".venv-reference");
 const REQUIREMENTS = join(REPO_ROOT, "requirements-reference.txt");
 const CKPT = join(REPO_ROOT, ".cache", "checkpoints");
 /** Tokens per reference forward: twice the fixtures' sliding window (8), so the window masks. */
-const TOKENS = 16;
+export const TOKENS = 16;
 
 export const FLAGS: FlagSpec[] = [
   { name: "only", kind: "string", valueName: "fixture", help: "export only this fixture (e.g. c1_dense); the others keep their files" },
@@ -33,8 +33,8 @@ function run(cmd: string, args: string[], what: string): string {
   return r.stdout;
 }
 
-/** The reference venv, made from the oracle venv's base interpreter; re-installed when the pins change. */
-function ensureVenv(): string {
+/** The reference venv, made from the oracle venv's base interpreter; re-installed when the pins change (also used by the conformance engines in engines/). */
+export function ensureVenv(): string {
   const py = join(VENV, "bin", "python");
   const stamp = join(VENV, ".requirements.sha256");
   const want = createHash("sha256").update(readFileSync(REQUIREMENTS)).update(process.platform + process.arch).digest("hex");
@@ -50,8 +50,8 @@ function ensureVenv(): string {
   return py;
 }
 
-/** Seeded token ids: BOS, then ids in [3, vocab). */
-function tokensFor(vocab: number, seed: number): number[] {
+/** Seeded token ids: BOS, then ids in [3, vocab) (the reference's prompts; engines/ reuse them). */
+export function tokensFor(vocab: number, seed: number): number[] {
   let s = seed >>> 0;
   const next = () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0), s);
   return [2, ...Array.from({ length: TOKENS - 1 }, () => 3 + (next() % (vocab - 3)))];

@@ -6,7 +6,8 @@ Reads a job file written by oracle/reference_export.ts: for each float32 fixture
 directory, its config already resolved by the TS loader (mlx-lm's ModelArgs after
 __post_init__, so mlx-lm's defaults are explicit) and the token ids. For each it builds
 Gemma4ForCausalLM from the mapped config, loads the mlx-layout weights (MoE experts re-fused
-into transformers' gate_up_proj), runs one forward with output_hidden_states and writes
+into transformers' gate_up_proj; build_model, shared with the conformance engine
+engines/transformers/hf_dump.py), runs one forward with output_hidden_states and writes
 <out>/<fixture>.safetensors: input_ids, logits and hidden_states.{i}. Prints one JSON line with
 the versions and, per fixture, what load_state_dict left out.
 
@@ -71,16 +72,14 @@ def hf_config(a: dict):
     )
 
 
-def hf_weights(path: Path) -> dict[str, np.ndarray]:
-    """mlx-lm gemma4_text keys/layout -> Gemma4ForCausalLM's (gemma4_text.sanitize, inverted)."""
-    from safetensors.numpy import load_file
-
-    w = load_file(str(path))
+def mlx_to_hf_keys(w: dict, concat) -> dict:
+    """mlx-lm gemma4_text keys/layout -> Gemma4ForCausalLM's (gemma4_text.sanitize, inverted); `concat`
+    joins two arrays on axis -2 (numpy's or torch's, so float32 and bfloat16 checkpoints both load)."""
     out = {}
     for k, v in w.items():
         if k.endswith(".experts.switch_glu.gate_proj.weight"):
             base = k.removesuffix(".switch_glu.gate_proj.weight")
-            out[base + ".gate_up_proj"] = np.concatenate([v, w[base + ".switch_glu.up_proj.weight"]], axis=-2)
+            out[base + ".gate_up_proj"] = concat(v, w[base + ".switch_glu.up_proj.weight"])
         elif k.endswith(".experts.switch_glu.up_proj.weight"):
             continue
         elif k.endswith(".experts.switch_glu.down_proj.weight"):
@@ -90,15 +89,20 @@ def hf_weights(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def export_one(job: dict, out: Path) -> dict:
+def build_model(job: dict, dtype=None):
+    """Gemma4ForCausalLM from the job's resolved args, the checkpoint's weights loaded (torch tensors,
+    so bfloat16 checkpoints load too) and cast to `dtype` (default float32). Returns (model, load info).
+    Refuses keys transformers does not know and missing parameters that a forward uses."""
     import torch
-    from safetensors.numpy import save_file
+    from safetensors.torch import load_file
     from transformers import Gemma4ForCausalLM
 
     a = job["args"]
+    dtype = dtype or torch.float32
     torch.manual_seed(0)  # parameters left out by the checkpoint (unused ones) get fixed values
-    model = Gemma4ForCausalLM(hf_config(a)).to(torch.float32).eval()
-    sd = {k: torch.from_numpy(v.astype(np.float32)) for k, v in hf_weights(Path(job["dir"]) / "model.safetensors").items()}
+    model = Gemma4ForCausalLM(hf_config(a)).to(dtype).eval()
+    raw = load_file(str(Path(job["dir"]) / "model.safetensors"))
+    sd = {k: v.to(dtype) for k, v in mlx_to_hf_keys(raw, lambda x, y: torch.cat([x, y], dim=-2)).items()}
     info = model.load_state_dict(sd, strict=False)
     if info.unexpected_keys:
         raise ValueError(f"{job['id']}: keys transformers does not know: {info.unexpected_keys[:8]}")
@@ -114,6 +118,14 @@ def export_one(job: dict, out: Path) -> dict:
     used_missing = [k for k in info.missing_keys if not unused(k)]
     if used_missing:
         raise ValueError(f"{job['id']}: parameters missing from the checkpoint: {used_missing[:8]}")
+    return model, info
+
+
+def export_one(job: dict, out: Path) -> dict:
+    import torch
+    from safetensors.numpy import save_file
+
+    model, info = build_model(job)
     ids = job["tokens"]
 
     def forward(dtype, np_dtype, name):

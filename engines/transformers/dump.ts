@@ -1,0 +1,134 @@
+// Conformance engine "transformers": Hugging Face transformers' Gemma 4 (PyTorch, CPU, float32 or
+// bfloat16) runs one forward over a prompt on a fixture checkpoint; engines/transformers/hf_dump.py
+// reads its intermediate values through module hooks, named by the tap scheme (oracle/TAPS.md),
+// and this entry writes them as a conformance dump (oracle/conform/FORMAT.md) with the shared
+// writer. The model is the independent reference's (oracle/python/reference_export.py,
+// build_model); torch and transformers live in the on-demand .venv-reference (ensureVenv).
+//
+//   bun engines/transformers/dump.ts --checkpoint c1_dense/f32 --out DIR [--dtype bfloat16]
+//                                    [--prompt 2,17,33 | --seed N]
+// Exit 0: dump written; 2: bad usage or input (one line on stderr); 1: the engine failed.
+import { spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { isAbsolute, join, resolve } from "node:path";
+import * as mx from "@mlx-bun/mlx";
+import { loadConfig } from "../../model/gemma4/index.ts";
+import { REPO_ROOT } from "../../oracle/client.ts";
+import { callTaps, checkpointHashes, type DumpLevel, type DumpManifest, levelTaps, scheduleCalls, writeDump } from "../../oracle/conform/dump.ts";
+import { ensureVenv, TOKENS, tokensFor } from "../../oracle/reference_export.ts";
+
+export const ENGINE = "transformers";
+export type TorchDtype = "float32" | "bfloat16";
+const SCRIPT = join(REPO_ROOT, "engines", "transformers", "hf_dump.py");
+const CKPT_ROOT = join(REPO_ROOT, ".cache", "checkpoints");
+
+export class EngineUsageError extends Error {
+  override readonly name = "EngineUsageError";
+}
+
+/** A checkpoint folder, or a fixture id ("c1_dense/f32") of the checkpoint cache. */
+export function resolveCheckpoint(ref: string): string {
+  const dir = isAbsolute(ref) || existsSync(join(ref, "config.json")) ? resolve(ref) : join(CKPT_ROOT, ref);
+  if (!existsSync(join(dir, "config.json"))) throw new EngineUsageError(`--checkpoint ${ref}: no config.json there (a folder, or a fixture id under .cache/checkpoints made by npm run setup)`);
+  return dir;
+}
+
+export interface TransformersDumpResult {
+  manifest: DumpManifest;
+  versions: Record<string, string>;
+  /** Tap names of the scheme this engine could not read (none expected for a forward). */
+  notRead: string[];
+  /** Parameters transformers has and the checkpoint leaves out (unused ones only; others are refused). */
+  missingUnused: string[];
+}
+
+/** The prompt the reference uses for a checkpoint: 16 seeded ids (oracle/reference_export.ts). */
+export function seededPrompt(checkpointDir: string, seed = 1): number[] {
+  return tokensFor(loadConfig(checkpointDir).args.vocab_size, seed);
+}
+
+/** The highest level whose every name is present in the one forward call. */
+export function levelOf(config: Record<string, unknown>, length: number, present: ReadonlySet<string>): DumpLevel | -1 {
+  const call = scheduleCalls(length, { kind: "forward" })[0]!;
+  for (const level of [2, 1, 0] as const) if (levelTaps(config, call, level).every((n) => present.has(n))) return level;
+  return -1;
+}
+
+/** Runs transformers on one forward and writes the dump to `out` (replacing a dump there). */
+export function transformersDump(opts: { checkpoint: string; out: string; dtype: TorchDtype; prompt: number[] }): TransformersDumpResult {
+  const dir = opts.checkpoint;
+  const config = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
+  const { args } = loadConfig(dir);
+  const vocab = args.vocab_size;
+  const bad = opts.prompt.find((t) => !Number.isInteger(t) || t < 0 || t >= vocab);
+  if (opts.prompt.length === 0 || bad !== undefined) throw new EngineUsageError(`prompt: token ids must be integers in [0, ${vocab}); got ${bad ?? "none"}`);
+  const call = scheduleCalls(opts.prompt.length, { kind: "forward" })[0]!;
+  const taps = callTaps(config, call);
+  const py = ensureVenv();
+  const tmp = join(REPO_ROOT, ".cache", `transformers-dump-${process.pid}`);
+  rmSync(tmp, { recursive: true, force: true });
+  mkdirSync(tmp, { recursive: true });
+  try {
+    writeFileSync(join(tmp, "job.json"), JSON.stringify({ id: dir, dir, args, tokens: opts.prompt, dtype: opts.dtype, taps }));
+    const r = spawnSync(py, [SCRIPT, join(tmp, "job.json"), tmp], { cwd: REPO_ROOT, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 26 });
+    if (r.error || r.status !== 0) throw new Error(`transformers (hf_dump.py) failed: ${r.error?.message ?? `exit ${r.status}`}\n${(r.stderr ?? "").trim().split("\n").slice(-6).join("\n")}`);
+    const out = JSON.parse(r.stdout.trim().split("\n").pop()!) as { versions: Record<string, string>; written: string[]; not_read: string[]; missing_unused: string[] };
+    const st = mx.loadSafetensors(join(tmp, "tensors.safetensors"));
+    try {
+      const present = new Set(out.written);
+      const level = levelOf(config, opts.prompt.length, present);
+      if (level < 0) throw new Error(`transformers gave no logits (read ${out.written.length} taps)`);
+      const manifest = writeDump(
+        opts.out,
+        {
+          engine: { name: ENGINE, version: out.versions.transformers!, device: "cpu", dtype: opts.dtype },
+          checkpoint: { files: checkpointHashes(dir) },
+          prompt: opts.prompt,
+          schedule: { kind: "forward" },
+          level,
+          notes: `torch ${out.versions.torch}, eager attention and experts, one thread; taps read through module hooks (engines/transformers/README.md)${out.not_read.length ? `; not read: ${out.not_read.join(", ")}` : ""}`,
+        },
+        out.written.map((n) => [n, st.arrays.get(n)!] as [string, mx.MlxArray]),
+      );
+      return { manifest, versions: out.versions, notRead: out.not_read, missingUnused: out.missing_unused };
+    } finally {
+      for (const a of st.arrays.values()) a.dispose();
+    }
+  } finally {
+    rmSync(tmp, { recursive: true, force: true });
+  }
+}
+
+function parseFlags(argv: readonly string[]): { checkpoint: string; out: string; dtype: TorchDtype; prompt?: number[]; seed: number } {
+  const v: Record<string, string> = {};
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (!["--checkpoint", "--out", "--dtype", "--prompt", "--seed"].includes(a)) throw new EngineUsageError(`unknown flag ${a} (flags: --checkpoint --out --dtype --prompt --seed)`);
+    const val = argv[++i];
+    if (val === undefined) throw new EngineUsageError(`${a} needs a value`);
+    v[a.slice(2)] = val;
+  }
+  if (!v.checkpoint || !v.out) throw new EngineUsageError("--checkpoint and --out are required");
+  const dtype = (v.dtype ?? "float32") as TorchDtype;
+  if (dtype !== "float32" && dtype !== "bfloat16") throw new EngineUsageError(`--dtype must be float32 or bfloat16, got ${v.dtype}`);
+  const prompt = v.prompt?.split(",").map((s) => Number(s.trim()));
+  if (prompt?.some((t) => !Number.isInteger(t))) throw new EngineUsageError(`--prompt must be comma-separated token ids, got ${v.prompt}`);
+  const seed = Number(v.seed ?? 1);
+  if (!Number.isInteger(seed) || seed < 0) throw new EngineUsageError(`--seed must be a non-negative integer, got ${v.seed}`);
+  return { checkpoint: v.checkpoint, out: v.out, dtype, prompt, seed };
+}
+
+if (import.meta.main) {
+  try {
+    const f = parseFlags(process.argv.slice(2));
+    const dir = resolveCheckpoint(f.checkpoint);
+    const prompt = f.prompt ?? seededPrompt(dir, f.seed);
+    const r = transformersDump({ checkpoint: dir, out: resolve(f.out), dtype: f.dtype, prompt });
+    process.stderr.write(`[transformers] ${f.checkpoint} ${f.dtype}: level ${r.manifest.level}, ${r.manifest.tensors.length} tensors (${TOKENS === prompt.length ? "seeded" : "given"} prompt of ${prompt.length})${r.notRead.length ? `; not read: ${r.notRead.join(", ")}` : ""} -> ${f.out}\n`);
+    process.exit(0);
+  } catch (e) {
+    const usage = e instanceof EngineUsageError || (e as Error).name === "DumpError" || (e as Error).name === "ConfigError";
+    process.stderr.write(`error: ${(e as Error).message}\n`);
+    process.exit(usage ? 2 : 1);
+  }
+}
