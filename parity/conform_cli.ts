@@ -1,0 +1,209 @@
+// `npm run conform -- --dump DIR --checkpoint DIR`: checks any Gemma 4 implementation's dump
+// (oracle/conform/FORMAT.md) against mlx-lm, tensor by tensor. The dump is validated against the
+// checkpoint the engine loaded (oracle/conform/dump.ts), mlx-lm runs the dump's prompt and
+// schedule through the oracle's capture request (only the names the dump holds are shipped back),
+// and every tensor is compared: the bit-exact count where the dtypes agree, the distribution
+// metrics always (oracle/conform/metrics.ts), judged against the noise floor per tap kind
+// (oracle/conform/verdict.ts). Reports: terminal table, <out>/conform.json, conform.md,
+// conform.html. Exit 0 conforms, 1 diverges (or the floor is not measured), 2 bad usage or input.
+import { mkdirSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { type CaptureResult, OracleClient, type ScenarioSpec, type TapRecord } from "../oracle/client.ts";
+import { DumpError, splitName, type ValidDump, validateDump } from "../oracle/conform/dump.ts";
+import { firstDifferingStep } from "../oracle/conform/metrics.ts";
+import { compareTensor, type TensorComparison } from "../oracle/conform/tensor_compare.ts";
+import { DEFAULT_FLOOR_PATH, exitCodeOf, judge, loadNoiseFloor, NoiseFloorError } from "../oracle/conform/verdict.ts";
+import type { RawTensor } from "../oracle/tensor_diff.ts";
+import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
+import { CONFORM_SCHEMA, type ConformReport, logitSummary, renderHtml, renderMarkdown, renderText, tensorRows } from "./conform_report.ts";
+import { parseTapName } from "./engine.ts";
+import { ProgressBar } from "./progress.ts";
+
+export const FLAGS: FlagSpec[] = [
+  { name: "dump", kind: "string", valueName: "dir", help: "the engine's dump folder (format: oracle/conform/FORMAT.md)" },
+  { name: "checkpoint", kind: "string", valueName: "dir", help: "the checkpoint folder the engine loaded (its files' sha256 must be the dump's); mlx-lm loads it too" },
+  { name: "out", kind: "string", valueName: "dir", help: "where the reports go", default: "report" },
+  { name: "floor", kind: "string", valueName: "file", help: "the noise floor (default: oracle/conform/noise_floor.json)" },
+  { name: "strict", kind: "bool", help: "only bit-exact tensors pass (the bar for an engine on the same libmlx, e.g. this project's TS port)" },
+  { name: "json", kind: "bool", help: "print the JSON report on stdout instead of the table" },
+  { name: "verbose", kind: "bool", help: "stack traces on errors" },
+  { name: "help", kind: "bool", help: "show this help" },
+];
+
+const FOOTER = `
+Verdict: a tensor is within the floor when its relative L2 error (and, on logits, the largest
+per-row KL) is at most the noise floor's value for its tap kind; the first tensor and layer
+outside it are named. A run whose every value equals mlx-lm's conforms without a floor; any
+other run is called CONFORMS only against a measured floor (a placeholder floor gives
+"floor not measured", exit 1).
+
+Reports: <out>/conform.json, <out>/conform.md, <out>/conform.html (per-layer error plot).
+Exit status: 0 conforms, 1 diverges or the floor is not measured, 2 bad usage or a bad dump.
+
+Example:
+  bun engines/ts_port/dump.ts --checkpoint ckpt --prompt 2,5,9,4 --prefill-step-size 2 --max-tokens 4 --level 1 --out dump
+  npm run conform -- --dump dump --checkpoint ckpt
+`;
+
+const USAGE = "npm run conform -- --dump <dir> --checkpoint <dir> [options]";
+
+export interface ConformOptions {
+  dump: string;
+  checkpoint: string;
+  floorFile?: string;
+  strict?: boolean;
+  progress?: boolean;
+}
+
+/** The oracle's tap a dump tensor is compared with: its own name, or logits for a logprobs the oracle has not. */
+function oracleNameFor(name: string, oracleNames: ReadonlySet<string>): string {
+  if (oracleNames.has(name)) return name;
+  const { prefix, tap } = splitName(name);
+  return tap === "logprobs" ? `${prefix}logits` : name;
+}
+
+function scenarioOf(d: ValidDump): ScenarioSpec {
+  const m = d.manifest;
+  if (m.schedule.kind === "forward") return { id: "conform", kind: "forward", tokens: [m.prompt] };
+  return { id: "conform", kind: "generate", prompt: m.prompt, prefill_step_size: m.schedule.prefill_step_size, max_tokens: m.schedule.max_tokens };
+}
+
+/** Every tap name mlx-lm records for the dump's schedule (the expansion the validator used), in execution order. */
+function oracleTapOrder(cap: CaptureResult): string[] {
+  return cap.taps.map((t) => t.name);
+}
+
+/** Runs the comparison; returns the report (the caller writes it). */
+export async function conform(oracle: OracleClient, opts: ConformOptions, validated?: ValidDump): Promise<ConformReport> {
+  const floor = loadNoiseFloor(opts.floorFile ?? DEFAULT_FLOOR_PATH);
+  // (hashing a real checkpoint takes seconds: a dump validated already is not validated again)
+  const dump = validated ?? validateDump(opts.dump, opts.checkpoint);
+  const m = dump.manifest;
+  const names = [...m.tensors, ...Object.keys(m.mask_kinds ?? {})];
+
+  // Ask for the dump's names plus the logits a logprobs may stand for.
+  const want = new Set<string>();
+  for (const n of names) {
+    want.add(n);
+    const { prefix, tap } = splitName(n);
+    if (tap === "logprobs") want.add(`${prefix}logits`);
+  }
+  const bar = opts.progress ? new ProgressBar("conform") : null;
+  bar?.update(0, "mlx-lm capture");
+  const cap = await oracle.capture(resolve(opts.checkpoint), scenarioOf(dump), { mode: "full", only: [...want] });
+  const byName = new Map<string, TapRecord>(cap.taps.map((t) => [t.name, t]));
+  const order = oracleTapOrder(cap);
+  const oracleNames = new Set(order);
+
+  // Generations: calls after the first differing greedy token are fed different tokens on the two sides.
+  const oracleTokens = cap.meta.generated ?? [];
+  const engineTokens = m.generated ?? [];
+  const tokenDiff = m.schedule.kind === "generate" ? firstDifferingStep(engineTokens, oracleTokens) : null;
+  const notComparable = (name: string) => {
+    const s = /^step(\d+)\//.exec(name);
+    return tokenDiff !== null && s !== null && Number(s[1]) > tokenDiff;
+  };
+
+  const position = new Map(order.map((n, i) => [n, i]));
+  const dumpNames = names.filter((n) => !notComparable(n));
+  const notCompared = names.filter(notComparable).map((name) => ({ name, reason: `calls after step ${tokenDiff}, where the greedy tokens differ, are fed different tokens on the two sides` }));
+  // Execution order: the oracle's tap order (a logprobs sits where the logits it stands for does).
+  const pos = (n: string) => position.get(oracleNameFor(n, oracleNames)) ?? Number.MAX_SAFE_INTEGER;
+  dumpNames.sort((a, b) => pos(a) - pos(b) || (a < b ? -1 : 1));
+
+  const comparisons: TensorComparison[] = [];
+  let k = 0;
+  let lastCall = "";
+  for (const name of dumpNames) {
+    const where = parseTapName(name);
+    const oName = oracleNameFor(name, oracleNames);
+    const ref = byName.get(oName);
+    // one progress line per call (the comparison itself is quick next to mlx-lm's capture)
+    if (bar && where.call !== lastCall) bar.update(k / dumpNames.length, `comparing ${where.call}`);
+    lastCall = where.call;
+    k++;
+    if (!ref) throw new Error(`mlx-lm recorded no tap "${oName}" for this schedule (the dump validated; the oracle's tap list disagrees)`);
+    const maskKind = dump.tensors.maskKind(name);
+    if (maskKind !== undefined || ref.kind !== "array") {
+      // A mask stored as a kind ("causal" / "none") against mlx-lm's.
+      const theirs = ref.kind === "none" ? "none" : ref.kind === "str" ? String(ref.value) : "array";
+      const ours = maskKind ?? "array";
+      const equal = ours === theirs;
+      comparisons.push({ name, oracleName: oName, ...where, engineDtype: ours, oracleDtype: theirs, shape: [], mismatches: null, total: 1, bitExact: equal, exact: equal, integerEqual: equal, ...(equal ? {} : { note: `mask ${ours} where mlx-lm has ${theirs}` }) });
+      continue;
+    }
+    if (!ref.array) throw new Error(`mlx-lm did not ship tap "${oName}"`);
+    const expected: RawTensor = { dtype: ref.array.dtype, shape: ref.array.shape, data: ref.array.data };
+    comparisons.push(compareTensor(name, where, dump.tensors.read(name), oName, expected));
+  }
+  const verdict = judge(comparisons, floor, { strict: opts.strict, firstTokenDiff: tokenDiff });
+  bar?.done(verdict.headline);
+  const first = verdict.firstOutside;
+  return {
+    schema: CONFORM_SCHEMA,
+    createdAt: new Date().toISOString(),
+    versions: { ...(oracle.versions ?? {}), bun: Bun.version, platform: `${process.platform}-${process.arch}` },
+    dump: { dir: opts.dump, engine: { ...m.engine }, checkpoint: opts.checkpoint, promptLength: m.prompt.length, schedule: { ...m.schedule }, level: m.level, tensors: names.length },
+    floor: { file: opts.floorFile ?? "oracle/conform/noise_floor.json", status: floor.status, measured: floor.measured },
+    verdict: { status: verdict.status, headline: verdict.headline, strict: verdict.strict, firstOutside: first ? first.name : null, firstLayerOutside: verdict.firstLayerOutside, firstTokenDiff: tokenDiff },
+    tokens: m.schedule.kind === "generate" ? { engine: engineTokens, oracle: oracleTokens } : null,
+    notCompared,
+    compared: comparisons.length,
+    bitExact: comparisons.filter((c) => c.bitExact).length,
+    logits: logitSummary(comparisons),
+    layers: verdict.layers,
+    tensors: tensorRows(comparisons, verdict.tensors),
+  };
+}
+
+export function writeReports(rep: ConformReport, out: string): string[] {
+  mkdirSync(out, { recursive: true });
+  const files = [join(out, "conform.json"), join(out, "conform.md"), join(out, "conform.html")];
+  writeFileSync(files[0]!, `${JSON.stringify(rep, (_k, v) => (typeof v === "number" && !Number.isFinite(v) ? String(v) : v))}\n`);
+  writeFileSync(files[1]!, renderMarkdown(rep));
+  writeFileSync(files[2]!, renderHtml(rep));
+  return files;
+}
+
+/** Bad input the command reports with exit code 2: a bad dump or floor file, besides bad usage. */
+function isBadInput(e: unknown): boolean {
+  return e instanceof DumpError || e instanceof NoiseFloorError || e instanceof UsageError;
+}
+
+/** The command; `oracle`: an oracle already running (tests), else one is started and closed here. */
+export async function main(argv: string[], deps: { oracle?: OracleClient; write?: (s: string) => void } = {}): Promise<number> {
+  const write = deps.write ?? ((s: string) => process.stdout.write(s));
+  const a = parseArgs(argv, FLAGS);
+  if (a.help) {
+    write(helpText(USAGE, "Checks an engine's conformance dump against mlx-lm, tensor by tensor.", FLAGS, FOOTER));
+    return 0;
+  }
+  if (typeof a.dump !== "string") throw new UsageError("--dump <dir> is required (see --help)");
+  if (typeof a.checkpoint !== "string") throw new UsageError("--checkpoint <dir> is required: the checkpoint folder the engine loaded (see --help)");
+  const opts: ConformOptions = { dump: a.dump, checkpoint: a.checkpoint, floorFile: a.floor as string | undefined, strict: a.strict === true, progress: a.json !== true && deps.write === undefined };
+  // Validate the dump and the floor before starting mlx-lm: bad input answers at once.
+  const dump = validateDump(opts.dump, opts.checkpoint);
+  loadNoiseFloor(opts.floorFile ?? DEFAULT_FLOOR_PATH);
+  const oracle = deps.oracle ?? (await OracleClient.start());
+  let rep: ConformReport;
+  try {
+    rep = await conform(oracle, opts, dump);
+  } finally {
+    if (!deps.oracle) await oracle.close();
+  }
+  const files = writeReports(rep, a.out as string);
+  if (a.json) write(`${JSON.stringify(rep, (_k, v) => (typeof v === "number" && !Number.isFinite(v) ? String(v) : v))}\n`);
+  else write(`${renderText(rep)}\nreports: ${files.join(", ")}\n`);
+  return exitCodeOf(rep.verdict);
+}
+
+if (import.meta.main) {
+  runMain(
+    (argv) =>
+      main(argv).catch((e) => {
+        // A bad dump or floor file is bad input (exit 2), as bad usage is.
+        if (isBadInput(e) && !(e instanceof UsageError)) throw new UsageError(e.message);
+        throw e;
+      }),
+  );
+}
