@@ -50,8 +50,8 @@ function stored(value: TapValue): RawTensor | MaskKind {
 
 /** Runs the TS model and writes its dump; returns the manifest written. */
 export async function tsDump(opts: TsDumpOptions): Promise<DumpManifest> {
-  const config = JSON.parse(readFileSync(join(opts.checkpoint, "config.json"), "utf8")) as Record<string, unknown>;
   const hashes = checkpointHashes(opts.checkpoint);
+  const config = JSON.parse(readFileSync(join(opts.checkpoint, "config.json"), "utf8")) as Record<string, unknown>;
   const wanted = new Set(scheduleCalls(opts.prompt.length, opts.schedule).flatMap((c) => levelTaps(config, c, opts.level).map((t) => c.prefix + t)));
   const tensors = new Map<string, RawTensor>();
   const masks: Record<string, MaskKind> = {};

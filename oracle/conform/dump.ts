@@ -209,13 +209,13 @@ function sha256File(path: string): string {
 
 /** sha256 (lowercase hex) of config.json and every *.safetensors directly in a checkpoint folder, by file name. */
 export function checkpointHashes(dir: string): Record<string, string> {
-  if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new DumpError(dir, "checkpoint", `${dir}: not a checkpoint folder`);
+  if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new DumpError(dir, "checkpoint", `not a checkpoint folder`);
   const names = readdirSync(dir)
     .filter((f) => f === "config.json" || f.endsWith(".safetensors"))
     .filter((f) => statSync(join(dir, f)).isFile())
     .sort();
-  if (!names.includes("config.json")) throw new DumpError("config.json", "checkpoint", `config.json: the checkpoint folder ${dir} has no config.json`);
-  if (!names.some((f) => f.endsWith(".safetensors"))) throw new DumpError(dir, "checkpoint", `${dir}: the checkpoint folder has no *.safetensors file`);
+  if (!names.includes("config.json")) throw new DumpError(join(dir, "config.json"), "checkpoint", "missing: the checkpoint folder has no config.json");
+  if (!names.some((f) => f.endsWith(".safetensors"))) throw new DumpError(dir, "checkpoint", `the checkpoint folder has no *.safetensors file`);
   return Object.fromEntries(names.map((f) => [f, sha256File(join(dir, f))]));
 }
 
@@ -268,7 +268,7 @@ export function parseManifest(text: string): DumpManifest {
     if (f !== "config.json" && !f.endsWith(".safetensors")) throw bad(`checkpoint.files[${JSON.stringify(f)}]`, "names neither config.json nor a *.safetensors file");
     if (typeof h !== "string" || !/^[0-9a-f]{64}$/.test(h)) throw bad(`checkpoint.files[${JSON.stringify(f)}]`, `must be a sha256 in 64 lowercase hex digits, got ${describe(h)}`);
   }
-  if (!("config.json" in cf)) throw bad("checkpoint.files", 'must include "config.json"');
+  if (!Object.hasOwn(cf, "config.json")) throw bad("checkpoint.files", 'must include "config.json"');
 
   if (!Array.isArray(m.prompt) || m.prompt.length === 0) throw bad("prompt", `must be a non-empty array of token ids, got ${describe(m.prompt)}`);
   m.prompt.forEach((t, i) => {
@@ -381,7 +381,7 @@ function readHeader(dir: string, file: string): { entries: Map<string, Stored> }
  * Tensor data is read lazily by `tensors.read`.
  */
 export function readDump(dir: string): Dump {
-  if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new DumpError(dir, "(folder)", `${dir}: not a dump folder`);
+  if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new DumpError(dir, "(folder)", `not a dump folder`);
   const mpath = join(dir, MANIFEST);
   if (!existsSync(mpath)) throw new DumpError(MANIFEST, "(file)", `missing: the dump folder ${dir} has no ${MANIFEST}`);
   let text: string;
@@ -449,15 +449,15 @@ function readConfig(checkpointDir: string): Record<string, unknown> {
   try {
     c = JSON.parse(readFileSync(path, "utf8"));
   } catch (e) {
-    throw new DumpError(path, "(json)", `${path}: unreadable checkpoint config: ${(e as Error).message}`);
+    throw new DumpError(path, "(json)", `unreadable checkpoint config: ${(e as Error).message}`);
   }
-  if (!isObject(c)) throw new DumpError(path, "(root)", `${path}: the checkpoint config is not a JSON object`);
+  if (!isObject(c)) throw new DumpError(path, "(root)", `the checkpoint config is not a JSON object`);
   return c;
 }
 
 function positiveInt(config: Record<string, unknown>, key: string, path: string): number {
   const v = textConfig(config)[key];
-  if (!isNat(v) || v === 0) throw new DumpError(path, key, `${path}: ${key} must be a positive integer to check a dump's shapes, got ${describe(v)}`);
+  if (!isNat(v) || v === 0) throw new DumpError(path, key, `${key} must be a positive integer to check a dump's shapes, got ${describe(v)}`);
   return v;
 }
 
@@ -481,12 +481,12 @@ export function validateDump(dir: string, checkpointDir: string): ValidDump {
   const ours = m.checkpoint.files;
   for (const f of Object.keys(theirs)) {
     const field = `checkpoint.files[${JSON.stringify(f)}]`;
-    if (!(f in ours)) throw new DumpError(MANIFEST, field, `${field} is missing: the checkpoint has ${f} (a dump of another checkpoint?)`);
+    if (!Object.hasOwn(ours, f)) throw new DumpError(MANIFEST, field, `${field} is missing: the checkpoint has ${f} (a dump of another checkpoint?)`);
     if (ours[f] !== theirs[f]) throw new DumpError(MANIFEST, field, `${field} is ${ours[f]!.slice(0, 12)}… but the checkpoint's ${f} hashes to ${theirs[f]!.slice(0, 12)}…: a dump of another checkpoint`);
   }
   for (const f of Object.keys(ours)) {
     const field = `checkpoint.files[${JSON.stringify(f)}]`;
-    if (!(f in theirs)) throw new DumpError(MANIFEST, field, `${field} names a file the checkpoint does not have: a dump of another checkpoint`);
+    if (!Object.hasOwn(theirs, f)) throw new DumpError(MANIFEST, field, `${field} names a file the checkpoint does not have: a dump of another checkpoint`);
   }
 
   const cpath = join(checkpointDir, "config.json");
@@ -586,9 +586,9 @@ let writeSeq = 0;
 export function writeDump(dir: string, manifest: DumpManifestInput, tensors: Map<string, RawTensor | MlxArray> | Iterable<[string, RawTensor | MlxArray]>): DumpManifest {
   const entries = [...tensors];
   if (existsSync(dir)) {
-    if (!statSync(dir).isDirectory()) throw new DumpError(dir, "(folder)", `${dir}: exists and is not a folder; refusing to replace it`);
+    if (!statSync(dir).isDirectory()) throw new DumpError(dir, "(folder)", `exists and is not a folder; refusing to replace it`);
     const inside = readdirSync(dir);
-    if (inside.length > 0 && !inside.includes(MANIFEST)) throw new DumpError(dir, "(folder)", `${dir}: exists and is not a dump (no ${MANIFEST}); refusing to replace it`);
+    if (inside.length > 0 && !inside.includes(MANIFEST)) throw new DumpError(dir, "(folder)", `exists and is not a dump (no ${MANIFEST}); refusing to replace it`);
   }
   const parent = dirname(dir);
   mkdirSync(parent, { recursive: true });
