@@ -6,6 +6,7 @@
 // in model/gemma4/audio_feature_tables.json are checked against the live extractor's.
 //
 // Default: 24 clips. MEDIA_FULL=1: 64 clips, up to 500000 samples (31 s, past the 30 s cut).
+// The test asserts that many clips were made and compared, each of the 5 configurations used.
 
 import { afterAll, describe, expect, it } from "vitest";
 import { join } from "node:path";
@@ -24,7 +25,8 @@ const tmp = tempDir("audio");
 afterAll(tmp.remove);
 const oracle = await sharedOracle();
 
-const clips = makeMedia(join(tmp.dir, "wav"), "audio", ["--count", FULL ? "64" : "24"]);
+const CLIPS = FULL ? 64 : 24;
+const clips = makeMedia<MediaItem[]>(join(tmp.dir, "wav"), "audio", ["--count", String(CLIPS)]);
 const fe = (block: Record<string, unknown>) => ({ feature_extractor: { feature_extractor_type: "Gemma4AudioFeatureExtractor", ...block } });
 const dirs = makeProcessorDirs(join(tmp.dir, "proc"), [
   { name: "default", config: null },
@@ -55,8 +57,11 @@ describe("audio front end = mlx-vlm's, byte for byte", () => {
     const failures: string[] = [];
     let exact = 0;
     let values = 0;
-    for (const [i, clip] of (clips as MediaItem[]).entries()) {
+    let ran = 0;
+    const configsUsed = new Set<string>();
+    for (const [i, clip] of clips.entries()) {
       const dir = dirs[i % dirs.length]!;
+      configsUsed.add(dir.name);
       const cfg = loadProcessorConfig(dir.dir);
       const ex = new Gemma4AudioFeatureExtractor(featureExtractorConfig(cfg.feature_extractor, cfg.file));
       const w = loadAudio(clip.file, ex.samplingRate);
@@ -76,8 +81,12 @@ describe("audio front end = mlx-vlm's, byte for byte", () => {
       const same = ex.call([f32(ref.waveform as NpyRecord)]);
       const d2 = compareRaw(`${clip.name} features from mlx-vlm's waveform`, rec(same.input_features[0]!), want.input_features as NpyRecord);
       if (!d2.equal) failures.push(formatDiff(d2));
+      ran++;
     }
     console.log(`[audio] ${clips.length} clips: ${exact} bit-exact (features + mask + tokens), ${values} feature values`);
     expect(failures).toEqual([]);
+    // every clip asked for was made and compared, under every processor configuration
+    expect({ clips: clips.length, ran, exact, configs: configsUsed.size }).toEqual({ clips: CLIPS, ran: CLIPS, exact: CLIPS, configs: dirs.length });
+    expect(dirs.length).toBe(5);
   }, limit(600_000));
 });

@@ -97,7 +97,10 @@ describe("the Gemma 3 tokenizer: TS = mlx-lm / transformers", () => {
       }
     });
     const { rendered } = await oracle.request<{ rendered: { text?: string; error?: string }[] }>("chat_template", { dir: DIR, conversations }, SLOW);
+    expect(rendered.length, "conversations rendered by transformers").toBe(conversations.length);
+    let compared = 0;
     for (const [i, r] of rendered.entries()) {
+      compared++;
       const o = ours[i]!;
       if (r.error !== undefined) {
         // both refuse, with the template's own message
@@ -105,6 +108,7 @@ describe("the Gemma 3 tokenizer: TS = mlx-lm / transformers", () => {
         expect((o as { error: string }).error).toContain(r.error.replace(/^TemplateError: /, ""));
       } else expect(o, `conversation ${i}`).toEqual({ text: r.text });
     }
+    expect(compared).toBe(9);
     expect(rendered.filter((r) => r.error !== undefined).length).toBe(2);
   }, SLOW);
 
