@@ -150,10 +150,23 @@ export function layerPlot(r: ConformReport): string {
   const { labels, calls, values, floor } = perCallSlots(r);
   const W = 720, L = 60, R = 16, B = 36;
   const shown = calls.slice(0, 12);
-  const perRow = Math.floor((W - L - R) / 84);
-  const legendItems = shown.length + 1 + (calls.length > shown.length ? 1 : 0);
-  const legendRows = Math.ceil(legendItems / perRow);
-  const T = 30 + legendRows * 16 + 8;
+  // Legend items flow left to right under the title and wrap; widths from a generous 6.5 px per
+  // character at the 10 px tick font, so items never touch.
+  const items: { label: string; color: string; dash?: boolean }[] = [...shown.map((c, k) => ({ label: c, color: CALL_COLORS[k % CALL_COLORS.length]! })), { label: r.floor.status === "measured" ? "noise floor" : "floor (placeholder)", color: "#444", dash: true }];
+  if (calls.length > shown.length) items.push({ label: `+${calls.length - shown.length} calls`, color: "none" });
+  const placed: { x: number; row: number }[] = [];
+  let cx = L;
+  let row = 0;
+  for (const it of items) {
+    const w = 18 + Math.ceil(it.label.length * 6.5) + 14;
+    if (cx + w > W - R && cx > L) {
+      row++;
+      cx = L;
+    }
+    placed.push({ x: cx, row });
+    cx += w;
+  }
+  const T = 30 + (row + 1) * 16 + 8;
   const H = T + 200 + B;
   const pos = [...values.values()].flat().filter((v): v is number => v !== null && v > 0 && Number.isFinite(v));
   const floorPos = floor.filter((v) => v > 0);
@@ -191,11 +204,9 @@ export function layerPlot(r: ConformReport): string {
     if (i >= 0) parts.push(`<line class="first-outside" x1="${x(i)}" x2="${x(i)}" y1="${T}" y2="${H - B}" stroke="#b52a2a" stroke-width="1" stroke-dasharray="2,2"><title>first layer outside the floor: ${r.verdict.firstLayerOutside}</title></line>`);
   }
   // Legend rows between the title and the plot area.
-  const items: { label: string; color: string; dash?: boolean }[] = [...shown.map((c, k) => ({ label: c, color: CALL_COLORS[k % CALL_COLORS.length]! })), { label: r.floor.status === "measured" ? "noise floor" : "floor (placeholder)", color: "#444", dash: true }];
-  if (calls.length > shown.length) items.push({ label: `+${calls.length - shown.length} calls`, color: "none" });
   items.forEach((it, j) => {
-    const lx = L + (j % perRow) * 84;
-    const ly = 30 + Math.floor(j / perRow) * 16;
+    const lx = placed[j]!.x;
+    const ly = 30 + placed[j]!.row * 16;
     if (it.color !== "none") parts.push(`<line class="legend-key" x1="${lx}" x2="${lx + 14}" y1="${ly - 3}" y2="${ly - 3}" stroke="${it.color}" stroke-width="2"${it.dash ? ' stroke-dasharray="4,2"' : ""}/>`);
     parts.push(`<text class="legend tick" x="${lx + 18}" y="${ly}">${esc(it.label)}</text>`);
   });
@@ -207,9 +218,10 @@ export function renderHtml(r: ConformReport): string {
   const ok = r.verdict.status === "CONFORMS";
   const versions = Object.entries(r.versions).map(([k, v]) => `<span><b>${esc(k)}</b> ${esc(v)}</span>`).join(" ");
   const layerRows = r.layers.map((l) => `<tr class="${l.within ? "ok" : "bad"}">${layerRow(l).map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`).join("");
-  const outside = r.tensors.filter((t) => !t.within).slice(0, 100);
+  const allOutside = r.tensors.filter((t) => !t.within);
+  const outside = allOutside.slice(0, 40);
   const outsideTable = outside.length
-    ? `<h2>Tensors outside the floor</h2><table id="outside"><tr><th>tensor</th><th>dtypes</th><th>bit mismatches</th><th>max abs</th><th>max ULP</th><th>rel L2</th><th>cosine</th><th>KL max</th><th>reason</th></tr>${outside.map((t) => `<tr class="bad"><td>${esc(t.name)}</td><td>${t.engineDtype} / ${t.oracleDtype}</td><td>${t.mismatches ?? "-"}</td><td>${fmtErr(t.metrics?.maxAbs)}</td><td>${t.metrics?.maxUlp ?? "-"}</td><td>${fmtErr(t.metrics?.relL2)}</td><td>${t.metrics ? fmtNum(t.metrics.cosine) : "-"}</td><td>${fmtErr(t.logits?.klMax)}</td><td>${esc(t.reason ?? "")}</td></tr>`).join("")}</table>`
+    ? `<h2>Tensors outside the floor</h2><details id="outside-list"${allOutside.length <= 10 ? " open" : ""}><summary>${allOutside.length} tensors outside the floor${allOutside.length > outside.length ? ` (the first ${outside.length} in execution order listed; conform.json has every one)` : ""}</summary><table id="outside"><tr><th>tensor</th><th>dtypes</th><th>bit mismatches</th><th>max abs</th><th>max ULP</th><th>rel L2</th><th>cosine</th><th>KL max</th><th>reason</th></tr>${outside.map((t) => `<tr class="bad"><td>${esc(t.name)}</td><td>${t.engineDtype} / ${t.oracleDtype}</td><td>${t.mismatches ?? "-"}</td><td>${fmtErr(t.metrics?.maxAbs)}</td><td>${t.metrics?.maxUlp ?? "-"}</td><td>${fmtErr(t.metrics?.relL2)}</td><td>${t.metrics ? fmtNum(t.metrics.cosine) : "-"}</td><td>${fmtErr(t.logits?.klMax)}</td><td>${esc(t.reason ?? "")}</td></tr>`).join("")}</table></details>`
     : "";
   const e = r.dump.engine;
   const lines = [logitLine(r), tokenLine(r)].filter((l): l is string => l !== null).map((l) => `<li>${esc(l)}</li>`).join("");
