@@ -8,7 +8,7 @@
 // conform.html. Exit 0 conforms, 1 diverges (or the floor is not measured), 2 bad usage or input.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { type CaptureResult, OracleClient, type ScenarioSpec, type TapRecord } from "../oracle/client.ts";
+import { type CaptureResult, closeSharedOracle, OracleClient, type ScenarioSpec, type TapRecord } from "../oracle/client.ts";
 import { DumpError, splitName, type ValidDump, validateDump } from "../oracle/conform/dump.ts";
 import { firstDifferingStep } from "../oracle/conform/metrics.ts";
 import { compareTensor, type TensorComparison } from "../oracle/conform/tensor_compare.ts";
@@ -18,6 +18,7 @@ import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.
 import { CONFORM_SCHEMA, type ConformReport, logitSummary, renderHtml, renderMarkdown, renderText, tensorRows } from "./conform_report.ts";
 import { parseTapName } from "./engine.ts";
 import { ProgressBar } from "./progress.ts";
+import { conformServer } from "./conform_server.ts";
 
 export const FLAGS: FlagSpec[] = [
   { name: "dump", kind: "string", valueName: "dir", help: "the engine's dump folder (format: oracle/conform/FORMAT.md)" },
@@ -36,6 +37,9 @@ per-row KL) is at most the noise floor's value for its tap kind; the first tenso
 outside it are named. A run whose every value equals mlx-lm's conforms without a floor; any
 other run is called CONFORMS only against a measured floor (a placeholder floor gives
 "floor not measured", exit 1).
+
+Server mode: npm run conform -- --server URL --checkpoint DIR --tokens IDS checks an
+OpenAI-compatible /v1/completions endpoint instead of a dump (--server URL --help: its flags).
 
 Reports: <out>/conform.json, <out>/conform.md, <out>/conform.html (per-layer error plot).
 Exit status: 0 conforms, 1 diverges or the floor is not measured, 2 bad usage or a bad dump.
@@ -173,12 +177,20 @@ function isBadInput(e: unknown): boolean {
 /** The command; `oracle`: an oracle already running (tests), else one is started and closed here. */
 export async function main(argv: string[], deps: { oracle?: OracleClient; write?: (s: string) => void } = {}): Promise<number> {
   const write = deps.write ?? ((s: string) => process.stdout.write(s));
+  // --server URL: the server mode (parity/conform_server.ts, its own flags) instead of a dump.
+  if (argv.some((x) => x === "--server" || x.startsWith("--server="))) {
+    try {
+      return await conformServer(argv, { ...(deps.oracle ? { oracle: deps.oracle } : {}), out: write });
+    } finally {
+      if (!deps.oracle) await closeSharedOracle();
+    }
+  }
   const a = parseArgs(argv, FLAGS);
   if (a.help) {
     write(helpText(USAGE, "Checks an engine's conformance dump against mlx-lm, tensor by tensor.", FLAGS, FOOTER));
     return 0;
   }
-  if (typeof a.dump !== "string") throw new UsageError("--dump <dir> is required (see --help)");
+  if (typeof a.dump !== "string") throw new UsageError("--dump <dir> is required, unless --server <url> (see --help)");
   if (typeof a.checkpoint !== "string") throw new UsageError("--checkpoint <dir> is required: the checkpoint folder the engine loaded (see --help)");
   const opts: ConformOptions = { dump: a.dump, checkpoint: a.checkpoint, floorFile: a.floor as string | undefined, strict: a.strict === true, progress: a.json !== true && deps.write === undefined };
   // Validate the dump and the floor before starting mlx-lm: bad input answers at once.
