@@ -11,12 +11,12 @@ import { dirname, join } from "node:path";
 import { type OracleClient, OracleError, REPO_ROOT, closeSharedOracle, sharedOracle } from "../oracle/client.ts";
 import { type Dialect, type PromptAs, type ServerComparison, ServerModeError, compareWithOracle, queryServer } from "../oracle/conform/server_mode.ts";
 import { type FlagSpec, UsageError, helpText, parseArgs, runMain } from "./args.ts";
-import { loadTokenizer, parseTokenList } from "./inputs.ts";
+import { type CheckpointTokenizer, loadTokenizer, parseTokenList } from "./inputs.ts";
 
 export const SERVER_FLAGS: readonly FlagSpec[] = [
   { name: "server", kind: "string", valueName: "url", help: "an OpenAI-compatible server (http://host:port, or its /v1/completions URL)" },
   { name: "checkpoint", kind: "string", valueName: "dir|id", help: "the checkpoint the server loaded: a folder, or a fixture id (c1_dense/f32); the oracle runs it" },
-  { name: "prompt", kind: "string", valueName: "text", help: "prompt text, tokenized by the checkpoint's tokenizer as mlx-lm does (special tokens added)" },
+  { name: "prompt", kind: "string", valueName: "text", help: "prompt text, tokenized with the checkpoint's tokenizer.json (special tokens added, as mlx_lm.server does)" },
   { name: "tokens", kind: "string", valueName: "ids", help: "prompt token ids, comma-separated" },
   { name: "max-tokens", kind: "int", valueName: "n", default: 8, help: "greedy tokens to generate" },
   { name: "top-logprobs", kind: "int", valueName: "k", default: 5, help: "top-k logprobs asked per step (0: the chosen token's only)" },
@@ -46,25 +46,35 @@ function checkpointDir(ref: string): string {
   return existsSync(join(ref, "config.json")) ? ref : join(REPO_ROOT, ".cache", "checkpoints", ref);
 }
 
-async function tokenize(oracle: OracleClient, dir: string, text: string): Promise<number[]> {
-  if (!existsSync(join(dir, "tokenizer.json"))) throw new UsageError(`--prompt needs the checkpoint's tokenizer (${join(dir, "tokenizer.json")} is missing); give --tokens instead`);
-  // mlx-lm's own tokenizer wrapper: what mlx_lm.server's `tokenizer.encode(prompt)` runs
-  const r = await oracle.request<{ with_special: number[][] }>("tokenize", { dir, strings: [text] });
-  const ids = r.with_special?.[0];
-  if (!Array.isArray(ids) || ids.length === 0) throw new UsageError(`the prompt ${JSON.stringify(text.slice(0, 60))} has no tokens`);
-  return ids;
+/**
+ * The checkpoint's tokenizer through @huggingface/tokenizers (parity/inputs.ts, as `npm run
+ * parity -- --prompt` tokenizes): suites/tokenizer/gemma3.test.ts holds it equal to mlx-lm's
+ * tokenizer wrapper (what mlx_lm.server's `tokenizer.encode(prompt)` runs) on 3,000 strings, and
+ * the server's usage.prompt_tokens is checked against the ids on every answer.
+ */
+async function checkpointTokenizer(dir: string, why: string): Promise<CheckpointTokenizer> {
+  if (!existsSync(join(dir, "tokenizer.json"))) throw new UsageError(`${why} needs the checkpoint's tokenizer (${join(dir, "tokenizer.json")} is missing)`);
+  // one load per folder and process: a 262,144-piece tokenizer.json takes seconds to build
+  let t = tokenizers.get(dir);
+  if (!t) {
+    t = loadTokenizer(dir);
+    t.catch(() => tokenizers.delete(dir));
+    tokenizers.set(dir, t);
+  }
+  return t;
 }
+const tokenizers = new Map<string, Promise<CheckpointTokenizer>>();
 
 /**
- * A text whose tokenization (mlx-lm's, special tokens added) gives exactly `ids`: the ids after
- * the tokenizer's own prefix (its BOS) decoded with the TS tokenizer, checked by re-encoding.
+ * A text whose tokenization (special tokens added, as the server does) gives exactly `ids`: the
+ * ids after the tokenizer's own prefix (its BOS) decoded, checked by re-encoding.
  */
-async function textFor(oracle: OracleClient, dir: string, ids: number[]): Promise<string> {
-  if (!existsSync(join(dir, "tokenizer.json"))) throw new ServerModeError(`the server takes text only and the checkpoint has no tokenizer (${join(dir, "tokenizer.json")}) to write the ids as text`);
-  const prefix = await tokenize(oracle, dir, "").catch(() => [] as number[]);
+async function textFor(dir: string, ids: number[]): Promise<string> {
+  const tok = await checkpointTokenizer(dir, "a server that takes text only (it refused the id array)");
+  const prefix = tok.encode("", true);
   const body = prefix.length > 0 && prefix.every((t, i) => ids[i] === t) ? ids.slice(prefix.length) : ids;
-  const text = (await loadTokenizer(dir)).decode(body, false);
-  const back = await tokenize(oracle, dir, text);
+  const text = tok.decode(body, false);
+  const back = tok.encode(text, true);
   if (back.length !== ids.length || back.some((t, i) => t !== ids[i])) {
     throw new ServerModeError(`the server takes text only, and no text gives the ids [${ids.join(",")}]: decoding and re-encoding gives [${back.join(",")}] (give --prompt text, or a server that takes token ids)`);
   }
@@ -75,10 +85,11 @@ async function textFor(oracle: OracleClient, dir: string, ids: number[]): Promis
 export async function runServerCheck(oracle: OracleClient, o: ServerCheckOptions): Promise<ServerComparison> {
   if ((o.prompt === undefined) === (o.tokens === undefined)) throw new UsageError('give the prompt as --prompt "text" or --tokens 1,2,3 (one of them)');
   const dir = checkpointDir(o.checkpoint);
-  const ids = o.tokens ?? (await tokenize(oracle, dir, o.prompt!));
+  const ids = o.tokens ?? (await checkpointTokenizer(dir, "--prompt")).encode(o.prompt!, true);
+  if (ids.length === 0) throw new UsageError("the prompt has no tokens");
   const server = await queryServer({
     url: o.server,
-    prompt: { ids, text: o.prompt ?? (() => textFor(oracle, dir, ids)) },
+    prompt: { ids, text: o.prompt ?? (() => textFor(dir, ids)) },
     promptAs: o.promptAs,
     maxTokens: o.maxTokens,
     topLogprobs: o.topLogprobs,
