@@ -16,6 +16,7 @@ import { join } from "node:path";
 import { REPO_ROOT } from "../../oracle/client.ts";
 import { checkpointHashes, DumpError, type DumpManifest, type DumpManifestInput, readDump, validateDump, writeDump } from "../../oracle/conform/dump.ts";
 import type { RawTensor } from "../../oracle/tensor_diff.ts";
+import { limit } from "../../tests/time_limit.ts";
 
 const CKPT = join(REPO_ROOT, ".cache", "checkpoints", "c1_dense", "f32");
 const OTHER_CKPT = join(REPO_ROOT, ".cache", "checkpoints", "c2_keqv", "f32");
@@ -395,14 +396,16 @@ describe("every malformed case: one DumpError naming the file and the field", ()
     }
     expect(wrong).toEqual([]);
     expect(checked).toBe(CASES.length);
-  });
+  }, limit(30_000));
 });
 
 describe("fuzz: random corruptions give a DumpError or a valid dump, never another exception", () => {
   // A fixed count (deterministic for the seed): about 1 s on a free core of the 2-core machine.
-  const RUNS = 120;
+  // CONFORM_FUZZ_RUNS / CONFORM_FUZZ_SEED run a longer or another campaign.
+  const RUNS = Number(process.env.CONFORM_FUZZ_RUNS ?? 120);
+  const SEED = Number(process.env.CONFORM_FUZZ_SEED ?? 24);
   it(`seeded, ${RUNS} corruptions`, () => {
-    const rand = mulberry32(24);
+    const rand = mulberry32(SEED);
     const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
     const junk = (): unknown => pick([null, -1, 0, 1.5, 2 ** 53, "", "x", "step0/logits", [], [1, "a"], {}, { kind: "forward" }, true]);
     const counts = { runs: 0, rejected: 0, accepted: 0, mustReject: 0 };
@@ -461,11 +464,11 @@ describe("fuzz: random corruptions give a DumpError or a valid dump, never anoth
       else other.push(`${kind}: ${e.constructor.name}: ${e.message}`);
       rmSync(dir, { recursive: true, force: true });
     }
-    console.log(`[format fuzz] ${counts.runs} corruptions: ${counts.rejected} DumpErrors, ${counts.accepted} still valid (${counts.mustReject} truncations, all rejected)`);
+    console.log(`[format fuzz] seed ${SEED}, ${counts.runs} corruptions: ${counts.rejected} DumpErrors, ${counts.accepted} still valid (${counts.mustReject} truncations, all rejected)`);
     expect(other).toEqual([]);
     expect(counts.runs).toBe(RUNS);
     expect(counts.rejected + counts.accepted).toBe(counts.runs);
     expect(counts.mustReject).toBeGreaterThan(0);
     expect(counts.rejected).toBeGreaterThan(counts.runs / 2);
-  });
+  }, limit(30_000 + RUNS * 100));
 });
