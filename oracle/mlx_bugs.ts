@@ -1,8 +1,14 @@
-// Differences that are MLX's own, each proven by a Python-only reproducer, and the checkpoints
-// they reach. A parity run that diverges on such a checkpoint, on the backend where the bug
-// lives, is reported as diverging at that bug (counted apart, with the reproducer named), never
-// as bit-exact; every other divergence stays a failure. No tolerance is involved: the taps are
-// still compared bit for bit and shown.
+// Differences that are MLX's own, each proven by a Python-only reproducer, and where they reach.
+// A parity run is attributed to such a bug only when its FIRST divergent tap is produced by an op
+// on the bug's path (mlxBugAtTap: the tap's quantized matmul has K = one group and more than one
+// row, or it is a decode step's attention in the affected dtype and size), on the backend where
+// the bug lives; every other divergence stays a failure, even on a checkpoint that has such a
+// layer. Taps after an attributed divergence are unverified, and the verdict says so. No
+// tolerance is involved: the taps are still compared bit for bit and shown.
+//
+// MLX_BUGS_ASSUME_CUDA_GPU=1 (tests only) makes this process classify as if it ran on the CUDA
+// backend's GPU device, so the CPU tests can check the attribution (tests/oracle/mlx_bugs.test.ts,
+// tests/parity/attribution.test.ts); every predicate below also takes the answer as a parameter.
 import * as mx from "@mlx-bun/mlx";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -47,6 +53,9 @@ const SDPA_DECODE_KERNEL: MlxBug = {
   reproducer: "bench/cuda/repro_sdpa.py",
 };
 
+/** On the CUDA backend's GPU device, where the recorded bugs live (or told to assume so: MLX_BUGS_ASSUME_CUDA_GPU=1, tests only). */
+export const onCudaGpu = (): boolean => process.env.MLX_BUGS_ASSUME_CUDA_GPU === "1" || (mx.backend() === "cuda" && mx.defaultDevice() === "gpu");
+
 /** The checkpoint's floating-point dtype (of its unquantized tensors and quantization scales). */
 function floatDtype(dir: string): string | null {
   const n = new Map<string, number>();
@@ -66,39 +75,160 @@ export function halfAttentionForCudnn(dir: string): boolean {
   return (dt === "F16" || dt === "BF16") && dims.some((d) => d % 8 === 0 && d <= 128);
 }
 
-/** `.scales` tensors with one group per row (their last dimension is 1), from the safetensors headers. */
-export function hasOneGroupRows(dir: string): boolean {
-  if (!existsSync(dir)) return false;
+/** The affine quantized layers (biases beside the scales) with one group per row: their `.scales` last dimension is 1. */
+function oneGroupKeys(dir: string): string[] {
+  if (!existsSync(dir)) return [];
+  const out: string[] = [];
   for (const f of readdirSync(dir).filter((n) => n.endsWith(".safetensors"))) {
     const h = checkSafetensors(join(dir, f));
     for (const [k, v] of Object.entries(h)) {
-      // affine (biases beside the scales), one group per row
-      if (k.endsWith(".scales") && v.shape.at(-1) === 1 && `${k.slice(0, -".scales".length)}.biases` in h) return true;
+      if (k.endsWith(".scales") && v.shape.at(-1) === 1 && `${k.slice(0, -".scales".length)}.biases` in h) out.push(k.slice(0, -".scales".length));
     }
+  }
+  return out;
+}
+
+/** `.scales` tensors with one group per row (their last dimension is 1), from the safetensors headers. */
+export function hasOneGroupRows(dir: string): boolean {
+  return oneGroupKeys(dir).length > 0;
+}
+
+// Prefixes a checkpoint puts before the text model's module paths (flat, wrapper, raw HF
+// layouts), and before the media towers' (mlx-vlm's gemma4 wrapper).
+const TEXT_PREFIXES = ["", "model.", "language_model.model.", "model.language_model.", "language_model."];
+const MEDIA_PREFIXES = ["", "model."];
+const MEDIA_ROOTS = /^(vision_tower|audio_tower|embed_vision|embed_audio)\//;
+
+const oneGroupCache = new Map<string, Set<string>>();
+function oneGroupModules(dir: string): Set<string> {
+  let s = oneGroupCache.get(dir);
+  if (!s) oneGroupCache.set(dir, (s = new Set(oneGroupKeys(dir))));
+  return s;
+}
+
+/** A full tap name's call ("", "embed", "prefill0", "step3") and the rest (the tap scheme's name, oracle/TAPS.md). */
+function splitCall(name: string): { call: string; short: string } {
+  const m = /^(embed|prefill\d+|step\d+)\//.exec(name);
+  return m ? { call: m[1]!, short: name.slice(m[0].length) } : { call: "", short: name };
+}
+
+/**
+ * The checkpoint key (without `.scales`) of the quantized matmul that produces tap `short`, when
+ * that layer has one group per row; null when the tap is not a quantized matmul's output or its
+ * layer has more groups. A module tap is the module's output under its own path (oracle/TAPS.md):
+ * `layers.0/per_layer_projection` is `…layers.0.per_layer_projection`; the lookups
+ * `embed_tokens` and `embed_tokens_per_layer` gather rows, they multiply nothing; a tied
+ * `lm_head` is `embed_tokens.as_linear`; `experts/switch_glu/{gate,up,down}_proj` are the
+ * QuantizedSwitchLinear layers.
+ */
+export function oneGroupMatmulOf(dir: string, short: string): string | null {
+  if (short === "embed_tokens" || short === "embed_tokens_per_layer") return null;
+  const mods = oneGroupModules(dir);
+  const prefixes = MEDIA_ROOTS.test(short) ? MEDIA_PREFIXES : TEXT_PREFIXES;
+  const path = short === "lm_head" && !hasLmHead(dir) ? "embed_tokens" : short.replaceAll("/", ".");
+  for (const x of prefixes) if (mods.has(`${x}${path}`)) return `${x}${path}`;
+  return null;
+}
+
+/** An untied output layer (a `lm_head.weight` in the headers); tied checkpoints use embed_tokens.as_linear. */
+function hasLmHead(dir: string): boolean {
+  for (const f of readdirSync(dir).filter((n) => n.endsWith(".safetensors"))) {
+    if (Object.keys(checkSafetensors(join(dir, f))).some((k) => k === "lm_head.weight" || k.endsWith(".lm_head.weight"))) return true;
   }
   return false;
 }
 
-const onCudaGpu = () => mx.backend() === "cuda" && mx.defaultDevice() === "gpu";
+/** Where a run's first divergence was seen: the full tap name, its dtype and shape, and for an attention tap the keys it attended to. */
+export interface DivergentTap {
+  name: string;
+  dtype: string;
+  shape: readonly number[];
+  /** `self_attn/sdpa` taps: the number of keys (the cache_keys tap's length axis). */
+  kvLength?: number;
+}
 
 /**
- * The recorded MLX bug a run on this checkpoint can meet on the current backend, if any; `kvLength`
- * is the most keys a decode step of the run attends to (prompt + generated tokens).
+ * Rows of the matmul that produced a module tap: every axis but the output features, and for a
+ * QuantizedSwitchLinear's (B, L, K, 1, I) output the tokens B·L (its per-expert products have one
+ * row each; the call's rows are the tokens), for the sorted (N, 1, I) the N gathered rows.
  */
-export function mlxBugFor(dir: string, kvLength = 0): MlxBug | null {
-  if (!onCudaGpu()) return null;
+export function matmulRows(short: string, shape: readonly number[]): number {
+  const prod = (xs: readonly number[]) => xs.reduce((a, b) => a * b, 1);
+  if (/experts\/switch_glu\//.test(short)) return shape.length >= 5 ? prod(shape.slice(0, -3)) : prod(shape.slice(0, -2));
+  return prod(shape.slice(0, -1));
+}
+
+/**
+ * The recorded MLX bug that produced this first divergent tap, if any (on the backend where the
+ * bug lives: `onCuda`, default this process's). `cuda-qmm-sm90`: the tap is a quantized matmul
+ * (QuantizedLinear, QuantizedEmbedding.as_linear, QuantizedSwitchLinear) whose layer has K =
+ * one group (oneGroupMatmulOf) and the call has more than one row. `cuda-sdpa-decode-kernel`: the
+ * tap is a `step{n}/…/self_attn/sdpa` of one query row, float16 or bfloat16, head dim a multiple
+ * of 8 up to 128 (the tap is (B, heads, L, head_dim)) and at least 256 keys. Anything else: null,
+ * and the divergence is a failure.
+ */
+export function mlxBugAtTap(dir: string, tap: DivergentTap, onCuda: boolean = onCudaGpu()): MlxBug | null {
+  if (!onCuda) return null;
+  const { call, short } = splitCall(tap.name);
+  if (/(^|\/)self_attn\/sdpa$/.test(short)) {
+    const headDim = tap.shape.at(-1) ?? 0;
+    const rows = tap.shape.at(-2) ?? 0;
+    const half = tap.dtype === "float16" || tap.dtype === "bfloat16";
+    const cudnnDims = headDim % 8 === 0 && headDim > 0 && headDim <= 128;
+    if (call.startsWith("step") && rows === 1 && half && cudnnDims && (tap.kvLength ?? 0) >= 256 && process.env.MLX_CUDA_USE_CUDNN_SDPA !== "0") return SDPA_DECODE_KERNEL;
+    return null;
+  }
+  if (oneGroupMatmulOf(dir, short) !== null && matmulRows(short, tap.shape) > 1) return QMM_SM90;
+  return null;
+}
+
+/**
+ * The keys an attention tap attended to, from the oracle's capture: its `meta.k` names the keys'
+ * tap in the same call (a KV-shared layer's points at its source layer's `cache_keys`), whose
+ * shape is (B, kv heads, keys, head_dim). Undefined for any other tap or when not recorded.
+ */
+export function kvLengthAt(name: string, theirs: readonly { name: string; shape?: readonly number[]; meta?: Record<string, unknown> }[]): number | undefined {
+  if (!name.endsWith("/self_attn/sdpa")) return undefined;
+  const k = theirs.find((t) => t.name === name)?.meta?.k;
+  if (typeof k !== "string") return undefined;
+  const prefix = splitCall(name).call;
+  const keys = theirs.find((t) => t.name === (prefix ? `${prefix}/${k}` : k));
+  return keys?.shape?.at(-2);
+}
+
+/**
+ * The first divergent tap of a tap-list comparison (suites/gemma4/tap_compare.ts's Verdict), when
+ * its bytes were compared: a name, kind, dtype or shape difference is structural and no MLX bug's.
+ */
+export function divergentTapOf(
+  first: { name: string; reason: string; diff?: { dtype: string; shape: readonly number[] } } | undefined,
+  theirs: readonly { name: string; shape?: readonly number[]; meta?: Record<string, unknown> }[] = [],
+): DivergentTap | null {
+  if (!first || first.reason !== "value" || !first.diff) return null;
+  return { name: first.name, dtype: first.diff.dtype, shape: first.diff.shape, kvLength: kvLengthAt(first.name, theirs) };
+}
+
+/**
+ * The recorded MLX bug a run on this checkpoint CAN meet on the current backend (a layer on a
+ * bug's path anywhere in it), if any; `kvLength` is the most keys a decode step attends to. Only
+ * to leave a checkpoint out of a pool before it runs (said aloud), where only the final
+ * logprobs are compared; it never excuses a divergence (mlxBugAtTap does, at the first divergent tap).
+ */
+export function reachableMlxBug(dir: string, kvLength = 0, onCuda: boolean = onCudaGpu()): MlxBug | null {
+  if (!onCuda) return null;
   if (hasOneGroupRows(dir)) return QMM_SM90;
   if (kvLength >= 256 && process.env.MLX_CUDA_USE_CUDNN_SDPA !== "0" && halfAttentionForCudnn(dir)) return SDPA_DECODE_KERNEL;
   return null;
 }
 
 /**
- * `what` (a divergence of a run on this checkpoint) with the recorded MLX bug it meets here
- * named, for the suites that count such runs apart; null when it meets none (a failure).
+ * `what` (a divergence whose first divergent tap is `tap`) with the recorded MLX bug that
+ * produced that tap named, for the suites that count such runs apart; null when the tap is not
+ * on a bug's path, or is unknown (a failure).
  */
-export function atMlxBug(dir: string, what: string, kvLength = 0): string | null {
-  const bug = mlxBugFor(dir, kvLength);
-  return bug && `${what} (MLX bug ${bug.id}, ${bug.reproducer})`;
+export function atMlxBug(dir: string, what: string, tap: DivergentTap | null): string | null {
+  const bug = tap && mlxBugAtTap(dir, tap);
+  return bug ? `${what} (MLX bug ${bug.id} at the first divergent tap ${tap!.name}, ${bug.reproducer})` : null;
 }
 
 /**

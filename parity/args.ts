@@ -68,14 +68,15 @@ export function helpText(usage: string, summary: string, specs: readonly FlagSpe
 
 /**
  * Runs a command's main(argv) and exits with its code; an error prints one line (a stack trace
- * with --verbose) and exits 2 for bad usage or input (isInputError), 1 otherwise.
+ * with --verbose) and exits with `exitCode(err)` when that gives one (a command's own documented
+ * codes), else 2 for bad usage or input (isInputError), 1 otherwise.
  */
-export function runMain(main: (argv: string[]) => Promise<number>, message: (err: Error) => string = (err) => `error: ${err.message}\n`): void {
+export function runMain(main: (argv: string[]) => Promise<number>, message: (err: Error) => string = (err) => `error: ${err.message}\n`, exitCode: (err: Error) => number | undefined = () => undefined): void {
   const verbose = process.argv.includes("--verbose");
   const fail = (e: unknown): never => {
     if (verbose) console.error(e);
     else process.stderr.write(message(e as Error));
-    process.exit(isInputError(e) ? 2 : 1);
+    process.exit(exitCode(e as Error) ?? (isInputError(e) ? 2 : 1));
   };
   // Keeps the event loop alive until main settles: bun exits (code 0, silently) when only a
   // promise that holds no handle is pending, as the WebAssembly instantiation of the JPEG

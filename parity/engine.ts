@@ -10,7 +10,7 @@ import { type GenerateModel, generateStep } from "../model/generate.ts";
 import { loadModel, loadMultimodalModel } from "../model/gemma4/index.ts";
 import type { TapMeta, TapValue } from "../model/gemma4/taps.ts";
 import { generationModel, type MediaPrompt, mediaGenerationModel, stepTaps } from "../model/runtime.ts";
-import { mlxBugFor } from "../oracle/mlx_bugs.ts";
+import { type DivergentTap, kvLengthAt, mlxBugAtTap } from "../oracle/mlx_bugs.ts";
 import { parseNpy } from "../oracle/npy.ts";
 import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { expectReply, type OracleClient, OracleError, REPO_ROOT } from "../oracle/client.ts";
@@ -58,6 +58,7 @@ interface WireTap {
   shape?: number[];
   value?: string;
   npy?: string;
+  meta?: Record<string, unknown>;
 }
 
 const CALL_RE = /^(embed\/|(prefill|step)(\d+)\/)/;
@@ -124,6 +125,8 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
   const stepOf = new Map<string, number>();
   let first: Divergence | null = null;
   let firstAt: { position: number; expected: RawTensor } | null = null;
+  // the first divergent tap as the MLX-bug attribution needs it (null when dtype or shape differ)
+  let firstTap: DivergentTap | null = null;
   let index = 0;
   let structural: string | null = null;
 
@@ -176,6 +179,7 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
     if (!first && r.mismatches > 0) {
       firstAt = { position: i, expected: { dtype: expected.dtype, shape: expected.shape, data: expected.data } };
       first = { step, tap: name, layer, maxAbs: r.maxAbs, maxUlp: r.maxUlp, mismatches: r.mismatches, firstIndex: r.firstIndex };
+      firstTap = d.note ? null : { name, dtype: d.dtype, shape: d.shape, kvLength: kvLengthAt(name, theirs) };
     }
   };
 
@@ -216,6 +220,7 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
     found.bisect = await bisect({ tsDir: spec.tsDir, oracleDir, prompt: spec.prompt, prefillStepSize: spec.prefillStepSize, steps: spec.steps, ...at });
   }
   const bitExact = taps.filter((t) => t.mismatches === 0).length;
+  const bug = found ? mlxBugField(spec.tsDir, firstTap as DivergentTap | null, taps) : {};
   return {
     model: spec.model,
     variant: spec.variant,
@@ -225,17 +230,23 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
     bitExact,
     withinBudget: taps.filter((t) => withinBudget(t, spec.budget)).length,
     firstDivergence: first,
-    ...(found ? mlxBugField(spec.tsDir, prompt.length + spec.steps) : {}),
+    ...bug,
     tokens: { ts: tsTokens, oracle: cap.meta.generated ?? [] },
     taps,
     seconds: (performance.now() - t0) / 1000,
   };
 }
 
-/** A divergent run on a checkpoint that meets a recorded MLX bug on this backend names it. */
-function mlxBugField(dir: string, kvLength: number): { mlxBug?: { id: string; what: string; reproducer: string } } {
-  const b = mlxBugFor(dir, kvLength);
-  return b ? { mlxBug: b } : {};
+/**
+ * A divergent run whose first divergent tap an op on a recorded MLX bug's path produced (on this
+ * backend) names the bug; the taps from that one on are unverified. Any other divergence: nothing
+ * (a failure).
+ */
+function mlxBugField(dir: string, tap: DivergentTap | null, taps: readonly TapResult[]): Pick<RunResult, "mlxBug" | "unverifiedTaps"> {
+  const b = tap && mlxBugAtTap(dir, tap);
+  if (!b) return {};
+  const at = taps.findIndex((t) => t.name === tap!.name);
+  return { mlxBug: { ...b, tap: tap!.name }, unverifiedTaps: taps.length - at };
 }
 
 /**

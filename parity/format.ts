@@ -23,7 +23,7 @@ export function fmtTokens(r: RunResult): string {
 export const SUMMARY_HEADER = ["model", "variant", "scenario", "taps", "bit-exact", "first divergence", "tokens"] as const;
 
 export function summaryRow(r: RunResult): string[] {
-  return [r.model, r.variant, r.scenario, String(r.tapsCompared), `${r.bitExact} (${pct(r.bitExact, r.tapsCompared)})`, `${fmtDivergence(r.firstDivergence)}${r.mlxBug ? ` [MLX bug ${r.mlxBug.id}]` : ""}`, fmtTokens(r)];
+  return [r.model, r.variant, r.scenario, String(r.tapsCompared), `${r.bitExact} (${pct(r.bitExact, r.tapsCompared)})`, `${fmtDivergence(r.firstDivergence)}${r.mlxBug ? ` [MLX bug ${r.mlxBug.id}: ${r.unverifiedTaps} taps unverified]` : ""}`, fmtTokens(r)];
 }
 
 export const REFERENCE_HEADER = ["fixture", "TS = mlx-lm", "TS vs transformers (logits / hidden)", "mlx-lm vs transformers (logits)", "within bound"] as const;

@@ -7,7 +7,7 @@ const esc = (s: string) => s.replaceAll("|", "\\|");
 export function renderMarkdown(rep: ParityReport): string {
   const out: string[] = [];
   out.push("# Gemma 4 parity report: TypeScript vs mlx-lm", "");
-  out.push(`Generated ${rep.createdAt}. Verdict: **${rep.ok ? "PASS" : "FAIL"}** (budget: ${rep.budget.ulp} ULP, atol ${rep.budget.atol}).`, "");
+  out.push(`Generated ${rep.createdAt}. Verdict: **${rep.verdict.text}** (budget: ${rep.budget.ulp} ULP, atol ${rep.budget.atol}).`, "");
   out.push("| " + Object.keys(rep.versions).join(" | ") + " |", "|" + Object.keys(rep.versions).map(() => "---").join("|") + "|");
   out.push("| " + Object.values(rep.versions).map(esc).join(" | ") + " |", "");
   if (rep.opLevel) {
@@ -34,7 +34,7 @@ export function renderMarkdown(rep: ParityReport): string {
       for (const r of diverged) {
         const d = r.firstDivergence!;
         out.push(`- **${esc(r.model)} · ${esc(r.variant)} · ${esc(r.scenario)}**: ${esc(fmtDivergence(d))}, first differing index ${d.firstIndex}.`);
-        if (r.mlxBug) out.push(`  - a recorded MLX bug (${r.mlxBug.id}): ${esc(r.mlxBug.what)}; reproducer \`${r.mlxBug.reproducer}\`; counted apart, not as bit-exact`);
+        if (r.mlxBug) out.push(`  - the first divergent tap \`${esc(r.mlxBug.tap)}\` is produced by a recorded MLX bug (${r.mlxBug.id}): ${esc(r.mlxBug.what)}; reproducer \`${r.mlxBug.reproducer}\`; counted apart, ${r.unverifiedTaps} of its ${r.tapsCompared} taps unverified`);
         if (d.bisect) {
           const ins = d.bisect.inputs.map((i) => `${i.dtype}[${i.shape.join(",")}]`).join(", ");
           out.push(`  - bisect: first differing op \`${d.bisect.op}\` on (${ins}), max abs ${fmtNum(d.bisect.maxAbs)}, max ULP ${fmtNum(d.bisect.maxUlp)}`);

@@ -1,6 +1,6 @@
 // The parity report's data model: what parity.json holds (documented in parity/SCHEMA.md).
 
-export const SCHEMA_ID = "gemma4-parity/report@1";
+export const SCHEMA_ID = "gemma4-parity/report@2";
 
 /** How one tap of one step compared. */
 export interface TapResult {
@@ -57,10 +57,14 @@ export interface RunResult {
   withinBudget: number;
   firstDivergence: Divergence | null;
   /**
-   * Set when the run diverges on a checkpoint that meets a recorded MLX bug on this backend
-   * (oracle/mlx_bugs.ts, each with its Python-only reproducer): counted apart, not as a failure.
+   * Set when the run's FIRST divergent tap is produced by an op on the path of a recorded MLX bug
+   * on this backend (oracle/mlx_bugs.ts mlxBugAtTap, each bug with its Python-only reproducer):
+   * counted apart, not as a failure (a failure under --strict), and the taps from that one on are
+   * unverified.
    */
-  mlxBug?: { id: string; what: string; reproducer: string };
+  mlxBug?: { id: string; what: string; reproducer: string; tap: string };
+  /** With mlxBug: the taps compared from the first divergent one on (bit-exact or not, they are downstream of MLX's bug). */
+  unverifiedTaps?: number;
   tokens: { ts: number[]; oracle: number[] };
   taps: TapResult[];
   seconds: number;
@@ -127,17 +131,58 @@ export interface ParityReport {
   runs: RunResult[];
   /** The three-way check on the float32 fixtures (fixture runs only; null with --model). */
   reference?: ReferenceSummary | null;
-  /** True when every run is within budget, every op case bit-exact or unsupported on the backend, and every reference row ok. */
+  /** What the report claims: PASS, PASS with known MLX bugs (and how much is unverified), or FAIL. */
+  verdict: Verdict;
+  /** The exit status is 0: verdict.status is "pass", or "pass-with-known-mlx-bugs" without --strict. */
   ok: boolean;
 }
 
+/**
+ * `pass`: everything compared is within budget (op cases bit-exact or unsupported on the
+ * backend). `pass-with-known-mlx-bugs`: besides, some runs (or op cases) diverge at a recorded MLX
+ * bug, the rest within budget; what comes after those divergences is unverified. `fail`: anything
+ * else, or known MLX bugs under --strict.
+ */
+export interface Verdict {
+  status: "pass" | "pass-with-known-mlx-bugs" | "fail";
+  /** The verdict line every report format prints, e.g. "PASS with known MLX bugs (1 runs, 12 of 400 taps unverified)". */
+  text: string;
+  /** Runs attributed to a recorded MLX bug at their first divergent tap. */
+  mlxBugRuns: number;
+  /** Taps of those runs from their first divergent tap on. */
+  unverifiedTaps: number;
+  /** Taps compared over all runs. */
+  taps: number;
+  /** Op-level cases (forward + vjp) counted apart at a recorded MLX bug. */
+  mlxBugCases: number;
+  /** --strict: known MLX bugs fail the report. */
+  strict: boolean;
+}
+
+/** Within budget, or attributed to a recorded MLX bug at the first divergent tap (not a failure unless --strict). */
 export function runOk(r: RunResult): boolean {
   return r.withinBudget === r.tapsCompared || r.mlxBug !== undefined;
 }
 
-export function reportOk(runs: RunResult[], op: OpLevelSummary | null, reference: ReferenceSummary | null = null): boolean {
+export function reportOk(runs: RunResult[], op: OpLevelSummary | null, reference: ReferenceSummary | null = null, strict = false): boolean {
+  return reportVerdict(runs, op, reference, strict).status !== "fail";
+}
+
+/** The report's verdict (parity/SCHEMA.md): the one place PASS, PASS with known MLX bugs and FAIL are decided. */
+export function reportVerdict(runs: RunResult[], op: OpLevelSummary | null, reference: ReferenceSummary | null = null, strict = false): Verdict {
   const opOk =
     op === null ||
     (op.failed === 0 && op.bitExact + op.unsupported + op.mlxBug === op.cases && op.opsTested === op.opsExposed && op.vjp.failed === 0 && op.vjp.bitExact + op.vjp.unsupported + op.vjp.mlxBug === op.vjp.cases && op.vjp.opsTested === op.vjp.opsDifferentiable);
-  return opOk && runs.every(runOk) && (reference === null || reference.rows.every((r) => r.ok));
+  const allOk = opOk && runs.every(runOk) && (reference === null || reference.rows.every((r) => r.ok));
+  const atBugs = runs.filter((r) => r.mlxBug !== undefined);
+  const taps = runs.reduce((s, r) => s + r.tapsCompared, 0);
+  const unverifiedTaps = atBugs.reduce((s, r) => s + (r.unverifiedTaps ?? r.tapsCompared), 0);
+  const mlxBugCases = op ? op.mlxBug + op.vjp.mlxBug : 0;
+  const known = atBugs.length > 0 || mlxBugCases > 0;
+  const what = `${atBugs.length} runs, ${unverifiedTaps} of ${taps} taps unverified${mlxBugCases ? `, ${mlxBugCases} op cases` : ""}`;
+  const base = { mlxBugRuns: atBugs.length, unverifiedTaps, taps, mlxBugCases, strict };
+  if (!allOk) return { status: "fail", text: "FAIL", ...base };
+  if (!known) return { status: "pass", text: "PASS", ...base };
+  if (strict) return { status: "fail", text: `FAIL (--strict: known MLX bugs, ${what})`, ...base };
+  return { status: "pass-with-known-mlx-bugs", text: `PASS with known MLX bugs (${what})`, ...base };
 }

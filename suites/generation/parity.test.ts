@@ -14,8 +14,8 @@ import * as mx from "@mlx-bun/mlx";
 import { type OracleClient, sharedOracle } from "../../oracle/client.ts";
 import { KVCache, RotatingKVCache } from "../../model/cache/index.ts";
 import { generateStep } from "../../model/generate.ts";
-import { atMlxBug, keepMlxBugNote } from "../../oracle/mlx_bugs.ts";
-import { CKPT_ROOT, explain, generateModel, isMoe, loadCheckpoints, loadScenarios, model, parityRun, type ParityRun, type Scenario } from "./parity.ts";
+import { atMlxBug, keepMlxBugNote, onCudaGpu, reachableMlxBug } from "../../oracle/mlx_bugs.ts";
+import { CKPT_ROOT, explain, firstDivergentTapOfCall, generateModel, isMoe, loadCheckpoints, loadScenarios, model, parityRun, type ParityRun, type Scenario } from "./parity.ts";
 import { limit } from "../../tests/time_limit.ts";
 
 let oracle: OracleClient;
@@ -85,7 +85,10 @@ describe("generation parity vs mlx-lm generate_step (greedy, per call, bit-exact
       results.push(r);
       if (r.first) {
         const where = `${ck} × ${sc.id}: first divergence at ${r.first.call} tap ${r.first.tap}: ${r.first.detail}`;
-        const note = atMlxBug(join(CKPT_ROOT, ck), where, (sc.prompt?.length ?? 0) + (sc.max_tokens ?? 20));
+        // counted apart only when the call's first divergent tap (re-captured with every tap) is
+        // produced by an op on a recorded MLX bug's path, on the backend where it lives
+        const tap = onCudaGpu() ? await firstDivergentTapOfCall(oracle, ck, sc, r.first.call) : null;
+        const note = atMlxBug(join(CKPT_ROOT, ck), where, tap);
         if (note) {
           keepMlxBugNote(atMlxBugs, "generation parity", note);
           return;
@@ -138,7 +141,16 @@ describe("sampled generation parity (fixed seeds, make_sampler)", () => {
       { temp: 1.3, top_p: 0.95, min_p: 0.05, min_tokens_to_keep: 1, top_k: 50 },
     ];
     const runs: SampledRun[] = [];
-    const ids = process.env.GEN_FULL === "1" ? ["c1_dense/f32", "c3_e2b/bf16", "c5_moe/q4g32", "c6_sink/q4g64", "c4_e4b/f32"] : ["c1_dense/f32", "c5_moe/q4g32"];
+    // Only the logprobs are compared here: a divergence cannot be located at a tap, so none can be
+    // attributed to an MLX bug. A checkpoint with a layer on a recorded bug's path on this backend
+    // leaves the pool before it runs, said aloud (oracle/mlx_bugs.ts reachableMlxBug).
+    const allIds = process.env.GEN_FULL === "1" ? ["c1_dense/f32", "c3_e2b/bf16", "c5_moe/q4g32", "c6_sink/q4g64", "c4_e4b/f32"] : ["c1_dense/f32", "c5_moe/q4g32"];
+    const maxKeys = Math.max(prompt21.length, prompt40.length) + 20;
+    const ids = allIds.filter((id) => {
+      const bug = reachableMlxBug(join(CKPT_ROOT, id), maxKeys);
+      if (bug) console.log(`[sampled parity] ${id} left out on this backend: it has a layer on the path of MLX bug ${bug.id} (${bug.reproducer}), and logprobs alone cannot tell a port bug from it`);
+      return bug === null;
+    });
     let seed = 1234;
     for (const id of ids) {
       for (const [i, c] of cfgs.entries()) {
@@ -191,24 +203,18 @@ describe("sampled generation parity (fixed seeds, make_sampler)", () => {
     if (code !== 0) throw new Error(`gen_ref.py failed: ${err.slice(-2000)}`);
     const ref = JSON.parse(out).runs as { tokens: number[]; logprobs: string[]; dtype: string; cache: Record<string, unknown>[] }[];
     let steps = 0;
-    const bugs: string[] = [];
     for (let i = 0; i < runs.length; i++) {
       const r = runs[i]!;
       const id = r.checkpoint.slice(CKPT_ROOT.length + 1);
       const { toks, lps, metas } = ours[i]!;
       const where = `${id} seed ${r.seed} ${JSON.stringify({ temp: r.temp, top_p: r.top_p, min_p: r.min_p, top_k: r.top_k })}`;
       const firstLp = lps.findIndex((h, k) => h !== ref[i]!.logprobs[k]);
-      const note = firstLp >= 0 ? atMlxBug(r.checkpoint, `${where}: logprobs differ from step ${firstLp}`, r.prompt.length + r.max_tokens) : null;
-      if (note) {
-        bugs.push(note);
-        continue;
-      }
       expect(firstLp, `${where}: first step with different logprobs`).toBe(-1);
       expect(toks, `${where}: tokens`).toEqual(ref[i]!.tokens);
       expect(JSON.stringify(metas), `${where}: final caches`).toBe(JSON.stringify(ref[i]!.cache));
       steps += toks.length;
     }
-    console.log(`[sampled parity] ${runs.length - bugs.length} sampled runs, ${steps} sampled steps bit-exact (tokens + logprobs) vs mlx-lm${bugs.length ? `; ${bugs.length} diverging at MLX bugs:\n  ${bugs.join("\n  ")}` : ""}`);
+    console.log(`[sampled parity] ${runs.length} sampled runs, ${steps} sampled steps bit-exact (tokens + logprobs) vs mlx-lm`);
     mx.clearCache();
   }, limit(600_000));
 });

@@ -14,6 +14,7 @@ import { generateStep, type CallInfo, type GenerateModel, type StepInfo } from "
 import { loadModel, type LoadedModel } from "../../model/gemma4/index.ts";
 import type { TapSink } from "../../model/gemma4/taps.ts";
 import { compareRaw, formatDiff, rawOfNpy, type RawTensor, type TensorDiff } from "../../oracle/compare.ts";
+import { type DivergentTap, kvLengthAt } from "../../oracle/mlx_bugs.ts";
 
 export const CKPT_ROOT = join(REPO_ROOT, ".cache", "checkpoints");
 
@@ -241,6 +242,26 @@ export async function explain(oracle: OracleClient, ckpt: string, sc: Scenario, 
     if (d !== null) return `first divergent model tap: ${typeof d === "string" ? d : formatDiff(d)}`;
   }
   return "no model tap differs in that call";
+}
+
+/**
+ * The first divergent tap of call `callPrefix`, re-captured with every tap, for the MLX-bug
+ * attribution (oracle/mlx_bugs.ts mlxBugAtTap); null when no tap's bytes differ there or the first
+ * difference is structural (a name, kind, dtype or shape).
+ */
+export async function firstDivergentTapOfCall(oracle: OracleClient, ckpt: string, sc: Scenario, callPrefix: string): Promise<DivergentTap | null> {
+  if (!/^(prefill|step)\d+\/$/.test(callPrefix)) return null;
+  const cap = await oracle.capture(ckpt, scenarioArg(sc), { mode: "full", only: [`${callPrefix}*`] });
+  const ts = await runTs(model(ckpt), sc.prompt!, sc.prefill_step_size ?? 2048, sc.max_tokens ?? 20, (n) => n.startsWith(callPrefix));
+  const got = new Map(ts.taps.map((t) => [t.name, t]));
+  for (const w of cap.taps) {
+    if (!w.name.startsWith(callPrefix)) continue;
+    const d = tapDiff(w.name, got.get(w.name), w);
+    if (d === null) continue;
+    if (typeof d === "string" || d.note) return null;
+    return { name: w.name, dtype: d.dtype, shape: d.shape, kvLength: kvLengthAt(w.name, cap.taps) };
+  }
+  return null;
 }
 
 export function freeModels(): void {

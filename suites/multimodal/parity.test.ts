@@ -15,7 +15,7 @@ import { loadGolden, readManifest } from "../../oracle/golden.ts";
 import { type LoadedMultimodalModel, loadMultimodalModel } from "../../model/gemma4/index.ts";
 import { goldenRuleHere } from "../gemma4/run.ts";
 import { compareTapLists, formatVerdict, fromOracle, type TapData, type Verdict } from "../gemma4/tap_compare.ts";
-import { atMlxBug, keepMlxBugNote } from "../../oracle/mlx_bugs.ts";
+import { atMlxBug, divergentTapOf, keepMlxBugNote } from "../../oracle/mlx_bugs.ts";
 import { mmFixtureConfig, scenarioMedia } from "../../oracle/mm_fixtures.ts";
 import { callPrefix, expandMediaTaps, expandTaps, mediaTapConfig, mmCallShape, tapConfig } from "../../oracle/taps.ts";
 import { CKPT_ROOT, MM_SCENARIOS, type MmReference, type MmScenario, mmForwardTaps, mmGenerateTaps, mmReference, mmScenario } from "./run.ts";
@@ -102,7 +102,7 @@ describe("multimodal taps vs mlx-vlm", () => {
       const names = new Set(goldenTaps.map((t) => t.name));
       const oursG = g.scenario.mode === "full" ? ours.taps : ours.taps.filter((t) => names.has(t.name));
       const gv = compareTapLists(oursG, goldenTaps, budget);
-      if (!gv.ok && countedAtMlxBug(ckpt, `${gid} (golden)`, gv)) return;
+      if (!gv.ok && countedAtMlxBug(ckpt, `${gid} (golden)`, gv, goldenTaps)) return;
       if (!gv.ok) throw new Error(formatVerdict(`${gid} (golden)`, gv));
       if (scn.kind === "generate") expect(ours.tokens).toEqual((g.scenario.meta as { generated: number[] }).generated);
       totals.goldenPairs++;
@@ -116,9 +116,9 @@ describe("multimodal taps vs mlx-vlm", () => {
 
 const atMlxBugs: string[] = [];
 
-/** A divergence on a checkpoint at a path of MLX's own proven broken here (oracle/mlx_bugs.ts): recorded apart, never as bit-exact. */
-function countedAtMlxBug(ckpt: string, label: string, v: Verdict): boolean {
-  const note = atMlxBug(join(CKPT_ROOT, ckpt), formatVerdict(label, v));
+/** A divergence whose first divergent tap an op on a path of MLX's own proven broken here produced (oracle/mlx_bugs.ts): recorded apart, never as bit-exact. */
+function countedAtMlxBug(ckpt: string, label: string, v: Verdict, theirs: readonly TapData[]): boolean {
+  const note = atMlxBug(join(CKPT_ROOT, ckpt), formatVerdict(label, v), divergentTapOf(v.first, theirs));
   if (note) keepMlxBugNote(atMlxBugs, "multimodal parity", note);
   return note !== null;
 }
@@ -128,7 +128,7 @@ async function livePair(ckpt: string, scn: MmScenario, key: string): Promise<voi
   const live = await mmReference(ckpt, scn.id, { live: true });
   const mine = await runTs(ckpt, scn, live);
   const v = compareTapLists(mine.taps, live.taps);
-  if (!v.ok && countedAtMlxBug(ckpt, `${key} (live)`, v)) return;
+  if (!v.ok && countedAtMlxBug(ckpt, `${key} (live)`, v, live.taps)) return;
   if (!v.ok) throw new Error(formatVerdict(`${key} (live)`, v));
   if (scn.kind === "generate") expect(mine.tokens).toEqual(live.generated);
   totals.livePairs++;

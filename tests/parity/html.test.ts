@@ -6,7 +6,7 @@ import { join } from "node:path";
 import type { Browser } from "playwright-core";
 import { CHROMIUM_ARGS, findChromium } from "../../parity/browser.ts";
 import { renderHtml } from "../../parity/html.ts";
-import { type NonExactCase, reportOk, type RunResult, SCHEMA_ID, type TapResult } from "../../parity/schema.ts";
+import { type NonExactCase, reportOk, reportVerdict, type RunResult, SCHEMA_ID, type TapResult } from "../../parity/schema.ts";
 import { limit } from "../time_limit.ts";
 
 function tap(step: number, layer: number | null, kind: string, maxUlp: number): TapResult {
@@ -15,9 +15,9 @@ function tap(step: number, layer: number | null, kind: string, maxUlp: number): 
 }
 
 // A small synthetic report: one exact run, one diverging from layer 2 of step 1 on.
-function runWith(diverge: boolean): RunResult {
+function runWith(diverge: boolean, steps = 3): RunResult {
   const taps: TapResult[] = [];
-  for (let step = 0; step < 3; step++) {
+  for (let step = 0; step < steps; step++) {
     taps.push(tap(step, null, "embed_scaled", 0));
     for (let layer = 0; layer < 4; layer++) {
       for (const kind of ["input_layernorm", "self_attn/q_norm", "mlp/down_proj", "layer_scalar"]) {
@@ -29,7 +29,7 @@ function runWith(diverge: boolean): RunResult {
   const bad = taps.filter((t) => t.maxUlp > 0);
   const first = bad[0];
   return {
-    model: diverge ? "perturbed" : "c1_dense", variant: "bfloat16 · flat", scenario: "gen L=5", steps: 3,
+    model: diverge ? "perturbed" : "c1_dense", variant: "bfloat16 · flat", scenario: "gen L=5", steps,
     tapsCompared: taps.length, bitExact: taps.length - bad.length, withinBudget: taps.length - bad.length,
     firstDivergence: first ? { step: first.step, tap: first.name, layer: first.layer, maxAbs: first.maxAbs, maxUlp: first.maxUlp, mismatches: first.mismatches, firstIndex: first.firstIndex } : null,
     tokens: { ts: [1, 2, 3], oracle: diverge ? [1, 2, 4] : [1, 2, 3] }, taps, seconds: 0.1,
@@ -42,7 +42,7 @@ const chromiumPath = findChromium();
 const hasPlaywright = existsSync(join(import.meta.dir, "..", "..", "node_modules", "playwright-core"));
 const skip = !hasPlaywright ? "playwright-core is not installed (the offline GPU bundle leaves it out)" : chromiumPath === null ? "no Chromium is installed (Debian: apt-get install chromium, or set CHROMIUM_PATH)" : null;
 const runs = [runWith(false), runWith(true)];
-const report = { schema: SCHEMA_ID, createdAt: "2026-11-30T00:00:00Z", versions: { mlx: "0.32.4" }, budget: { ulp: 0, atol: 0 }, opLevel: { opsExposed: 10, opsTested: 10, cases: 30, bitExact: 29, unsupported: 1, mlxBug: 0, failed: 0, backend: "cuda", device: "gpu", workers: 2, vjp: { opsDifferentiable: 8, opsTested: 8, cases: 20, bitExact: 20, unsupported: 0, mlxBug: 0, failed: 0 }, nonExact: [{ id: "astype/float64", op: "astype", status: "unsupported" as const, detail: "float64 is not supported on the GPU", sticky: false }] as NonExactCase[] }, runs, ok: reportOk(runs, null) } as const;
+const report = { schema: SCHEMA_ID, createdAt: "2026-11-30T00:00:00Z", versions: { mlx: "0.32.4" }, budget: { ulp: 0, atol: 0 }, opLevel: { opsExposed: 10, opsTested: 10, cases: 30, bitExact: 29, unsupported: 1, mlxBug: 0, failed: 0, backend: "cuda", device: "gpu", workers: 2, vjp: { opsDifferentiable: 8, opsTested: 8, cases: 20, bitExact: 20, unsupported: 0, mlxBug: 0, failed: 0 }, nonExact: [{ id: "astype/float64", op: "astype", status: "unsupported" as const, detail: "float64 is not supported on the GPU", sticky: false }] as NonExactCase[] }, runs, verdict: reportVerdict(runs, null), ok: reportOk(runs, null) } as const;
 
 // Skipped only where playwright-core or Chromium is missing (setup installs Debian's chromium when
 // it runs as root); the reason is in the name: bun lists a skipped test by its name only.
@@ -86,5 +86,33 @@ describe.skipIf(skip !== null)(`parity.html in headless Chromium${skip === null 
     mkdirSync("report/screenshots", { recursive: true });
     await page.screenshot({ path: "report/screenshots/parity-html.png", fullPage: true });
     await page.close();
+  }, limit(120_000));
+
+  it("no legend entry overlaps a plot's title or another entry (a run of 10 decode steps: 8 entries and a count)", async () => {
+    const long = runWith(true, 10);
+    const file = join(dir, "legend.html");
+    writeFileSync(file, renderHtml({ ...report, runs: [long], verdict: reportVerdict([long], null), ok: false }));
+    const page = await browser.newPage({ viewport: { width: 1100, height: 900 } });
+    await page.goto(`file://${file}`);
+    const boxes = await page.evaluate(() =>
+      [...document.querySelectorAll("svg.plot")].map((svg) => {
+        const box = (e: Element) => {
+          const b = (e as SVGGraphicsElement).getBBox();
+          return { x: b.x, y: b.y, w: b.width, h: b.height, text: e.textContent ?? "" };
+        };
+        return { title: box(svg.querySelector(".title")!), legend: [...svg.querySelectorAll(".legend")].map(box), width: Number(svg.getAttribute("width")) };
+      }),
+    );
+    await page.close();
+    expect(boxes.length).toBe(2);
+    const overlap = (a: { x: number; y: number; w: number; h: number }, b: typeof a) => a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h;
+    for (const p of boxes) {
+      expect(p.legend.map((l) => l.text)).toEqual([...Array.from({ length: 8 }, (_, s) => `step ${s}`), "+2 more steps"]);
+      for (const l of p.legend) {
+        expect(overlap(p.title, l), `"${p.title.text}" vs "${l.text}"`).toBe(false);
+        expect(l.x + l.w, `${l.text} inside the plot`).toBeLessThanOrEqual(p.width);
+      }
+      for (let i = 0; i < p.legend.length; i++) for (let j = i + 1; j < p.legend.length; j++) expect(overlap(p.legend[i]!, p.legend[j]!), `${p.legend[i]!.text} vs ${p.legend[j]!.text}`).toBe(false);
+    }
   }, limit(120_000));
 });
