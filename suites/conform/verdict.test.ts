@@ -1,0 +1,166 @@
+// oracle/conform/verdict.ts and tensor_compare.ts on synthetic comparisons (no oracle): the
+// noise floor file's checks, the verdict's status rules (bit-exact and value-exact runs conform
+// without a floor; a placeholder floor never lets another run be called CONFORMS; a measured one
+// judges by relative L2 and, on logits, KL; --strict wants bytes), the first tensor and layer
+// outside the floor in execution order, and the comparison of one tensor (bit-exact count for
+// the same dtype, (1,V) against (1,1,V) rows, logprobs against logits by KL only, token ids).
+import { describe, expect, it } from "vitest";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { logSoftmax, rawFromFloat64, type RawTensor } from "../../oracle/conform/metrics.ts";
+import { compareTensor, type TensorComparison } from "../../oracle/conform/tensor_compare.ts";
+import { exitCodeOf, floorFor, judge, loadNoiseFloor, type NoiseFloor, NOISE_FLOOR_SCHEMA, NoiseFloorError } from "../../oracle/conform/verdict.ts";
+
+const MEASURED: NoiseFloor = {
+  schema: NOISE_FLOOR_SCHEMA, status: "measured",
+  measured: { what: "synthetic floor of this test", where: "this test", when: "never", versions: {} },
+  kinds: { output: { rel_l2: 1e-5 }, logits: { rel_l2: 1e-4, kl: 1e-8 } }, default: { rel_l2: 1e-6 },
+};
+const PLACEHOLDER: NoiseFloor = { ...MEASURED, status: "placeholder", measured: null };
+
+function c(name: string, layer: number | null, kind: string, relL2: number, extra: Partial<TensorComparison> = {}): TensorComparison {
+  return {
+    name, oracleName: name, call: "forward", layer, kind, engineDtype: "float32", oracleDtype: "float32", shape: [1, 2, 4], mismatches: relL2 ? 3 : 0, total: 8,
+    bitExact: relL2 === 0, exact: relL2 === 0, metrics: { n: 8, maxAbs: relL2, maxUlp: relL2 ? 5 : 0, relL2, cosine: 1 }, ...extra,
+  };
+}
+
+const run = (errs: [number, number, number]) => [c("embed_scaled", null, "embed_scaled", errs[0]), c("layers.0/output", 0, "output", errs[1]), c("layers.1/output", 1, "output", errs[2])];
+
+describe("the verdict", () => {
+  it("a bit-exact run conforms against either floor; exit 0", () => {
+    for (const f of [MEASURED, PLACEHOLDER]) {
+      const v = judge(run([0, 0, 0]), f);
+      expect(v.status).toBe("CONFORMS");
+      expect(v.headline).toBe("CONFORMS (every tensor bit-exact)");
+      expect(exitCodeOf(v)).toBe(0);
+    }
+  });
+
+  it("within a measured floor conforms; within a placeholder floor is 'floor not measured', exit 1", () => {
+    const m = judge(run([5e-7, 5e-6, 9e-6]), MEASURED);
+    expect(m.status).toBe("CONFORMS");
+    expect(m.firstOutside).toBeNull();
+    const p = judge(run([5e-7, 5e-6, 9e-6]), PLACEHOLDER);
+    expect(p.status).toBe("FLOOR_NOT_MEASURED");
+    expect(p.headline).toMatch(/^floor not measured/);
+    expect(exitCodeOf(p)).toBe(1);
+  });
+
+  it("names the first tensor and layer outside, in execution order", () => {
+    const v = judge(run([5e-7, 2e-5, 1e-3]), MEASURED);
+    expect(v.status).toBe("DIVERGES");
+    expect(v.firstOutside?.name).toBe("layers.0/output");
+    expect(v.firstLayerOutside).toBe(0);
+    expect(v.headline).toBe("DIVERGES at layers.0/output (layer 0): rel L2 2.00e-5 > floor 1.00e-5 (output)");
+    expect(v.layers.map((l) => [l.slot, l.within])).toEqual([["in", true], ["0", false], ["1", false]]);
+    // against the placeholder: the same names, no DIVERGES either
+    const p = judge(run([5e-7, 2e-5, 1e-3]), PLACEHOLDER);
+    expect([p.status, p.firstOutside?.name, p.firstLayerOutside]).toEqual(["FLOOR_NOT_MEASURED", "layers.0/output", 0]);
+    // a model-level tap first: named, and the first layer outside is the next one
+    const e = judge(run([1e-5, 0, 1e-3]), MEASURED);
+    expect([e.firstOutside?.name, e.firstLayerOutside]).toEqual(["embed_scaled", 1]);
+  });
+
+  it("logits are judged by KL as well; logprobs against logits by KL only", () => {
+    const logit = (kl: number) => c("logits", null, "logits", 1e-5, { logits: { rows: 2, vocab: 4, klMean: kl, klMax: kl, top1: 1, k: 4, topkOverlap: 1, dpTopMean: 0, dpTopMax: 0 } });
+    expect(judge([logit(1e-9)], MEASURED).status).toBe("CONFORMS");
+    const v = judge([logit(1e-6)], MEASURED);
+    expect(v.status).toBe("DIVERGES");
+    expect(v.tensors[0]!.reason).toBe("KL 1.00e-6 > floor 1.00e-8 (logits)");
+    // a logprobs kind falls back on the logits floor, then the default
+    expect(floorFor(MEASURED, "logprobs").key).toBe("logits");
+    expect(floorFor(MEASURED, "mlp/down_proj").key).toBe("default");
+    // with no KL floor recorded, only KL 0 is within
+    const noKl = { ...MEASURED, kinds: {} };
+    const lp = (kl: number) => ({ ...logit(kl), name: "logprobs", kind: "logprobs", metrics: undefined, bitExact: false, exact: false, mismatches: null });
+    expect(judge([lp(0)], noKl).status).toBe("CONFORMS");
+    expect(judge([lp(1e-12)], noKl).status).toBe("DIVERGES");
+  });
+
+  it("--strict passes bit-exact tensors only; NaN is outside; a differing greedy token diverges", () => {
+    expect(judge(run([0, 5e-6, 0]), MEASURED, { strict: true }).status).toBe("DIVERGES");
+    expect(judge(run([0, 0, 0]), PLACEHOLDER, { strict: true }).status).toBe("CONFORMS");
+    expect(judge(run([0, Number.NaN, 0]), MEASURED).firstOutside?.name).toBe("layers.0/output");
+    const t = judge(run([0, 5e-6, 0]), MEASURED, { firstTokenDiff: 2 });
+    expect([t.status, t.headline]).toEqual(["DIVERGES", "DIVERGES: greedy tokens differ from step 2"]);
+    expect(judge([], MEASURED).status).toBe("DIVERGES");
+  });
+});
+
+describe("the noise floor file", () => {
+  it("the repository's file loads, and a placeholder records no measurement", () => {
+    const f = loadNoiseFloor();
+    if (f.status === "placeholder") expect(f.measured).toBeNull();
+    else expect(f.measured!.what.length).toBeGreaterThan(0);
+  });
+
+  it("a malformed file is one NoiseFloorError naming the field", () => {
+    const dir = mkdtempSync(join(tmpdir(), "floor-"));
+    try {
+      const bad: [unknown, RegExp][] = [
+        [{ ...MEASURED, schema: "x" }, /schema must be "gemma4-conform-noise-floor\/1"/],
+        [{ ...MEASURED, measured: null }, /a measured floor needs measured \{what, where, when, versions\}/],
+        [{ ...MEASURED, kinds: { output: { rel_l2: -1 } } }, /kinds\["output"\]\.rel_l2 must be a number ≥ 0/],
+        [{ ...MEASURED, default: { rel_l2: 1, kl: "x" } }, /default\.kl must be a number ≥ 0/],
+        [{ ...MEASURED, status: "guessed" }, /status must be "measured" or "placeholder"/],
+      ];
+      let n = 0;
+      for (const [j, re] of bad) {
+        const p = join(dir, `f${n++}.json`);
+        writeFileSync(p, JSON.stringify(j));
+        expect(() => loadNoiseFloor(p)).toThrow(NoiseFloorError);
+        expect(() => loadNoiseFloor(p)).toThrow(re);
+      }
+      writeFileSync(join(dir, "nj.json"), "{");
+      expect(() => loadNoiseFloor(join(dir, "nj.json"))).toThrow(/not JSON/);
+      expect(n).toBe(5);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("one tensor against the oracle's", () => {
+  const where = (kind: string) => ({ call: "step0", layer: null, kind });
+  const logits = Float64Array.from({ length: 8 }, (_, i) => Math.sin(i + 1) * 3);
+  it("same dtype: the bit-exact count, and a (1,V) row against a (1,1,V) one", () => {
+    const a = rawFromFloat64(logits, [1, 8], "float32");
+    const b = rawFromFloat64(logits, [1, 1, 8], "float32");
+    const same = compareTensor("step0/logits", where("logits"), a, "step0/logits", b);
+    expect([same.bitExact, same.exact, same.mismatches, same.logits!.klMax]).toEqual([true, true, 0, 0]);
+    const off = Float64Array.from(logits);
+    off[3] = off[3]! + 0.25;
+    const d = compareTensor("step0/logits", where("logits"), rawFromFloat64(off, [1, 8], "float32"), "step0/logits", b);
+    expect([d.bitExact, d.mismatches]).toEqual([false, 1]);
+    expect(d.metrics!.maxAbs).toBeCloseTo(0.25, 6);
+  });
+
+  it("another dtype: no byte count, equal values are exact", () => {
+    const v = Float64Array.from([1, -2, 0.5, 3]);
+    const r = compareTensor("layers.0/output", { call: "forward", layer: 0, kind: "output" }, rawFromFloat64(v, [1, 1, 4], "float32"), "layers.0/output", rawFromFloat64(v, [1, 1, 4], "bfloat16"));
+    expect([r.mismatches, r.bitExact, r.exact, r.metrics!.relL2]).toEqual([null, false, true, 0]);
+  });
+
+  it("logprobs against logits: KL / top-k only, no element-wise distance", () => {
+    const lp = logSoftmax(logits);
+    const r = compareTensor("logprobs", where("logprobs"), rawFromFloat64(lp, [1, 1, 8], "float32"), "logits", rawFromFloat64(logits, [1, 1, 8], "float32"));
+    expect(r.metrics).toBeUndefined();
+    expect(r.logits!.top1).toBe(1);
+    expect(r.logits!.klMax).toBeLessThan(1e-12);
+  });
+
+  it("token ids compare by value across integer dtypes; element counts must agree", () => {
+    const tok = (dtype: "int32" | "uint32", v: number): RawTensor => {
+      const data = new Uint8Array(4);
+      new DataView(data.buffer).setUint32(0, v, true);
+      return { dtype, shape: [1], data };
+    };
+    expect(compareTensor("step0/token", where("token"), tok("int32", 7), "step0/token", tok("uint32", 7)).integerEqual).toBe(true);
+    expect(compareTensor("step0/token", where("token"), tok("int32", 7), "step0/token", tok("uint32", 8)).integerEqual).toBe(false);
+    const n = compareTensor("x", where("output"), rawFromFloat64([1, 2], [2], "float32"), "x", rawFromFloat64([1, 2, 3], [3], "float32"));
+    expect(n.note).toBe("2 elements [2] vs the oracle's 3 [3]");
+    expect(judge([n], MEASURED).status).toBe("DIVERGES");
+  });
+});
