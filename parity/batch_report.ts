@@ -128,11 +128,23 @@ export function batchModeCheck(a: Parsed): void {
   for (const k of ["prompt", "tokens", "chat", "bisect", "oracle-model", "skip-ops", "image", "audio"]) if (a[k] !== undefined) throw new UsageError(`--${k} does not apply to --mode batch`);
   if (Number(a.ulp) !== 0 || Number(a.atol) !== 0) throw new UsageError("--mode batch compares bit for bit: --ulp and --atol do not apply");
   if (a.model !== undefined && a.only !== undefined) throw new UsageError("--only applies to the fixture run, not to --model");
-  loadBatchScenarios((a.scenario as string[] | undefined) ?? []);
+  const scenarios = loadBatchScenarios((a.scenario as string[] | undefined) ?? []);
   if (a.model !== undefined) {
     const dir = resolve(String(a.model));
-    inspectCheckpoint(dir);
+    const info = inspectCheckpoint(dir);
     checkCheckpoint(dir);
+    checkScenarioVocab(scenarios, Number(info.text.vocab_size ?? 262144));
+  }
+}
+
+/** Every token id of the scenarios (prompts, joined prompts, stop sequences) is inside the checkpoint's vocabulary. */
+export function checkScenarioVocab(scenarios: readonly BatchScenario[], vocab: number): void {
+  for (const s of scenarios) {
+    const ids = [...s.prompts.flat(), ...(s.join ?? []).flatMap((j) => j.prompts.flat()), ...(s.stop_tokens ?? []).flat()];
+    const bad = ids.find((t) => t >= vocab);
+    if (bad !== undefined) {
+      throw new UsageError(`batch scenario ${s.id} has token id ${bad}, outside the vocabulary of this checkpoint (vocab_size ${vocab}); the scenarios of fixtures/batch_scenarios.json use ids up to 255: choose ones that fit with --scenario, or a checkpoint with a larger vocabulary`);
+    }
   }
 }
 
