@@ -126,8 +126,9 @@ async function post(endpoint: string, body: Record<string, unknown>, timeoutMs: 
       signal: AbortSignal.timeout(timeoutMs),
     });
   } catch (e) {
-    const err = e as Error;
-    const why = err.name === "TimeoutError" ? `no answer within ${timeoutMs / 1000} s` : `${err.message}${(err as { code?: string }).code ? ` (${(err as { code?: string }).code})` : ""}`;
+    const err = e as Error & { code?: string };
+    const code = err.code && !err.message.includes(err.code) ? ` (${err.code})` : "";
+    const why = err.name === "TimeoutError" ? `no answer within ${timeoutMs / 1000} s` : `${err.message}${code}`;
     throw new ServerModeError(`server ${endpoint} unreachable: ${why}`);
   }
   const text = await res.text().catch((e: Error) => {
@@ -301,10 +302,11 @@ export interface StepComparison {
   topMaxAbsDiff: number | null;
   topMeanAbsDiff: number | null;
   topKl: number | null;
-  /** Returned ids that are not a top-k of the oracle's distribution. */
+  /** Returned ids that are not a top-k of the oracle's distribution, and how far the furthest is below the oracle's k-th logprob. */
   topOutsideOracleTopK: number;
+  topOutsideMargin: number;
   top1Agrees: boolean;
-  /** Every logprob the server returned at this step equals the oracle's exactly. */
+  /** The token equal, every logprob the server returned at this step equal to the oracle's, and its ids a top-k of the oracle's. */
   exact: boolean;
 }
 
@@ -326,9 +328,11 @@ export interface ServerComparison {
   klMax: number;
   topEntries: number;
   topOutsideOracleTopK: number;
+  /** Largest step topOutsideMargin: an outsider this far below the oracle's k-th logprob. */
+  topOutsideMargin: number;
   /** Tokens equal and every returned logprob bit-equal to the oracle's (a server that stopped early: over its tokens). */
   exact: boolean;
-  /** "EXACT" | "TOKENS MATCH, max |Δ logprob| = x" | "DIVERGES at step n". */
+  /** "EXACT" | "TOKENS MATCH, max |Δ logprob| = x" | "TOP-K DIFFERS from step n (...)" | "DIVERGES at step n (...)". */
   verdict: string;
 }
 
@@ -392,10 +396,16 @@ export function compareWithOracle(prompt: number[], server: ServerGeneration, or
       topMaxAbsDiff: top.length ? Math.max(...diffs) : null,
       topMeanAbsDiff: top.length ? diffs.reduce((a, b) => a + b, 0) / diffs.length : null,
       topKl: top.length ? klOverSet(top.map((t) => row[t.id]!), top.map((t) => t.logprob)) : null,
-      topOutsideOracleTopK: top.filter((t) => row[t.id]! < kth).length,
+      topOutsideOracleTopK: 0,
+      topOutsideMargin: 0,
       top1Agrees: row[server1] === oracleMax,
-      exact: tok === oracle.tokens[s] && (chosenAbsDiff ?? 0) === 0 && diffs.every((d) => d === 0),
+      exact: false,
     };
+    const outsiders = top.filter((t) => row[t.id]! < kth);
+    step.topOutsideOracleTopK = outsiders.length;
+    step.topOutsideMargin = Math.max(0, ...outsiders.map((t) => kth - row[t.id]!));
+    // exact: the token, every value, and a returned set that is a top-k of the oracle's
+    step.exact = step.tokenEqual && (chosenAbsDiff ?? 0) === 0 && diffs.every((d) => d === 0) && step.topOutsideOracleTopK === 0;
     steps.push(step);
     if (!step.tokenEqual) firstDiff = s;
   }
@@ -411,13 +421,18 @@ export function compareWithOracle(prompt: number[], server: ServerGeneration, or
   // mlx_lm.server stops there, the oracle's generate_step does not)
   const tokensEqual = firstDiff === null && !(lengthsDiffer && server.finishReason !== "stop");
   const exact = tokensEqual && steps.every((s) => s.exact);
+  const outsideStep = steps.find((s) => s.topOutsideOracleTopK > 0);
+  const outsideCount = steps.reduce((a, s) => a + s.topOutsideOracleTopK, 0);
+  const outsideMargin = Math.max(0, ...steps.map((s) => s.topOutsideMargin));
   const verdict = firstDiff !== null
     ? `DIVERGES at step ${firstDiff} (server token ${steps[firstDiff]!.serverToken}, oracle ${steps[firstDiff]!.oracleToken})`
     : !tokensEqual
       ? `DIVERGES: ${shorter ?? `the server returned ${server.tokens.length} tokens, the oracle ${oracle.tokens.length}`}`
       : exact
         ? "EXACT"
-        : `TOKENS MATCH, max |Δ logprob| = ${Math.max(chosenMax, topMax)}${shorter ? ` (${shorter})` : ""}`;
+        : outsideStep !== undefined
+          ? `TOP-K DIFFERS from step ${outsideStep.step} (${outsideCount} returned ids outside the oracle's top-k, up to ${outsideMargin} below its k-th logprob), max |Δ logprob| = ${Math.max(chosenMax, topMax)}`
+          : `TOKENS MATCH, max |Δ logprob| = ${Math.max(chosenMax, topMax)}${shorter ? ` (${shorter})` : ""}`;
   return {
     prompt,
     server,
@@ -433,7 +448,8 @@ export function compareWithOracle(prompt: number[], server: ServerGeneration, or
     klMean: kls.length ? kls.reduce((a, b) => a + b, 0) / kls.length : 0,
     klMax: Math.max(0, ...kls),
     topEntries: entries,
-    topOutsideOracleTopK: steps.reduce((a, s) => a + s.topOutsideOracleTopK, 0),
+    topOutsideOracleTopK: outsideCount,
+    topOutsideMargin: outsideMargin,
     exact,
     verdict,
   };

@@ -21,7 +21,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { createServer } from "node:net";
 import { join } from "node:path";
 import { type OracleClient, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
-import { type OracleGeneration, compareWithOracle, queryServer } from "../../oracle/conform/server_mode.ts";
+import { type OracleGeneration, compareWithOracle, klOverSet, queryServer } from "../../oracle/conform/server_mode.ts";
 import { reader } from "../../oracle/tensor_diff.ts";
 import { conformServer, exitCodeOf, runServerCheck } from "../../parity/conform_server.ts";
 import { limit } from "../../tests/time_limit.ts";
@@ -135,11 +135,12 @@ describe("mlx_lm.server = mlx-lm's own generation, bit for bit", () => {
     expect(c.steps).toHaveLength(STEPS);
     expect(c.server.top.every((t) => t.length === TOP)).toBe(true);
     expect(c.verdict).toBe("EXACT");
+    expect(c.topOutsideOracleTopK).toBe(0);
     expect(exitCodeOf(c, 0)).toBe(0);
     // the same equality, checked here against a second oracle run rather than through compareWithOracle
     const reference = await oracle.generate(DIR, c.prompt, { maxTokens: STEPS });
     expect(assertBitEqual(c, reference)).toBe(STEPS * (1 + TOP));
-    console.log(`mlx_lm.server batched: ${c.prompt.length} prompt tokens (${c.server.cachedTokens} from its prompt cache on the last request), ${STEPS} tokens, ${c.topEntries} top-k logprobs: ${c.verdict}`);
+    console.log(`mlx_lm.server batched: ${c.prompt.length} prompt tokens (${c.server.cachedTokens} from its prompt cache on the first request), ${STEPS} tokens, ${c.topEntries} top-k logprobs: ${c.verdict}`);
   }, CASE);
 
   it("non-batched path (a seed sends the request through stream_generate): equal too", async () => {
@@ -155,7 +156,7 @@ describe("mlx_lm.server = mlx-lm's own generation, bit for bit", () => {
 
 // ------------------------------------------------------------------ a fake server
 
-type Defect = { kind: "logprob"; step: number; rank: number } | { kind: "token"; step: number } | { kind: "status" } | { kind: "body" } | { kind: "no-choices" } | { kind: "prompt-tokens" } | null;
+type Defect = { kind: "logprob"; step: number; rank: number } | { kind: "token"; step: number } | { kind: "outsider"; step: number } | { kind: "status" } | { kind: "body" } | { kind: "no-choices" } | { kind: "prompt-tokens" } | null;
 
 interface Fake {
   url: string;
@@ -200,6 +201,13 @@ function fakeServer(ids: number[], gen: OracleGeneration): Fake {
       }
       const k = typeof body.logprobs === "number" ? body.logprobs : (body.top_logprobs ?? 0);
       const tops = tokens.map((_, s) => topOf(s, k));
+      if (d?.kind === "outsider" && k > 0) {
+        // the last top-k entry replaced by the step's least likely id, with its true logprob
+        const row = rows[d.step]!;
+        const worst = row.reduce((w, lp, id) => (lp < row[w]! ? id : w), 0);
+        tops[d.step]![k - 1] = { id: worst, lp: row[worst]! };
+        fake.planted++;
+      }
       if (d?.kind === "logprob" && k > 0) {
         tops[d.step]![d.rank]!.lp = nudge(tops[d.step]![d.rank]!.lp);
         fake.planted++;
@@ -245,6 +253,7 @@ describe("planted defects and errors (a fake server answering with the oracle's 
       expect(c.topEntries).toBe(6 * TOP);
       expect(c.verdict).toBe("EXACT");
       expect(c.klMax).toBe(0);
+      expect(c.topOutsideOracleTopK).toBe(0);
     }
   }, CASE);
 
@@ -264,6 +273,29 @@ describe("planted defects and errors (a fake server answering with the oracle's 
     expect(exitCodeOf(c, 0)).toBe(1);
     expect(exitCodeOf(c, 1e-3)).toBe(0); // a bound the user gives explicitly
   }, CASE);
+
+  it("a top-k entry outside the oracle's top-k (its logprob true) is caught at its step", async () => {
+    fake.defect = { kind: "outsider", step: 4 };
+    fake.planted = 0;
+    const c = compareWithOracle(IDS, await query("content"), gen);
+    expect(fake.planted).toBe(1);
+    expect(c.topMaxAbsDiff).toBe(0); // every value true: only the set is wrong
+    expect(c.topOutsideOracleTopK).toBe(1);
+    expect(c.steps.map((s) => s.exact)).toEqual([true, true, true, true, false, true]);
+    expect(c.exact).toBe(false);
+    expect(c.verdict).toMatch(/^TOP-K DIFFERS from step 4 /);
+    expect(c.topOutsideMargin).toBeGreaterThan(0);
+    expect(exitCodeOf(c, 0)).toBe(1);
+    expect(exitCodeOf(c, c.topOutsideMargin)).toBe(0); // a bound the user gives explicitly
+  }, CASE);
+
+  it("KL over the returned top-k: its definition on fixed numbers", () => {
+    // P = (1/2, 1/2), Q = (1/4, 3/4): KL = ½ ln 2 + ½ ln(2/3); both renormalized over the set, so shifts do not matter
+    const want = 0.5 * Math.log(2) + 0.5 * Math.log(2 / 3);
+    expect(klOverSet([Math.log(0.5), Math.log(0.5)], [Math.log(0.25), Math.log(0.75)])).toBeCloseTo(want, 15);
+    expect(klOverSet([-3, -3], [Math.log(0.25) - 7, Math.log(0.75) - 7])).toBeCloseTo(want, 14);
+    expect(klOverSet([-1.5, -2, -9], [-1.5, -2, -9])).toBe(0);
+  });
 
   it("one token swapped is caught at its step", async () => {
     fake.defect = { kind: "token", step: 2 };
