@@ -1,0 +1,179 @@
+// The llama.cpp conformance grid (opt-in; minutes): for every fixture variant, a llama.cpp dump of
+// a forward and of a greedy generation (engines/llama_cpp/dump.ts), validated against the
+// checkpoint copy it names (oracle/conform/dump.ts), and compared with mlx-lm run by the oracle
+// on that same copy: KL(mlx-lm ‖ llama.cpp) per row, top-1 agreement, top-10 overlap, |Δp| of
+// mlx-lm's top token (oracle/conform/metrics.ts), the largest |Δ log-probability| over the whole
+// vocabulary, and the first generation step whose greedy token differs. It also checks that mlx-lm
+// gives the same logits, bit for bit, on the prepared copy and on the original checkpoint (the copy
+// holds the same weights). Where the converter refuses a variant its message is recorded.
+// Writes engines/llama_cpp/results.json (checked in; suites/conform/llama_cpp.test.ts reads it).
+//
+//   CONFORM_ENGINES=llama_cpp bun engines/llama_cpp/measure.ts [--only c1_dense/f32,...]
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { OracleClient } from "../../oracle/client.ts";
+import { readDump, validateDump } from "../../oracle/conform/dump.ts";
+import { firstDifferingStep, logitMetrics, type LogitMetrics, logSoftmax, toFloat64 } from "../../oracle/conform/metrics.ts";
+import type { RawTensor } from "../../oracle/tensor_diff.ts";
+import { llamaDump, resolveCheckpoint } from "./dump.ts";
+import { ConversionRefused, HERE, optedIn, WORK } from "./engine.ts";
+
+/** Every text fixture variant stored unquantized, then the quantized ones (refused: recorded). */
+export const VARIANTS = [
+  "c1_dense/f32",
+  "c2_keqv/f32",
+  "c3_e2b/f32",
+  "c4_e4b/f32",
+  "c5_moe/hf_f32",
+  "c5_moe/f32",
+  "c6_sink/f32",
+  "c6_sink/wrap_f32",
+  "c7_defaults/f32",
+  "c7_plainrope/f32",
+  "c1_dense/bf16",
+  "c2_keqv/bf16",
+  "c3_e2b/bf16",
+  "c4_e4b/bf16",
+  "c3_e2b/hf_bf16",
+  "c7_defaults/bf16",
+  "c1_dense/f16",
+  "c3_e2b/f16",
+  "c1_dense/q4g32_f32",
+  "c5_moe/mxfp4",
+];
+
+export const PREFILL_STEP_SIZE = 4;
+export const MAX_TOKENS = 8;
+export const SEED = 1;
+
+export interface Distances extends LogitMetrics {
+  /** max over rows and tokens of |log p_llama.cpp − log p_mlx-lm| (natural log). */
+  maxAbsDLogprob: number;
+}
+
+export interface VariantResult {
+  checkpoint: string;
+  status: "measured" | "refused";
+  refusal?: string;
+  level?: number;
+  /** sha256 of the prepared copy's files (what the dumps name). */
+  files?: Record<string, string>;
+  rewrittenMoeLayout?: string[];
+  /** mlx-lm's logits on the prepared copy equal its logits on the original checkpoint, bit for bit. */
+  oracleSameOnPrepared?: boolean;
+  samplerAgreesWithArgmax?: boolean;
+  prompt?: number[];
+  forward?: Distances;
+  generate?: Distances & {
+    /** Steps compared: up to and including the first differing token (later steps see other inputs). */
+    stepsCompared: number;
+    firstDifferingStep: number | null;
+    llamaTokens: number[];
+    mlxTokens: number[];
+  };
+  /** mlx-lm's dtype on this checkpoint (bf16 checkpoints run in bf16 in mlx-lm, in f32 in the GGUF). */
+  oracleDtype?: string;
+}
+
+function distances(engine: RawTensor, oracle: RawTensor): Distances {
+  const V = oracle.shape.at(-1)!;
+  const m = logitMetrics(engine, oracle);
+  const a = toFloat64(engine);
+  const b = toFloat64(oracle);
+  let maxAbs = 0;
+  for (let r = 0; r < a.length / V; r++) {
+    const la = logSoftmax(a.subarray(r * V, (r + 1) * V));
+    const lb = logSoftmax(b.subarray(r * V, (r + 1) * V));
+    for (let i = 0; i < V; i++) maxAbs = Math.max(maxAbs, Math.abs(la[i]! - lb[i]!));
+  }
+  return { ...m, maxAbsDLogprob: maxAbs };
+}
+
+function concatRows(rows: RawTensor[], V: number): RawTensor {
+  const parts = rows.map((r) => toFloat64(r));
+  const out = new Float64Array(parts.length * V);
+  parts.forEach((p, i) => out.set(p, i * V));
+  return { dtype: "float64", shape: [1, parts.length, V], data: new Uint8Array(out.buffer) };
+}
+
+const sameBytes = (a: RawTensor, b: RawTensor) => a.dtype === b.dtype && a.data.length === b.data.length && a.data.every((x, i) => x === b.data[i]);
+
+export async function measureVariant(oracle: OracleClient, id: string, install: boolean): Promise<VariantResult> {
+  const { dir: source } = resolveCheckpoint(id);
+  const base = join(WORK, "dumps", id.replace("/", "_"));
+  let fwd;
+  try {
+    fwd = await llamaDump({ checkpoint: id, out: join(base, "forward"), seed: SEED, schedule: { kind: "forward" }, install });
+  } catch (e) {
+    if (e instanceof ConversionRefused) return { checkpoint: id, status: "refused", refusal: e.refusal };
+    throw e;
+  }
+  const gen = await llamaDump({ checkpoint: id, out: join(base, "generate"), seed: SEED, schedule: { kind: "generate", prefill_step_size: PREFILL_STEP_SIZE, max_tokens: MAX_TOKENS }, install });
+  const prompt = fwd.manifest.prompt;
+  // both dumps must pass the validator against the copy they name
+  validateDump(join(base, "forward"), fwd.checkpoint);
+  validateDump(join(base, "generate"), gen.checkpoint);
+
+  const onCopy = await oracle.forward(fwd.checkpoint, [prompt]);
+  const onSource = await oracle.forward(source, [prompt]);
+  const fd = readDump(join(base, "forward"));
+  const forward = distances(fd.tensors.read("logprobs"), onCopy);
+
+  const V = onCopy.shape.at(-1)!;
+  const og = await oracle.generate(gen.checkpoint, prompt, { prefillStepSize: PREFILL_STEP_SIZE, maxTokens: MAX_TOKENS });
+  const gd = readDump(join(base, "generate"));
+  const llamaTokens = gen.manifest.generated ?? [];
+  const first = firstDifferingStep(llamaTokens, og.tokens);
+  const steps = first === null ? MAX_TOKENS : first + 1;
+  const eng = concatRows(Array.from({ length: steps }, (_, n) => gd.tensors.read(`step${n}/logprobs`)), V);
+  const orc = concatRows(og.logprobs.slice(0, steps), V);
+  return {
+    checkpoint: id,
+    status: "measured",
+    level: fwd.manifest.level,
+    files: fwd.prepared.files,
+    rewrittenMoeLayout: fwd.prepared.rewrittenMoeLayout,
+    oracleSameOnPrepared: sameBytes(onCopy, onSource),
+    samplerAgreesWithArgmax: fwd.samplerAgreesWithArgmax && gen.samplerAgreesWithArgmax,
+    prompt,
+    oracleDtype: onCopy.dtype,
+    forward,
+    generate: { ...distances(eng, orc), stepsCompared: steps, firstDifferingStep: first, llamaTokens, mlxTokens: og.tokens },
+  };
+}
+
+async function main(): Promise<number> {
+  const argv = process.argv.slice(2);
+  const only = argv[0] === "--only" && argv[1] ? argv[1].split(",") : null;
+  const ids = only ?? VARIANTS;
+  const install = optedIn() || argv.includes("--install");
+  const oracle = await OracleClient.start();
+  const results: VariantResult[] = [];
+  try {
+    for (const id of ids) {
+      const t0 = performance.now();
+      const r = await measureVariant(oracle, id, install);
+      results.push(r);
+      const f = r.forward;
+      process.stderr.write(
+        `${id}: ${r.status === "refused" ? `refused: ${r.refusal}` : `KL mean ${f!.klMean.toExponential(2)} max ${f!.klMax.toExponential(2)} top-1 ${f!.top1} max|Δlogp| ${f!.maxAbsDLogprob.toExponential(2)} gen first diff ${r.generate!.firstDifferingStep} same-on-copy ${r.oracleSameOnPrepared}`} (${((performance.now() - t0) / 1000).toFixed(1)} s)\n`,
+      );
+    }
+  } finally {
+    await oracle.close();
+  }
+  if (!only) {
+    const out = {
+      note: "written by CONFORM_ENGINES=llama_cpp bun engines/llama_cpp/measure.ts; llama.cpp through node-llama-cpp (CPU, float32 GGUF, F32 KV cache, 1 thread) against mlx-lm 0.32.2 on the same prepared checkpoint copy; prompt = 16 seeded ids (tokensFor(vocab, 1)); forward over the prompt, and greedy generation with prefill_step_size 4, max_tokens 8",
+      prefill_step_size: PREFILL_STEP_SIZE,
+      max_tokens: MAX_TOKENS,
+      results,
+    };
+    writeFileSync(join(HERE, "results.json"), `${JSON.stringify(out, null, 1)}\n`);
+  } else {
+    process.stdout.write(`${JSON.stringify(results, null, 1)}\n`);
+  }
+  return 0;
+}
+
+if (import.meta.main) process.exit(await main());
