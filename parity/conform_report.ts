@@ -29,7 +29,7 @@ export interface ConformReport {
   notCompared: { name: string; reason: string }[];
   compared: number;
   bitExact: number;
-  /** Logit rows over every logits / logprobs tensor compared (row-weighted means). */
+  /** Logit rows of every call compared (row-weighted means; a call's logprobs only where it has no logits). */
   logits: (Omit<LogitMetrics, "vocab" | "k"> & { tensors: number }) | null;
   layers: LayerSummary[];
   tensors: ConformTensorRow[];
@@ -42,9 +42,10 @@ export function tensorRows(cmp: readonly TensorComparison[], verdicts: readonly 
   });
 }
 
-/** Row-weighted logit metrics over every logits / logprobs tensor. */
+/** Row-weighted logit metrics over the logits of every call (its logprobs where the call has no logits: the same rows). */
 export function logitSummary(cmp: readonly TensorComparison[]): ConformReport["logits"] {
-  const ls = cmp.map((c) => c.logits).filter((l): l is LogitMetrics => l !== undefined);
+  const withLogits = new Set(cmp.filter((c) => c.kind === "logits" && c.logits).map((c) => c.call));
+  const ls = cmp.filter((c) => c.kind === "logits" || !withLogits.has(c.call)).map((c) => c.logits).filter((l): l is LogitMetrics => l !== undefined);
   if (!ls.length) return null;
   const rows = ls.reduce((a, l) => a + l.rows, 0);
   const mean = (f: (l: LogitMetrics) => number) => ls.reduce((a, l) => a + f(l) * l.rows, 0) / rows;

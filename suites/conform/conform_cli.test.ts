@@ -1,5 +1,6 @@
-// `npm run conform` (parity/conform_cli.ts) on the c1_dense bfloat16 fixture, one forward of 6
-// tokens at level 2 against mlx-lm's live capture:
+// `npm run conform` (parity/conform_cli.ts) on the c1_dense bfloat16 fixture against mlx-lm's
+// live capture: one forward of 6 tokens at level 2, and a generate_step schedule (6 prompt tokens
+// in chunks of 4, 2 decode steps) at level 0:
 //   - the TS port's dump (engines/ts_port/dump.ts) conforms, bit-exact (exit 0);
 //   - the same dump with every float tensor converted to float32 (the same values, another dtype:
 //     no bit comparison is possible) conforms on its values (exit 0);
@@ -8,6 +9,8 @@
 //     1.01 is reported first outside the floor at layer 3; layer 1's rope_q with the two halves of
 //     its head axis swapped at layer 1; the run exits 1 (DIVERGES against a measured floor,
 //     "floor not measured" against the placeholder);
+//   - a dump whose step-1 logits prefer another token (and whose tokens follow them) is named at
+//     step1/logits, the first differing greedy step is 1, and the calls after it are not compared;
 //   - bad input exits 2 in a real process: a dump of another checkpoint, a missing --checkpoint.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
@@ -28,6 +31,7 @@ const OTHER = join(REPO_ROOT, ".cache", "checkpoints", "c1_dense", "f32");
 const tmp = mkdtempSync(join(tmpdir(), "conform-cli-"));
 const exact = join(tmp, "ts_bf16");
 const asF32 = join(tmp, "ts_f32");
+const gen0 = join(tmp, "ts_gen_l0");
 
 /** A copy of a dump with every float tensor in float32 (`edit` may change a tensor's float64 values first). */
 function copyAsFloat32(src: string, dst: string, edit: (name: string, v: Float64Array, t: RawTensor) => Float64Array = (_n, v) => v): void {
@@ -49,6 +53,7 @@ async function run(dump: string, out: string): Promise<{ code: number; rep: Conf
 
 beforeAll(async () => {
   await tsDump({ checkpoint: CKPT, prompt: [2, 5, 9, 4, 7, 11], schedule: { kind: "forward" }, level: 2, out: exact });
+  await tsDump({ checkpoint: CKPT, prompt: [2, 5, 9, 4, 7, 11], schedule: { kind: "generate", prefill_step_size: 4, max_tokens: 2 }, level: 0, out: gen0 });
   copyAsFloat32(exact, asF32);
 }, limit(60_000));
 
@@ -107,6 +112,41 @@ describe("npm run conform", () => {
       for (const l of rep.layers) if (l.layer !== null && l.layer < p.layer) expect(l.within, `layer ${l.layer}`).toBe(true);
     }, limit(60_000));
   }
+
+  it("a greedy token that differs at step 1: named there, later calls not compared (exit 1)", async () => {
+    const src = readDump(gen0);
+    const gen = [...src.manifest.generated!];
+    const tensors = new Map<string, RawTensor>();
+    for (const name of src.manifest.tensors) {
+      let t = src.tensors.read(name);
+      if (name === "step1/logits") {
+        // the runner-up takes the lead by 1 logit
+        const v = toFloat64(t);
+        const order = Array.from(v.keys()).sort((i, j) => v[j]! - v[i]!);
+        v[order[1]!] = v[order[0]!]! + 1;
+        gen[1] = order[1]!;
+        t = rawFromFloat64(v, t.shape, "float32");
+      } else if (name === "step1/token") {
+        const data = new Uint8Array(t.data);
+        new DataView(data.buffer).setUint32(0, gen[1]!, true);
+        t = { ...t, data };
+      }
+      tensors.set(name, t);
+    }
+    const { files: _f, tensors: _t, ...rest } = src.manifest;
+    const dir = join(tmp, "tokdiff");
+    writeDump(dir, { ...rest, generated: gen }, tensors);
+    const { code, rep } = await run(dir, join(tmp, "rt"));
+    expect(code).toBe(1);
+    expect(rep.verdict.firstTokenDiff).toBe(1);
+    expect(rep.verdict.firstOutside).toBe("step1/logits");
+    expect(rep.tokens!.engine[1]).not.toBe(rep.tokens!.oracle[1]);
+    const later = src.manifest.tensors.filter((n) => n.startsWith("step2/")).length + Object.keys(src.manifest.mask_kinds ?? {}).filter((n) => n.startsWith("step2/")).length;
+    expect(later).toBeGreaterThan(0);
+    expect(rep.notCompared.length).toBe(later);
+    expect(rep.tensors.some((t) => t.call === "step2")).toBe(false);
+    expect(rep.logits!.top1).toBeLessThan(1);
+  }, limit(60_000));
 
   it("bad input exits 2 with one line naming the problem", () => {
     const cli = (args: string[]) => spawnSync(process.execPath, [join(REPO_ROOT, "parity", "conform_cli.ts"), ...args], { encoding: "utf8", cwd: REPO_ROOT });
