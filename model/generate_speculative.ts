@@ -46,7 +46,7 @@ export interface SpeculativeStepOptions {
   prefillStepSize?: number;
   /** Seed the global MLX random state first (mx.random.seed). */
   seed?: number;
-  /** Called once per round, after the acceptance walk. */
+  /** Called once per round, once its acceptance is known and before its tokens are yielded. */
   onRound?: (r: SpeculativeRound) => void;
 }
 
@@ -216,6 +216,13 @@ async function* run(model: GenerateModel, draft: GenerateModel, prompt: readonly
         live.push(row);
         return row;
       };
+      // The round is reported before its tokens are yielded (as mlx-vlm records a round before it
+      // yields): a consumer that stops on one of its accepted drafts (EOS, or its token budget)
+      // closes this generator at that yield, and a report after the walk would never run. The
+      // walk below accepts the leading matches, up to the token budget.
+      let willAccept = 0;
+      while (willAccept < numDraft && tokenList[willAccept] === draftList[willAccept] && ntoks + willAccept < maxTokens) willAccept++;
+      opts.onRound?.({ drafted: draftList, accepted: willAccept, target: tokenList });
       while (accepted < numDraft) {
         if (tokenList[accepted] !== draftList[accepted]) break;
         const tn = tokenList[accepted]!;
@@ -225,7 +232,6 @@ async function* run(model: GenerateModel, draft: GenerateModel, prompt: readonly
         yield { token: tn, logprobs: lp, fromDraft: true, n: ntoks - 1 };
         if (ntoks === maxTokens) break;
       }
-      opts.onRound?.({ drafted: draftList, accepted, target: tokenList });
       if (ntoks < maxTokens) {
         ntoks += 1;
         yield { token: tokenList[accepted]!, logprobs: rowOf(accepted), fromDraft: false, n: ntoks - 1 };
