@@ -94,6 +94,13 @@ export interface CallRecord {
   taps: number;
 }
 
+/** One cache's contents: its dtype and the sha256 of its key and value buffers' raw bytes (null: empty). */
+export interface CacheSha256 {
+  dtype: string | null;
+  keys: string | null;
+  values: string | null;
+}
+
 export interface CaptureResult {
   meta: { scenario: string; kind: string; mode: string; generated?: number[]; prefill_chunks?: number[] };
   calls: CallRecord[];
@@ -405,21 +412,24 @@ export class OracleClient {
     return this.readArray(r.logits);
   }
 
-  /** Plain mlx_lm generate_step, greedy: yielded tokens and per-step logprobs, cache state at the end. */
+  /**
+   * Plain mlx_lm generate_step, greedy: yielded tokens and per-step logprobs, cache state at the
+   * end (`cache`: scalars and buffer shapes; `cacheSha256`: each layer's key and value bytes).
+   */
   async generate(
     checkpoint: string,
     prompt: number[],
     opts: { prefillStepSize?: number; maxTokens?: number } = {},
-  ): Promise<{ tokens: number[]; logprobs: NpyRecord[]; cache: Record<string, unknown>[] }> {
-    const r = await this.request<{ tokens: number[]; logprobs: NpyRef[]; cache: Record<string, unknown>[] }>("generate", {
+  ): Promise<{ tokens: number[]; logprobs: NpyRecord[]; cache: Record<string, unknown>[]; cacheSha256: CacheSha256[] }> {
+    const r = await this.request<{ tokens: number[]; logprobs: NpyRef[]; cache: Record<string, unknown>[]; cache_sha256: CacheSha256[] }>("generate", {
       checkpoint,
       prompt,
       prefill_step_size: opts.prefillStepSize ?? 2048,
       max_tokens: opts.maxTokens ?? 20,
     });
-    expectReply("generate", r, { tokens: "array", logprobs: "array", cache: "array" });
+    expectReply("generate", r, { tokens: "array", logprobs: "array", cache: "array", cache_sha256: "array" });
     if (!r.tokens.every((t) => Number.isSafeInteger(t))) throw new OracleError(`malformed reply from oracle to generate: tokens ${JSON.stringify(r.tokens).slice(0, 200)}`, "generate");
-    return { tokens: r.tokens, logprobs: r.logprobs.map((x) => this.readArray(x)), cache: r.cache };
+    return { tokens: r.tokens, logprobs: r.logprobs.map((x) => this.readArray(x)), cache: r.cache, cacheSha256: r.cache_sha256 };
   }
 
   /** Every tap of a scenario (id from fixtures/scenarios.json, or an inline spec). `only`: name globs to ship. */

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
 import importlib.util
 import json
 import os
@@ -208,7 +209,8 @@ class Server:
             tokens.append(int(t))
             logprobs.append(self.out_array(lp, "logprobs"))
         return {"tokens": tokens, "logprobs": logprobs,
-                "cache": [dict(layer=i, **cap.cache_meta(c)) for i, c in enumerate(cache)]}
+                "cache": [dict(layer=i, **cap.cache_meta(c)) for i, c in enumerate(cache)],
+                "cache_sha256": [cache_sha256(c) for c in cache]}
 
     def cmd_capture(self, req: dict) -> dict:
         """All taps of a scenario; each stored tap comes back as an .npy file."""
@@ -666,6 +668,19 @@ def same_work_key(scn: dict) -> list:
         return ["forward", scn["tokens"]]
     return ["generate", scn["prompt"], cap.prefill_schedule(len(scn["prompt"]), scn["prefill_step_size"]),
             scn["max_tokens"]]
+
+
+def cache_sha256(c: Any) -> dict:
+    """A cache's contents: sha256 of its key and value buffers (the state mlx-lm saves), raw bytes."""
+    def digest(a: mx.array | None) -> str | None:
+        if a is None:
+            return None
+        if a.dtype == mx.bfloat16:
+            a = a.view(mx.uint16)
+        mx.eval(a)
+        return hashlib.sha256(np.array(a).tobytes()).hexdigest()
+    return {"dtype": None if c.keys is None else str(c.keys.dtype).split(".")[-1],
+            "keys": digest(c.keys), "values": digest(c.values)}
 
 
 def make_cache(spec: dict):

@@ -3,9 +3,11 @@
 stdin: {"runs": [{"checkpoint": dir, "prompt": [...], "prefill_step_size": int, "max_tokens": int,
                   "seed": int, "temp": f, "top_p": f, "min_p": f, "min_tokens_to_keep": i, "top_k": i}]}
 stdout: {"runs": [{"tokens": [...], "logprobs": [hex of float32 bytes per step], "dtype": str,
-                   "cache": [{type, offset, keep?, max_size?, idx?, keys_shape, values_shape}]}]}
+                   "cache": [{type, offset, keep?, max_size?, idx?, keys_shape, values_shape}],
+                   "cache_sha256": [{dtype, keys, values}]}]}  (sha256 of each layer's key/value bytes)
 Run with the venv python and -I (the repo's mlx/ folder would shadow the mlx package).
 """
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -27,6 +29,19 @@ def meta(c):
     d["keys_shape"] = None if c.keys is None else list(c.keys.shape)
     d["values_shape"] = None if c.values is None else list(c.values.shape)
     return d
+
+
+def sha256_of(c):
+    """As the oracle's generate reply (oracle/python/server.py cache_sha256): the buffers' raw bytes."""
+    def digest(a):
+        if a is None:
+            return None
+        if a.dtype == mx.bfloat16:
+            a = a.view(mx.uint16)
+        mx.eval(a)
+        return hashlib.sha256(np.array(a).tobytes()).hexdigest()
+    return {"dtype": None if c.keys is None else str(c.keys.dtype).split(".")[-1],
+            "keys": digest(c.keys), "values": digest(c.values)}
 
 
 def hexof(a):
@@ -55,7 +70,8 @@ def run(r):
         toks.append(int(t))
         dt, h = hexof(lp)
         lps.append(h)
-    return {"tokens": toks, "logprobs": lps, "dtype": dt, "cache": [meta(c) for c in cache]}
+    return {"tokens": toks, "logprobs": lps, "dtype": dt, "cache": [meta(c) for c in cache],
+            "cache_sha256": [sha256_of(c) for c in cache]}
 
 
 def main():

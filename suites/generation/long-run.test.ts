@@ -1,6 +1,7 @@
 // Long run: a 2,000-token greedy decode on the E2B-like fixture (C3) with MLX active memory
 // tracked after every token, bit-exact against the oracle's generate_step at every step
-// (tokens and logprobs bytes) and in the final cache state.
+// (tokens and logprobs bytes) and in the final caches: every layer's offsets and buffer shapes,
+// and its key and value bytes (sha256, suites/generation/cache_sha256.ts).
 //
 // Part of npm test (about a minute on the 2-core box); LONG_RUN=0 skips it for a quick local loop.
 //   LONG_RUN_TOKENS (default 2000), LONG_RUN_CKPT (default c3_e2b/f32).
@@ -14,6 +15,7 @@ import { KVCache, RotatingKVCache } from "../../model/cache/index.ts";
 import { generateStep } from "../../model/generate.ts";
 import { compareRaw, formatDiff, rawOfNpy } from "../../oracle/compare.ts";
 import { generateModel, loadScenarios, model } from "./parity.ts";
+import { cacheSha256, firstCacheDifference } from "./cache_sha256.ts";
 import { limit } from "../../tests/time_limit.ts";
 
 const enabled = process.env.LONG_RUN !== "0";
@@ -26,7 +28,7 @@ beforeAll(async () => {
 }, limit(120_000));
 
 describe.skipIf(!enabled)("long run", () => {
-  it(`${N}-token greedy decode on ${CK}: flat memory, bit-exact to the end`, async () => {
+  it(`${N}-token greedy decode on ${CK}: flat memory, bit-exact to the end (tokens, logprobs, final caches' bytes)`, async () => {
     const prompt = loadScenarios().find((s) => s.id === "gen_P21_S5")!.prompt!;
     // the oracle's run goes on in its process while the TS side decodes (2 cores: the test
     // costs the longer of the two, not their sum); the steps are compared once both are done
@@ -83,15 +85,19 @@ describe.skipIf(!enabled)("long run", () => {
         return o;
       });
       const kvEnd = cache.reduce((s, c) => s + c.nbytes, 0);
+      const contents = firstCacheDifference(cacheSha256(cache), py.cacheSha256);
       console.log(
         `[long run] ${CK}: ${tokens.length} tokens; oracle ${(tPy / 1000).toFixed(1)} s, TS (at the same time) ${(tTs / 1000).toFixed(1)} s (${((tTs / tokens.length) * 1000).toFixed(0)} µs/token)\n` +
           `  active memory (bytes) after warm-up (${warm} tokens): raw min ${Math.min(...rawPost)} max ${Math.max(...rawPost)} end ${raw.at(-1)}; ` +
           `minus KV caches: at warm-up ${base}, min ${lo}, max ${hi} (${(((hi - lo) / base) * 100).toFixed(2)}% spread); KV caches at end ${kvEnd} bytes\n` +
-          `  bit-exact: ${firstBad < 0 ? `all ${tokens.length} steps (tokens + logprobs bytes)` : `diverged at step ${firstBad}: ${detail}`}`,
+          `  bit-exact: ${firstBad < 0 ? `all ${tokens.length} steps (tokens + logprobs bytes)` : `diverged at step ${firstBad}: ${detail}`}; ` +
+          `final caches' key/value bytes (${cache.length} layers): ${contents ?? "identical"}`,
       );
       expect(firstBad, `first divergent step: ${detail}`).toBe(-1);
       expect(tokens).toEqual(py.tokens);
       expect(JSON.stringify(metas)).toBe(JSON.stringify(py.cache.map((c) => ({ ...c, layer: 0 }))));
+      expect(contents, "final caches' key/value bytes").toBeNull();
+      expect(py.cacheSha256.filter((c) => c.keys !== null).length, "layers whose contents were compared").toBeGreaterThan(0);
       expect(hi).toBeLessThanOrEqual(base * 1.05);
       expect(lo).toBeGreaterThanOrEqual(base * 0.95);
     } finally {

@@ -2,10 +2,12 @@
 // generate_step, per call (prefill chunks and decode steps): masks, every layer's cached
 // keys/values, logits, logprobs, token and the cache state after the call, bit for bit.
 //
-//   default (npm test): one scenario per fixture family, rotating over the scenario list
+//   default (npm test): 9 fixed representative pairs (every fixture family; the count is asserted)
 //   GEN_FULL=1          every checkpoint variant × every generate scenario of fixtures/scenarios.json
 //   GEN_CKPTS=a,b GEN_SCENARIOS=x,y   an explicit selection
-// Sampled runs (temperature/top-p/top-k/min-p, fixed seeds) go through suites/generation/gen_ref.py.
+// Sampled runs (temperature/top-p/top-k/min-p, fixed seeds) go through suites/generation/gen_ref.py:
+// tokens, per-step logprobs bytes, and the final caches (every layer's offsets and buffer shapes,
+// and its key and value bytes by sha256, suites/generation/cache_sha256.ts).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -15,6 +17,7 @@ import { type OracleClient, sharedOracle } from "../../oracle/client.ts";
 import { KVCache, RotatingKVCache } from "../../model/cache/index.ts";
 import { generateStep } from "../../model/generate.ts";
 import { atMlxBug, keepMlxBugNote, onCudaGpu, reachableMlxBug } from "../../oracle/mlx_bugs.ts";
+import { cacheSha256, firstCacheDifference } from "./cache_sha256.ts";
 import { CKPT_ROOT, explain, firstDivergentTapOfCall, generateModel, isMoe, loadCheckpoints, loadScenarios, model, parityRun, type ParityRun, type Scenario } from "./parity.ts";
 import { limit } from "../../tests/time_limit.ts";
 
@@ -37,6 +40,8 @@ const extra: Scenario = {
 };
 const scenarios = [...fileScenarios, extra];
 const ckpts = loadCheckpoints();
+/** How many pairs the default selection names (each must be found: asserted below). */
+let defaultPicks: number | null = null;
 
 function selection(): [string, Scenario][] {
   const envC = process.env.GEN_CKPTS?.split(",").filter(Boolean);
@@ -67,6 +72,7 @@ function selection(): [string, Scenario][] {
     ["c7_defaults/bf16", "gen_P1_S2048"],
     ["c3_e2b/bf16", "gen_P300_S100_inline"],
   ];
+  defaultPicks = pick.length;
   for (const [c, s] of pick) {
     const sc = scenarios.find((x) => x.id === s);
     if (sc && ckpts.some((x) => x.id === c)) out.push([c, sc]);
@@ -78,8 +84,14 @@ const results: ParityRun[] = [];
 /** Divergent runs on a path of MLX's own proven broken on this backend (oracle/mlx_bugs.ts): counted apart. */
 const atMlxBugs: string[] = [];
 
+const selected = selection();
+
 describe("generation parity vs mlx-lm generate_step (greedy, per call, bit-exact)", () => {
-  for (const [ck, sc] of selection()) {
+  it("the selection is not empty; the default one finds all its pairs", () => {
+    expect(selected.length).toBeGreaterThan(0);
+    if (defaultPicks !== null) expect(selected.length).toBe(defaultPicks);
+  });
+  for (const [ck, sc] of selected) {
     it(`${ck} × ${sc.id}`, async () => {
       const r = await parityRun(oracle, ck, sc);
       results.push(r);
@@ -97,8 +109,10 @@ describe("generation parity vs mlx-lm generate_step (greedy, per call, bit-exact
         throw new Error(`${where}\n${why}`);
       }
       expect(r.steps).toBe((sc.max_tokens ?? 20) + 1);
+      expect(r.tensors, "tensors compared").toBeGreaterThan(0);
     }, limit(180_000));
   }
+  it("every selected pair ran", () => expect(results.length).toBe(selected.length));
 });
 
 afterAll(() => {
@@ -131,7 +145,7 @@ interface SampledRun {
 }
 
 describe("sampled generation parity (fixed seeds, make_sampler)", () => {
-  it("temperature / top-p / top-k / min-p runs: tokens, per-step logprobs bytes and final caches identical", async () => {
+  it("temperature / top-p / top-k / min-p runs: tokens, per-step logprobs bytes and final caches (offsets, shapes, key/value bytes) identical", async () => {
     const prompt21 = scenarios.find((s) => s.id === "gen_P21_S5")!.prompt!;
     const prompt40 = scenarios.find((s) => s.id === "gen_P40_S8")!.prompt!;
     const cfgs = [
@@ -164,7 +178,7 @@ describe("sampled generation parity (fixed seeds, make_sampler)", () => {
     const p = Bun.spawn([".venv/bin/python", "-I", "suites/generation/gen_ref.py"], { stdin: Bun.file(join(dir, "runs.json")), stdout: "pipe", stderr: "pipe" });
     const pending = Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
     pending.catch(() => {}); // surfaces at the await below
-    const ours: { toks: number[]; lps: string[]; metas: Record<string, unknown>[] }[] = [];
+    const ours: { toks: number[]; lps: string[]; metas: Record<string, unknown>[]; contents: ReturnType<typeof cacheSha256> }[] = [];
     try {
       for (const r of runs) {
         const id = r.checkpoint.slice(CKPT_ROOT.length + 1);
@@ -190,7 +204,7 @@ describe("sampled generation parity (fixed seeds, make_sampler)", () => {
             o.values_shape = (c as KVCache).values?.shape ?? null;
             return o;
           });
-          ours.push({ toks, lps, metas });
+          ours.push({ toks, lps, metas, contents: cacheSha256(cache) });
         } finally {
           for (const c of cache) c.dispose();
         }
@@ -201,20 +215,24 @@ describe("sampled generation parity (fixed seeds, make_sampler)", () => {
     }
     const [out, err, code] = await pending;
     if (code !== 0) throw new Error(`gen_ref.py failed: ${err.slice(-2000)}`);
-    const ref = JSON.parse(out).runs as { tokens: number[]; logprobs: string[]; dtype: string; cache: Record<string, unknown>[] }[];
+    const ref = JSON.parse(out).runs as { tokens: number[]; logprobs: string[]; dtype: string; cache: Record<string, unknown>[]; cache_sha256: ReturnType<typeof cacheSha256> }[];
+    expect(ref.length, "runs answered by gen_ref.py").toBe(runs.length);
+    expect(runs.length, "sampled runs").toBeGreaterThan(0);
     let steps = 0;
     for (let i = 0; i < runs.length; i++) {
       const r = runs[i]!;
       const id = r.checkpoint.slice(CKPT_ROOT.length + 1);
-      const { toks, lps, metas } = ours[i]!;
+      const { toks, lps, metas, contents } = ours[i]!;
       const where = `${id} seed ${r.seed} ${JSON.stringify({ temp: r.temp, top_p: r.top_p, min_p: r.min_p, top_k: r.top_k })}`;
       const firstLp = lps.findIndex((h, k) => h !== ref[i]!.logprobs[k]);
       expect(firstLp, `${where}: first step with different logprobs`).toBe(-1);
       expect(toks, `${where}: tokens`).toEqual(ref[i]!.tokens);
       expect(JSON.stringify(metas), `${where}: final caches`).toBe(JSON.stringify(ref[i]!.cache));
+      expect(firstCacheDifference(contents, ref[i]!.cache_sha256), `${where}: final caches' key/value bytes`).toBeNull();
+      expect(contents.some((c) => c.keys !== null), `${where}: a cache layer holds keys`).toBe(true);
       steps += toks.length;
     }
-    console.log(`[sampled parity] ${runs.length} sampled runs, ${steps} sampled steps bit-exact (tokens + logprobs) vs mlx-lm`);
+    console.log(`[sampled parity] ${runs.length} sampled runs, ${steps} sampled steps bit-exact (tokens + logprobs; final caches: offsets, shapes, key/value bytes) vs mlx-lm`);
     mx.clearCache();
   }, limit(600_000));
 });
