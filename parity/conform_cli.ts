@@ -8,11 +8,12 @@
 // conform.html. Exit 0 conforms, 1 diverges (or the floor is not measured), 2 bad usage or input.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { type CaptureResult, closeSharedOracle, OracleClient, type ScenarioSpec, type TapRecord } from "../oracle/client.ts";
+import { existsSync, unlinkSync } from "node:fs";
+import { closeSharedOracle, expectReply, OracleClient, OracleError, type ScenarioSpec } from "../oracle/client.ts";
 import { DumpError, splitName, type ValidDump, validateDump } from "../oracle/conform/dump.ts";
 import { firstDifferingStep } from "../oracle/conform/metrics.ts";
 import { compareTensor, type TensorComparison } from "../oracle/conform/tensor_compare.ts";
-import { DEFAULT_FLOOR_PATH, exitCodeOf, judge, loadNoiseFloor, NoiseFloorError } from "../oracle/conform/verdict.ts";
+import { DEFAULT_FLOOR_PATH, exitCodeOf, judge, loadNoiseFloor, type NoiseFloor, NoiseFloorError } from "../oracle/conform/verdict.ts";
 import type { RawTensor } from "../oracle/tensor_diff.ts";
 import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
 import { CONFORM_SCHEMA, type ConformReport, logitSummary, renderHtml, renderMarkdown, renderText, tensorRows } from "./conform_report.ts";
@@ -72,9 +73,26 @@ function scenarioOf(d: ValidDump): ScenarioSpec {
   return { id: "conform", kind: "generate", prompt: m.prompt, prefill_step_size: m.schedule.prefill_step_size, max_tokens: m.schedule.max_tokens };
 }
 
-/** Every tap name mlx-lm records for the dump's schedule (the expansion the validator used), in execution order. */
-function oracleTapOrder(cap: CaptureResult): string[] {
-  return cap.taps.map((t) => t.name);
+/** One tap of a streamed capture: an array's .npy file (read and deleted at its turn), or a mask kind. */
+interface WireTap {
+  name: string;
+  kind: "array" | "none" | "str";
+  dtype?: string;
+  value?: string;
+  npy?: string;
+}
+
+/**
+ * mlx-lm's capture of the dump's schedule, streamed: the server writes each tap to its .npy as it
+ * records it, so neither side holds a whole capture of a real-size model in memory (the
+ * comparison reads one tap at a time). Returns the taps in execution order and the tokens.
+ */
+async function captureStreamed(oracle: OracleClient, checkpoint: string, scenario: ScenarioSpec): Promise<{ generated: number[]; taps: WireTap[] }> {
+  const cap = await oracle.request<{ meta: { generated?: number[] }; taps: WireTap[] }>("capture", { checkpoint, scenario, mode: "full", only: null, stream: true }, 1_800_000);
+  expectReply("capture", cap, { meta: "object", taps: "array" });
+  const bad = cap.taps.find((t) => t === null || typeof t !== "object" || typeof t.name !== "string");
+  if (bad !== undefined) throw new OracleError(`malformed reply from oracle to capture: tap ${JSON.stringify(bad)?.slice(0, 200)}`, "capture");
+  return { generated: cap.meta.generated ?? [], taps: cap.taps };
 }
 
 /** Runs the comparison; returns the report (the caller writes it). */
@@ -94,13 +112,23 @@ export async function conform(oracle: OracleClient, opts: ConformOptions, valida
   }
   const bar = opts.progress ? new ProgressBar("conform") : null;
   bar?.update(0, "mlx-lm capture");
-  const cap = await oracle.capture(resolve(opts.checkpoint), scenarioOf(dump), { mode: "full", only: [...want] });
-  const byName = new Map<string, TapRecord>(cap.taps.map((t) => [t.name, t]));
-  const order = oracleTapOrder(cap);
+  const cap = await captureStreamed(oracle, resolve(opts.checkpoint), scenarioOf(dump));
+  try {
+    return compareCapture(oracle, opts, dump, floor, cap, want, names, bar);
+  } finally {
+    // every .npy not read (a tap the dump does not hold, or after an error) is deleted
+    for (const t of cap.taps) if (t.npy && existsSync(t.npy)) unlinkSync(t.npy);
+  }
+}
+
+function compareCapture(oracle: OracleClient, opts: ConformOptions, dump: ValidDump, floor: NoiseFloor, cap: { generated: number[]; taps: WireTap[] }, want: ReadonlySet<string>, names: string[], bar: ProgressBar | null): ConformReport {
+  const m = dump.manifest;
+  const byName = new Map(cap.taps.filter((t) => want.has(t.name)).map((t) => [t.name, t]));
+  const order = cap.taps.map((t) => t.name);
   const oracleNames = new Set(order);
 
   // Generations: calls after the first differing greedy token are fed different tokens on the two sides.
-  const oracleTokens = cap.meta.generated ?? [];
+  const oracleTokens = cap.generated;
   const engineTokens = m.generated ?? [];
   const tokenDiff = m.schedule.kind === "generate" ? firstDifferingStep(engineTokens, oracleTokens) : null;
   const notComparable = (name: string) => {
@@ -136,8 +164,10 @@ export async function conform(oracle: OracleClient, opts: ConformOptions, valida
       comparisons.push({ name, oracleName: oName, ...where, engineDtype: ours, oracleDtype: theirs, shape: [], mismatches: null, total: 1, bitExact: equal, exact: equal, integerEqual: equal, ...(equal ? {} : { note: `mask ${ours} where mlx-lm has ${theirs}` }) });
       continue;
     }
-    if (!ref.array) throw new Error(`mlx-lm did not ship tap "${oName}"`);
-    const expected: RawTensor = { dtype: ref.array.dtype, shape: ref.array.shape, data: ref.array.data };
+    if (!ref.npy) throw new Error(`mlx-lm did not store tap "${oName}"`);
+    // kept on read (a logits file may serve a logprobs too); deleted with the rest at the end
+    const rec = oracle.readArray({ npy: ref.npy, dtype: ref.dtype! }, true);
+    const expected: RawTensor = { dtype: rec.dtype, shape: rec.shape, data: rec.data };
     comparisons.push(compareTensor(name, where, dump.tensors.read(name), oName, expected));
   }
   const verdict = judge(comparisons, floor, { strict: opts.strict, firstTokenDiff: tokenDiff });
