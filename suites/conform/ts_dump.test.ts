@@ -4,9 +4,10 @@
 // the same boolean array), and the dump must hold nothing else. Two f32 fixtures (dense, and
 // E2B-like with PLE and KV sharing) × a forward and a generate_step schedule. The dump also
 // passes validateDump against its checkpoint, and the tensors compared are counted against the
-// tap scheme (oracle/taps.ts) per call.
+// tap scheme (oracle/taps.ts) per call. TS_DUMP_FIXTURES=all runs every text checkpoint
+// variant (68 runs, all equal on 2026-12-02: engines/ts_port/README.md has the table).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type OracleClient, REPO_ROOT, type ScenarioSpec, sharedOracle } from "../../oracle/client.ts";
@@ -22,7 +23,20 @@ beforeAll(async () => {
 }, limit(120_000));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 
-const FIXTURES = ["c1_dense/f32", "c3_e2b/f32"];
+// Default: two f32 fixtures. TS_DUMP_FIXTURES=all: every text checkpoint variant in
+// .cache/checkpoints (c*/*: every layout, dtype and quantization); or a comma-separated list.
+function fixtures(): string[] {
+  const env = process.env.TS_DUMP_FIXTURES;
+  if (!env) return ["c1_dense/f32", "c3_e2b/f32"];
+  if (env !== "all") return env.split(",").filter(Boolean);
+  const root = join(REPO_ROOT, ".cache", "checkpoints");
+  return readdirSync(root)
+    .filter((f) => /^c\d/.test(f))
+    .sort()
+    .flatMap((f) => readdirSync(join(root, f)).sort().map((v) => `${f}/${v}`))
+    .filter((id) => existsSync(join(root, id, "config.json")));
+}
+const FIXTURES = fixtures();
 // 10 tokens: past the fixtures' sliding window of 8, so the forward's sliding mask is an array.
 const PROMPT = [2, 17, 93, 4, 250, 31, 8, 77, 120, 5];
 const SCHEDULES: DumpSchedule[] = [{ kind: "forward" }, { kind: "generate", prefill_step_size: 4, max_tokens: 3 }];
