@@ -7,8 +7,8 @@
 //    round-trips the double), the test parses it to the same double, and the oracle's bfloat16
 //    value widened to a double is compared with ===. Both of the server's paths: the default
 //    batched one (BatchGenerator, with the server's prompt cache on as by default: the cached
-//    token count of the answer is printed) and the one a `seed` forces (stream_generate, one
-//    request at a time). mlx_lm.server tokenizes
+//    token count of the answer is printed; also three requests sent at once) and the one a
+//    `seed` forces (stream_generate, one request at a time). mlx_lm.server tokenizes
 //    `prompt` as a string and refuses an id array, so it is driven by text, checked to tokenize
 //    to the ids (its usage.prompt_tokens is checked too).
 //  - planted defects, caught: a fake server (Bun.serve on 127.0.0.1) that answers with the
@@ -151,6 +151,18 @@ describe("mlx_lm.server = mlx-lm's own generation, bit for bit", () => {
     expect(c.verdict).toBe("EXACT");
     const reference = await oracle.generate(DIR, c.prompt, { maxTokens: STEPS });
     expect(assertBitEqual(c, reference)).toBe(STEPS * (1 + TOP));
+  }, CASE);
+
+  it("three requests at once (joining one running batch): each equal to its own generate_step", async () => {
+    const prompts = ["Hello", "a b c d e f g h i j k l m n o p", "日本語のテキストです。日本語のテキストです。"];
+    const runs = await Promise.all(prompts.map((prompt) => runServerCheck(oracle, { server: serverUrl, checkpoint: DIR, prompt, maxTokens: STEPS, topLogprobs: TOP, promptAs: "text", dialect: "content" })));
+    let checked = 0;
+    for (const c of runs) {
+      expect(c.server.promptTokens).toBe(c.prompt.length);
+      expect(c.verdict).toBe("EXACT");
+      checked += assertBitEqual(c, await oracle.generate(DIR, c.prompt, { maxTokens: STEPS }));
+    }
+    expect(checked).toBe(prompts.length * STEPS * (1 + TOP));
   }, CASE);
 });
 
