@@ -239,6 +239,8 @@ const CASES: Case[] = [
   { what: "a layer output of the wrong width", base: "fwd", edit: (d) => rewrite(d, "layers.0/output", [1, PROMPT.length, HIDDEN / 2]), file: ST, field: 'tensor "layers.0/output"', says: "shape [1,5,32] where the config gives [1,5,64]" },
   { what: "one position short", base: "fwd", edit: (d) => rewrite(d, "embed_scaled", [1, PROMPT.length - 1, HIDDEN]), file: ST, field: 'tensor "embed_scaled"', says: "shape [1,4,64] where the config gives [1,5,64]" },
   { what: "a batch of 2", base: "fwd", edit: (d) => reshape(d, "norm", [2, PROMPT.length, HIDDEN / 2]), file: ST, field: 'tensor "norm"', says: "shape" },
+  { what: "prefill logprobs of one row", base: "gen", edit: (d) => (logprobsOnly(d), reshape(d, "prefill0/logprobs", [1, VOCAB * 2])), file: ST, field: 'tensor "prefill0/logprobs"', says: "where the config gives [1,2,256]" },
+  { what: "step logprobs over two positions", base: "gen", edit: (d) => (logprobsOnly(d), reshape(d, "step0/logprobs", [2, VOCAB / 2])), file: ST, field: 'tensor "step0/logprobs"', says: "where the config gives [1,256] or [1,1,256]" },
   { what: "step logits over the whole prompt", base: "gen", edit: (d) => reshape(d, "step0/logits", [1, VOCAB, 1]), file: ST, field: 'tensor "step0/logits"', says: "shape" },
   { what: "token of two elements", base: "gen", edit: (d) => editHeader(join(d, ST), (h) => (h["step1/token"].dtype = "U16", h["step1/token"].shape = [2])), file: ST, field: 'tensor "step1/token"', says: "dtype U16" },
   { what: "logits as integers", base: "fwd", edit: (d) => editHeader(join(d, ST), (h) => (h.logits.dtype = "I32")), file: ST, field: 'tensor "logits"', says: "dtype I32" },
@@ -328,7 +330,21 @@ function outcome(dir: string, checkpoint = CKPT): DumpError | null | Error {
   }
 }
 
+/** Level 0 from an engine without raw logits: logprobs instead (prefill (1, L, V); steps (1, V) and (1, 1, V)). */
+function logprobsOnly(dir: string): void {
+  renameTensor(dir, "prefill0/logits", "prefill0/logprobs");
+  renameTensor(dir, "step0/logits", "step0/logprobs");
+  editHeader(join(dir, ST), (h) => (h["step0/logprobs"].shape = [1, VOCAB]));
+}
+
 describe("valid dumps", () => {
+  it("level 0 with logprobs in place of logits (a prefill's (1, L, V), a step's (1, V))", () => {
+    const dir = copyOf(GEN);
+    logprobsOnly(dir);
+    const v = validateDump(dir, CKPT);
+    expect([v.level, v.tensors.info("step0/logprobs").shape, v.tensors.has("prefill0/logits")]).toEqual([0, [1, VOCAB], false]);
+  });
+
   it("a level-1 forward and a level-0 generate validate and read back byte for byte", () => {
     for (const [base, make] of [
       [FWD, forwardL1],
