@@ -16,7 +16,7 @@ import { compareTensor, type TensorComparison } from "../oracle/conform/tensor_c
 import { DEFAULT_FLOOR_PATH, exitCodeOf, judge, loadNoiseFloor, type NoiseFloor, NoiseFloorError } from "../oracle/conform/verdict.ts";
 import type { RawTensor } from "../oracle/tensor_diff.ts";
 import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
-import { CONFORM_SCHEMA, type ConformReport, logitSummary, renderHtml, renderMarkdown, renderText, tensorRows } from "./conform_report.ts";
+import { CONFORM_SCHEMA, type ConformReport, kindSummaries, logitSummary, renderHtml, renderMarkdown, renderText, tensorRows } from "./conform_report.ts";
 import { parseTapName } from "./engine.ts";
 import { ProgressBar } from "./progress.ts";
 import { conformServer } from "./conform_server.ts";
@@ -173,6 +173,7 @@ function compareCapture(oracle: OracleClient, opts: ConformOptions, dump: ValidD
   const verdict = judge(comparisons, floor, { strict: opts.strict, firstTokenDiff: tokenDiff });
   bar?.done(verdict.headline);
   const first = verdict.firstOutside;
+  const rows = tensorRows(comparisons, verdict.tensors);
   return {
     schema: CONFORM_SCHEMA,
     createdAt: new Date().toISOString(),
@@ -184,9 +185,11 @@ function compareCapture(oracle: OracleClient, opts: ConformOptions, dump: ValidD
     notCompared,
     compared: comparisons.length,
     bitExact: comparisons.filter((c) => c.bitExact).length,
+    exact: comparisons.filter((c) => c.exact).length,
     logits: logitSummary(comparisons),
     layers: verdict.layers,
-    tensors: tensorRows(comparisons, verdict.tensors),
+    kinds: kindSummaries(rows),
+    tensors: rows,
   };
 }
 

@@ -2,7 +2,7 @@
 // self-contained HTML page with an inline-SVG plot of the relative L2 error per layer (log
 // scale, one line per call, the noise floor drawn dashed).
 import type { LogitMetrics } from "../oracle/conform/metrics.ts";
-import type { TensorComparison } from "../oracle/conform/tensor_compare.ts";
+import { LOGIT_KINDS, type TensorComparison } from "../oracle/conform/tensor_compare.ts";
 import type { LayerSummary, NoiseFloor, Status, TensorVerdict } from "../oracle/conform/verdict.ts";
 import { fmtNum, textTable } from "./format.ts";
 
@@ -29,10 +29,53 @@ export interface ConformReport {
   notCompared: { name: string; reason: string }[];
   compared: number;
   bitExact: number;
+  /** Tensors whose every value equals mlx-lm's (bit-exact, or the same values in another dtype). */
+  exact: number;
   /** Logit rows of every call compared (row-weighted means; a call's logprobs only where it has no logits). */
   logits: (Omit<LogitMetrics, "vocab" | "k"> & { tensors: number }) | null;
   layers: LayerSummary[];
+  /** Per tap kind (as parseTapName gives it), the worst over every layer and call. */
+  kinds: KindSummary[];
   tensors: ConformTensorRow[];
+}
+
+export interface KindSummary {
+  kind: string;
+  tensors: number;
+  /** Largest relative L2 error (0 when none is defined or every one is exact). */
+  maxRelL2: number;
+  /** Largest per-row KL (logits / logprobs only). */
+  maxKl?: number;
+  floorKey: string;
+  floorRelL2: number;
+  floorKl?: number;
+  outside: number;
+}
+
+/** The per-kind summary of the rows, in order of first appearance. */
+export function kindSummaries(rows: readonly ConformTensorRow[]): KindSummary[] {
+  const by = new Map<string, KindSummary>();
+  for (const r of rows) {
+    let k = by.get(r.kind);
+    if (!k) {
+      k = { kind: r.kind, tensors: 0, maxRelL2: 0, floorKey: r.floorKey, floorRelL2: r.floorRelL2, ...(r.floorKl !== undefined && LOGIT_KINDS.has(r.kind) ? { floorKl: r.floorKl } : {}), outside: 0 };
+      by.set(r.kind, k);
+    }
+    k.tensors++;
+    if (!r.within) k.outside++;
+    const e = r.metrics?.relL2;
+    if (e !== undefined && !(e <= k.maxRelL2)) k.maxRelL2 = e;
+    const kl = r.logits?.klMax;
+    if (kl !== undefined && (k.maxKl === undefined || !(kl <= k.maxKl))) k.maxKl = kl;
+  }
+  return [...by.values()];
+}
+
+const KIND_HEADER = ["tap kind", "tensors", "max rel L2", "max KL", "floor (kind)", "outside"] as const;
+
+function kindRow(k: KindSummary): string[] {
+  const floor = `${fmtErr(k.floorRelL2)}${k.floorKl !== undefined ? ` / KL ${fmtErr(k.floorKl)}` : ""} (${k.floorKey})`;
+  return [k.kind, String(k.tensors), fmtErr(k.maxRelL2), fmtErr(k.maxKl), floor, String(k.outside)];
 }
 
 export function tensorRows(cmp: readonly TensorComparison[], verdicts: readonly TensorVerdict[]): ConformTensorRow[] {
@@ -83,11 +126,13 @@ function tokenLine(r: ConformReport): string | null {
 
 export function renderText(r: ConformReport): string {
   const out: string[] = [];
-  out.push(`${r.dump.engine.name ?? "engine"} ${r.dump.engine.version ?? ""} (${r.dump.engine.dtype ?? "?"}, ${r.dump.engine.device ?? "?"}) vs mlx-lm · level L${r.dump.level} · ${r.compared} tensors compared, ${r.bitExact} bit-exact`);
+  out.push(`${r.dump.engine.name ?? "engine"} ${r.dump.engine.version ?? ""} (${r.dump.engine.dtype ?? "?"}, ${r.dump.engine.device ?? "?"}) vs mlx-lm · level L${r.dump.level} · ${r.compared} tensors compared, ${r.bitExact} bit-exact, ${r.exact} equal in value`);
   out.push(`noise floor: ${r.floor.status === "measured" ? `measured (${r.floor.measured?.when ?? "?"})` : "PLACEHOLDER, not measured"}`, "");
   out.push(textTable(LAYER_HEADER, r.layers.map(layerRow)), "");
   for (const l of [logitLine(r), tokenLine(r)]) if (l) out.push(l);
   if (r.notCompared.length) out.push(`${r.notCompared.length} tensors not compared: ${r.notCompared[0]!.reason}`);
+  const bad = r.kinds.filter((k) => k.outside > 0);
+  if (bad.length) out.push(`tap kinds outside the floor: ${bad.map((k) => `${k.kind} (${k.outside}/${k.tensors}, max rel L2 ${fmtErr(k.maxRelL2)})`).join(", ")}`);
   out.push(`verdict: ${r.verdict.headline}`);
   return out.join("\n") + "\n";
 }
@@ -102,9 +147,11 @@ export function renderMarkdown(r: ConformReport): string {
   out.push(`Engine: ${e.name ?? "?"} ${e.version ?? ""}, ${e.dtype ?? "?"} on ${e.device ?? "?"}; dump \`${r.dump.dir}\` (level L${r.dump.level}, ${r.dump.tensors} tensors, prompt ${r.dump.promptLength} tokens, schedule ${JSON.stringify(r.dump.schedule)}); checkpoint \`${r.dump.checkpoint}\`.`, "");
   out.push(`Noise floor: ${r.floor.status === "measured" ? `measured: ${mdEsc(r.floor.measured?.what ?? "")} (${r.floor.measured?.where}, ${r.floor.measured?.when})` : "**placeholder, not measured** (a run that is not bit-exact cannot be called CONFORMS)"}.`, "");
   out.push("| " + Object.keys(r.versions).join(" | ") + " |", "|" + Object.keys(r.versions).map(() => "---").join("|") + "|", "| " + Object.values(r.versions).map(mdEsc).join(" | ") + " |", "");
-  out.push(`${r.compared} tensors compared, ${r.bitExact} bit-exact.`, "");
+  out.push(`${r.compared} tensors compared, ${r.bitExact} bit-exact, ${r.exact} equal in value.`, "");
   out.push("## Per layer (worst over calls)", "", "| " + LAYER_HEADER.join(" | ") + " |", "|" + LAYER_HEADER.map(() => "---").join("|") + "|");
   for (const l of r.layers) out.push("| " + layerRow(l).join(" | ") + " |");
+  out.push("", "## Per tap kind (worst over layers and calls)", "", "| " + KIND_HEADER.join(" | ") + " |", "|" + KIND_HEADER.map(() => "---").join("|") + "|");
+  for (const k of r.kinds) out.push("| " + kindRow(k).map(mdEsc).join(" | ") + " |");
   out.push("");
   for (const l of [logitLine(r), tokenLine(r)]) if (l) out.push(`- ${mdEsc(l)}`);
   const outside = r.tensors.filter((t) => !t.within);
@@ -242,11 +289,13 @@ svg{display:block;margin:8px 0} .title{font-size:13px;font-weight:bold} .tick{fo
 <h1>Gemma 4 conformance: ${esc(e.name ?? "engine")} vs mlx-lm <span class="verdict ${ok ? "ok" : "bad"}">${STATUS_WORD[r.verdict.status]}</span></h1>
 <p id="headline">${esc(r.verdict.headline)}</p>
 <p class="versions">${versions}</p>
-<p>Generated ${esc(r.createdAt)} · engine ${esc(e.name ?? "?")} ${esc(e.version ?? "")}, ${esc(e.dtype ?? "?")} on ${esc(e.device ?? "?")} · level L${r.dump.level} · ${r.compared} tensors compared, ${r.bitExact} bit-exact · noise floor ${r.floor.status === "measured" ? `measured ${esc(r.floor.measured?.when ?? "")}` : "<b>placeholder, not measured</b>"}</p>
+<p>Generated ${esc(r.createdAt)} · engine ${esc(e.name ?? "?")} ${esc(e.version ?? "")}, ${esc(e.dtype ?? "?")} on ${esc(e.device ?? "?")} · level L${r.dump.level} · ${r.compared} tensors compared, ${r.bitExact} bit-exact, ${r.exact} equal in value · noise floor ${r.floor.status === "measured" ? `measured ${esc(r.floor.measured?.when ?? "")}` : "<b>placeholder, not measured</b>"}</p>
 <ul>${lines}</ul>
 <h2>Error per layer</h2>
 ${layerPlot(r)}
 <table id="layers"><tr>${LAYER_HEADER.map((h) => `<th>${h}</th>`).join("")}</tr>${layerRows}</table>
+<h2>Per tap kind</h2>
+<table id="kinds"><tr>${KIND_HEADER.map((h) => `<th>${h}</th>`).join("")}</tr>${r.kinds.map((k) => `<tr class="${k.outside ? "bad" : "ok"}">${kindRow(k).map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`).join("")}</table>
 ${outsideTable}
 </body></html>
 `;

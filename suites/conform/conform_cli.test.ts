@@ -73,6 +73,8 @@ describe("npm run conform", () => {
     const { code, rep } = await run(asF32, join(tmp, "r1"));
     expect(rep.verdict.status).toBe("CONFORMS");
     expect(code).toBe(0);
+    expect(rep.exact).toBe(rep.compared);
+    expect(rep.kinds.every((k) => k.outside === 0 && k.maxRelL2 === 0)).toBe(true);
     const floats = rep.tensors.filter((t) => t.engineDtype === "float32");
     expect(floats.length).toBeGreaterThan(100);
     for (const t of floats) expect(t.mismatches, t.name).toBeNull();
@@ -108,6 +110,8 @@ describe("npm run conform", () => {
       expect(hit.mismatches).toBeNull();
       expect(hit.within).toBe(false);
       expect(hit.metrics!.relL2).toBeGreaterThan(hit.floorRelL2);
+      // the per-kind summary counts the one tensor outside under its kind
+      expect(rep.kinds.filter((k) => k.outside > 0).map((k) => [k.kind, k.outside])).toEqual([[p.tensor.replace(/^layers\.\d+\//, ""), 1]]);
       // every layer before it stays within the floor
       for (const l of rep.layers) if (l.layer !== null && l.layer < p.layer) expect(l.within, `layer ${l.layer}`).toBe(true);
     }, limit(60_000));

@@ -10,7 +10,7 @@ import type { Browser } from "playwright-core";
 import type { TensorComparison } from "../../oracle/conform/tensor_compare.ts";
 import { judge, type NoiseFloor, NOISE_FLOOR_SCHEMA } from "../../oracle/conform/verdict.ts";
 import { CHROMIUM_ARGS, findChromium } from "../../parity/browser.ts";
-import { CONFORM_SCHEMA, type ConformReport, logitSummary, renderHtml, tensorRows } from "../../parity/conform_report.ts";
+import { CONFORM_SCHEMA, type ConformReport, kindSummaries, logitSummary, renderHtml, tensorRows } from "../../parity/conform_report.ts";
 import { limit } from "../../tests/time_limit.ts";
 
 const FLOOR: NoiseFloor = { schema: NOISE_FLOOR_SCHEMA, status: "placeholder", measured: null, kinds: {}, default: { rel_l2: 1e-4, kl: 1e-6 } };
@@ -39,7 +39,7 @@ function report(): ConformReport {
     dump: { dir: "dump", engine: { name: "synthetic", version: "1", device: "cpu", dtype: "float32" }, checkpoint: "ckpt", promptLength: 9, schedule: { kind: "generate", prefill_step_size: 4, max_tokens: 11 }, level: 1, tensors: cs.length },
     floor: { file: "noise_floor.json", status: FLOOR.status, measured: null },
     verdict: { status: v.status, headline: v.headline, strict: false, firstOutside: v.firstOutside?.name ?? null, firstLayerOutside: v.firstLayerOutside, firstTokenDiff: null },
-    tokens: null, notCompared: [], compared: cs.length, bitExact: 0, logits: logitSummary(cs), layers: v.layers, tensors: tensorRows(cs, v.tensors),
+    tokens: null, notCompared: [], compared: cs.length, bitExact: 0, exact: 0, logits: logitSummary(cs), layers: v.layers, kinds: kindSummaries(tensorRows(cs, v.tensors)), tensors: tensorRows(cs, v.tensors),
   };
 }
 
@@ -79,6 +79,8 @@ describe.skipIf(skip !== null)(`conform.html in headless Chromium${skip === null
     expect(await plot.locator("line.first-outside").count()).toBe(1);
     expect(await page.locator(".verdict").textContent()).toBe("FLOOR NOT MEASURED");
     expect(await page.locator("#layers tr").count()).toBe(1 + 8); // header + in, 0..5, out
+    expect(await page.locator("#kinds tr").count()).toBe(1 + 5); // embed_scaled, input_layernorm, output, norm, logits
+    expect(await page.locator("#kinds tr.bad").count()).toBe(4); // all but embed_scaled
     const title = (await plot.locator("text.title").boundingBox())!;
     const legend = await plot.locator("text.legend").evaluateAll((els) => els.map((e) => e.getBoundingClientRect().toJSON() as { x: number; y: number; width: number; height: number }));
     expect(legend.length).toBe(12 + 1 + 1); // 12 calls, the floor, "+2 calls"
