@@ -8,7 +8,7 @@
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { OracleClient, REPO_ROOT } from "./client.ts";
-import { type BackendMeasurement, GOLDEN_DIR, type GoldenEntry, goldenFilesDigest, type Manifest, readManifest, sha256 } from "./golden.ts";
+import { CROSS_PLATFORM_NOTE, GOLDEN_DIR, type GoldenEntry, type Manifest, readManifest, sha256 } from "./golden.ts";
 import { diffGoldens } from "./golden_diff.ts";
 import { type FlagSpec, helpText, parseArgs, UsageError } from "../parity/args.ts";
 
@@ -105,13 +105,6 @@ export const FLAGS: FlagSpec[] = [
     help: "regenerate only entries whose id <fixture>/<variant>/<scenario> matches ('*' spans '/': 'c1_dense/*', '*/fwd_L13', 'c5_moe/q4g32/gen_*'); repeatable. A checkpoint's logits-only scenarios share one file, which is regenerated as a whole; the other files are carried over from the current golden/ unchanged",
   },
   { name: "dry-run", kind: "bool", help: "print the plan and exit" },
-  {
-    name: "cross-backend",
-    kind: "string",
-    multiple: true,
-    valueName: "file",
-    help: "record a measured distance between these goldens and another backend (the JSON that oracle/python/golden_distance.py writes there) as that backend's budget in the manifest; measurements already in the manifest are kept while the goldens and versions they were made with are unchanged; repeatable",
-  },
   { name: "help", kind: "bool", help: "show this help" },
 ];
 
@@ -121,14 +114,12 @@ golden/<fixture>/<variant>/<scenario>.npz + .json; logits-only scenarios of a ch
 golden/<fixture>/<variant>/logits.npz + .json.`;
 
 /** The flags (null for --help); a bad flag is a UsageError (exit 2). */
-export function regenArgs(argv: readonly string[]): { only: string[]; dryRun: boolean; crossBackend: string[] } | null {
+export function regenArgs(argv: readonly string[]): { only: string[]; dryRun: boolean } | null {
   const a = parseArgs(argv, FLAGS);
   if (a.help) return null;
   const only = (a.only as string[] | undefined) ?? [];
   if (only.some((g) => g.trim() === "")) throw new UsageError("--only needs a glob, e.g. --only 'c1_dense/*' or --only '*/fwd_L13'");
-  const crossBackend = (a["cross-backend"] as string[] | undefined) ?? [];
-  if (crossBackend.some((f) => f.trim() === "")) throw new UsageError("--cross-backend needs the JSON file written by oracle/python/golden_distance.py");
-  return { only, dryRun: a["dry-run"] === true, crossBackend };
+  return { only, dryRun: a["dry-run"] === true };
 }
 
 class Progress {
@@ -186,40 +177,6 @@ function manifestText(m: Manifest): string {
   });
   lines.push("}");
   return `${lines.join("\n")}\n`;
-}
-
-/** The versions a cross-backend measurement must share with the goldens. */
-const COMPUTING_LIBS = ["mlx", "mlx_lm"];
-
-/**
- * The manifest's cross-platform section: measured backends (given now, or kept from the previous
- * manifest while its goldens and versions are unchanged) and the unmeasured starting budget.
- */
-function crossPlatform(old: Manifest | undefined, files: string[], versions: Record<string, string>, digest: string): Manifest["cross_platform"] {
-  // the libraries that compute the taps must be the goldens' own; Python and numpy (which only
-  // load the arrays) are whatever the other machine's environment has
-  const computing = (v: Record<string, string>) => JSON.stringify(COMPUTING_LIBS.map((k) => v[k] ?? null));
-  const valid = (m: BackendMeasurement) => m.golden_files === digest && computing(m.versions) === computing(versions);
-  const backends: Record<string, BackendMeasurement> = {};
-  for (const [b, m] of Object.entries(old?.cross_platform.backends ?? {})) {
-    if (valid(m)) backends[b] = m;
-    else console.error(`cross-backend: dropping the ${b} measurement of ${m.measured} (made against other goldens or versions)`);
-  }
-  for (const f of files) {
-    const m = JSON.parse(readFileSync(f, "utf8")) as BackendMeasurement;
-    if (!m.per_dtype || !m.backend) throw new Error(`${f} is not a golden_distance.py result`);
-    if (m.complete !== true) throw new Error(`${f} measured ${m.entries} entries, not all of the manifest's (a run stopped early, or an --only part: combine parts with golden_distance.py --merge)`);
-    if (!valid(m)) throw new Error(`${f} was measured against other goldens or library versions than these (golden_files ${m.golden_files.slice(0, 12)} vs ${digest.slice(0, 12)}; ${COMPUTING_LIBS.join(", ")} ${computing(m.versions)} vs ${computing(versions)})`);
-    const { entry_ids: _ids, ...kept } = m as BackendMeasurement & { entry_ids?: string[] }; // (the list is the manifest's own entries)
-    backends[m.backend] = kept;
-    console.error(`cross-backend: ${m.backend} measured ${m.measured}: ${m.taps} taps, max ULP per dtype ${JSON.stringify(Object.fromEntries(Object.entries(m.per_dtype).map(([d, v]) => [d, v.max_ulp])))}`);
-  }
-  return {
-    ulp_budget: { float32: 64, float16: 2, bfloat16: 2 },
-    note:
-      "Same fingerprint: goldens must match bit for bit. Another backend with an entry in `backends` (measured by oracle/python/golden_distance.py there): compare within its measured per-dtype maximum ULP distance, reported as such. Any other fingerprint: within `ulp_budget`, a starting value that is not measured. The live oracle is always bit-exact.",
-    ...(Object.keys(backends).length ? { backends } : {}),
-  };
 }
 
 async function main(): Promise<number> {
@@ -344,7 +301,7 @@ async function main(): Promise<number> {
       generated_by: "npm run golden:regen (oracle/regen.ts)",
       versions,
       fingerprint,
-      cross_platform: crossPlatform(old, args.crossBackend, versions, goldenFilesDigest(sortedFiles)),
+      cross_platform: { note: CROSS_PLATFORM_NOTE },
       taps_json_sha256: sha256(new Uint8Array(readFileSync(TAPS_PATH))),
       plan: planSpec,
       checkpoints,

@@ -6,8 +6,10 @@ machine that ran `npm run golden:regen`. On another backend (CUDA, Metal) the sa
 other bits. This script re-runs every golden entry with mlx-lm here, on the device MLX_DEVICE names
 (default: MLX's default device), and reports, per tap kind and dtype, the largest ULP distance and
 the largest absolute difference from the golden, also per checkpoint and dtype (on CUDA some
-checkpoints meet MLX bugs that others do not). `npm run golden:regen -- --cross-backend FILE`
-then records the result in the manifest as that backend's measured budget.
+checkpoints meet MLX bugs that others do not). It is a diagnosis, not a budget: the goldens are
+compared only where the platform fingerprint and versions are the manifest's, bit for bit, and
+anywhere else the suites compare against the live oracle (oracle/golden.ts goldenRule). Run on a
+second machine of the goldens' kind, it shows whether they hold there (distance 0).
 
     .venv/bin/python -I oracle/python/golden_distance.py --out report/golden-distance-cuda.json [--only 'c1_dense/*']
 

@@ -729,20 +729,42 @@ def index_json(index: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Python packages whose code computes or prepares what the goldens hold (requirements.txt pins
+# them for that reason): the text oracle, the multimodal oracle, its audio reader and image and
+# feature processors, and numpy (checkpoint weights, processor arithmetic). Read from the installed
+# distributions' metadata (no import); None where a package is not installed.
+_GOLDEN_PACKAGES = {"mlx_vlm": "mlx-vlm", "mlx_audio": "mlx-audio", "miniaudio": "miniaudio",
+                    "pillow": "pillow", "transformers": "transformers"}
+
+
 def versions() -> dict:
+    from importlib import metadata
+
+    def installed(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
     return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "numpy": np.__version__,
-            "python": platform.python_version()}
+            **{k: installed(d) for k, d in _GOLDEN_PACKAGES.items()}, "python": platform.python_version()}
 
 
 def fingerprint() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """What decides the goldens' bits besides the package versions (versions()).
+
+    - machine, os, libc: the CPU backend's libmlx and its bundled BLAS are built for the baseline
+      ISA of the machine kind, with no runtime dispatch (no cpuid, no IFUNC, no AVX instruction in
+      libmlx.so of the mlx-cpu 0.32.4 wheel); what MLX's CPU kernels call from the C library
+      (glibc's libm: logf, sinf, powf, ...) comes with the libc. glibc's libm does pick FMA/AVX2
+      variants at run time, but forcing its SSE2 variants (GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX2,-FMA)
+      gave the same bits on 4,194,304 inputs of 17 MLX ops (log, sin, tan, power, erf, compiled
+      kernels, ...), so the CPU model and its ISA extensions are not part of it.
+    - os_release on macOS only: Accelerate (BLAS) and libm come with the OS release there. The
+      Linux kernel release decides no bits.
+    - mlx_backend, device, gpu, metal: which kernels run at all.
+    - compiler: MLX's CPU compile() builds its fused kernels with g++ (-O3, no -march), so the
+      compiler's version decides the fused kernels' code; compile_enabled: whether fusion runs.
+    """
     cxx = shutil.which("g++") or shutil.which("c++")
     compiler = None
     if cxx:
@@ -750,8 +772,9 @@ def fingerprint() -> dict:
             compiler = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=10).stdout.splitlines()[0]
         except (OSError, subprocess.SubprocessError, IndexError):
             compiler = cxx
-    return {"os": platform.system(), "os_release": platform.release(), "libc": "-".join(platform.libc_ver()),
-            "machine": platform.machine(), "cpu_model": cpu, "backend": str(mx.default_device()),
+    system = platform.system()
+    return {"os": system, **({"os_release": platform.mac_ver()[0] or platform.release()} if system == "Darwin" else {}),
+            "libc": "-".join(platform.libc_ver()), "machine": platform.machine(),
             "mlx_backend": device_env.backend(), "device": device_env.DEVICE,
             "gpu": mx.device_info(mx.gpu).get("device_name") if mx.is_available(mx.gpu) else None,
             "metal": bool(mx.metal.is_available()) if hasattr(mx, "metal") else False,

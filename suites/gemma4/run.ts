@@ -77,9 +77,9 @@ const memo = new Map<string, Promise<Reference>>();
 
 /**
  * The oracle's full record of a scenario, to compare bytes against: the golden full dump when
- * there is one recorded on this platform, else a live capture (a golden of another backend only
- * bounds the distance, and a bug worth 1-2 ULP must not hide in that bound). Memoised for the
- * test process: the cache-path and mutation suites share them.
+ * there is one recorded on this platform (goldenRule exact), else a live capture (goldens of
+ * another platform are never compared). Memoised for the test process: the cache-path and
+ * mutation suites share them.
  */
 export function reference(ckpt: string, scn: string): Promise<Reference> {
   const key = `${ckpt}/${scn}`;

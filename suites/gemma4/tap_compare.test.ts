@@ -1,7 +1,9 @@
 // The failure report of the tap comparison: first divergent tap in execution order, with
-// mismatch count, first differing index, max abs diff and max ULP; order/missing/extra/kind.
+// mismatch count, first differing index, max abs diff and max ULP; order/missing/extra/kind;
+// an empty comparison refused; a golden entry failing on one element 1 ULP off.
 import { describe, expect, it } from "vitest";
-import { compareTapLists, formatVerdict, type TapData, toTapData } from "./tap_compare.ts";
+import { loadGolden, readManifest } from "../../oracle/golden.ts";
+import { compareTapLists, formatVerdict, fromOracle, type TapData, toTapData } from "./tap_compare.ts";
 
 const f32 = (name: string, vals: number[], shape = [vals.length]): TapData => ({
   name,
@@ -54,23 +56,41 @@ describe("tap comparison verdicts", () => {
   });
 });
 
-describe("cross-platform ULP budget (goldens from another fingerprint)", () => {
-  it("float taps within the budget match, beyond it fail; ints stay exact", () => {
-    const a = f32("x", [1, 2]);
-    const b = f32("x", [1, 2 + 3 * 2 ** -22]);
-    expect(compareTapLists([b], [a]).ok).toBe(false);
-    expect(compareTapLists([b], [a], { float32: 4 }).ok).toBe(true);
-    expect(compareTapLists([b], [a], { float32: 2 }).ok).toBe(false);
-    const i = (v: number): TapData => ({ name: "i", kind: "array", dtype: "int32", shape: [1], data: new Uint8Array(new Int32Array([v]).buffer) });
-    expect(compareTapLists([i(1)], [i(2)], { float32: 64 }).ok).toBe(false);
+describe("bit for bit, with nothing compared refused", () => {
+  it("refuses two empty lists (a comparison of nothing is no pass)", () => {
+    const v = compareTapLists([], []);
+    expect(v).toMatchObject({ ok: false, compared: 0, first: { reason: "empty" } });
+    expect(formatVerdict("x", v)).toContain("nothing was compared");
   });
 
-  it("an integer dtype's budget is an absolute difference (a measured one has them), never passed by a ULP of 0", () => {
-    const u = (v: number): TapData => ({ name: "router/inds", kind: "array", dtype: "uint32", shape: [1], data: new Uint8Array(new Uint32Array([v]).buffer) });
-    // an integer has no ULP: a budget of 0 for its dtype keeps it exact
-    expect(compareTapLists([u(3)], [u(5)], { uint32: 0 }).ok).toBe(false);
-    expect(compareTapLists([u(3)], [u(5)], { uint32: 1 }).ok).toBe(false);
-    expect(compareTapLists([u(3)], [u(5)], { uint32: 2 }).ok).toBe(true);
-    expect(compareTapLists([u(5)], [u(5)], { uint32: 0 }).ok).toBe(true);
+  // The goldens' only bound is 0 (oracle/golden.ts goldenRule): a real golden entry matches
+  // itself, and a planted change of 1 ULP in any float tap (or 1 in an integer tap) fails it.
+  it("fails a golden entry with one element 1 ULP off, in a float32, a bfloat16, an int32 and a uint32 tap", () => {
+    const m = readManifest();
+    expect(m).toBeDefined();
+    const planted: string[] = [];
+    for (const id of ["c5_moe/f32/fwd_L13", "c3_e2b/bf16/fwd_L5"]) {
+      const g = loadGolden(id);
+      const theirs = g.taps.map((t) => fromOracle({ ...t, kind: t.kind ?? "array", array: g.arrays.get(t.name) }));
+      expect(compareTapLists(theirs.map((t) => ({ ...t })), theirs)).toMatchObject({ ok: true, compared: theirs.length });
+      for (const dtype of ["float32", "bfloat16", "int32", "uint32"]) {
+        const k = theirs.findIndex((t) => t.dtype === dtype && t.data && t.data.byteLength > 0);
+        if (k < 0) continue;
+        const t = theirs[k]!;
+        const data = new Uint8Array(t.data!); // a copy; bump the last element's low bits by one
+        const w = dtype === "bfloat16" ? 2 : 4;
+        const at = data.byteLength - w;
+        const dv = new DataView(data.buffer);
+        if (w === 2) dv.setUint16(at, dv.getUint16(at, true) + 1, true);
+        else dv.setUint32(at, dv.getUint32(at, true) + 1, true);
+        const ours = theirs.map((x, j) => (j === k ? { ...x, data } : x));
+        const v = compareTapLists(ours, theirs);
+        expect(v.first).toMatchObject({ index: k, name: t.name, reason: "value" });
+        if (dtype.startsWith("float") || dtype === "bfloat16") expect(v.first!.diff!.maxUlp).toBe(1);
+        else expect(v.first!.diff!.maxAbs).toBe(1);
+        planted.push(`${id} ${dtype}`);
+      }
+    }
+    expect(planted).toEqual(["c5_moe/f32/fwd_L13 float32", "c5_moe/f32/fwd_L13 int32", "c5_moe/f32/fwd_L13 uint32", "c3_e2b/bf16/fwd_L5 bfloat16", "c3_e2b/bf16/fwd_L5 int32"]);
   });
 });

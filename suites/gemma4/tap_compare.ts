@@ -52,7 +52,8 @@ export interface Divergence {
   /** Position in execution order (= number of identical taps before it). */
   index: number;
   name: string;
-  reason: "name" | "missing" | "extra" | "kind" | "dtype/shape" | "value" | "python_int";
+  /** "empty": the oracle's list holds no tap, so nothing was compared (refused, never a pass). */
+  reason: "name" | "missing" | "extra" | "kind" | "dtype/shape" | "value" | "python_int" | "empty";
   detail: string;
   diff?: TensorDiff;
 }
@@ -72,23 +73,8 @@ function describe(t: TapData): string {
   return `${t.dtype}[${(t.shape ?? []).join(",")}]`;
 }
 
-/**
- * Per-dtype budget, used only against goldens recorded on another platform fingerprint
- * (oracle/golden.ts goldenRule): for a float dtype the most ULPs apart, for an integer or bool
- * dtype the largest absolute difference (a backend's measured distance has both kinds: MoE
- * router indices follow the scores' rounding). A tap within it counts as matching; a dtype
- * without an entry must match bit for bit.
- */
-export type UlpBudget = Record<string, number>;
-
-function withinBudget(d: { dtype: string; maxUlp: number; maxAbs: number }, budget: UlpBudget | undefined): boolean {
-  const b = budget?.[d.dtype];
-  if (b === undefined || Number.isNaN(d.maxAbs)) return false;
-  return mx.isFloating(d.dtype as mx.Dtype) ? Number.isFinite(d.maxUlp) && d.maxUlp <= b : d.maxAbs <= b;
-}
-
-/** Compares one pair; null when identical (or within `budget`). */
-export function compareTap(index: number, ours: TapData, theirs: TapData, budget?: UlpBudget): Divergence | null {
+/** Compares one pair, bit for bit (there is no budget: oracle/golden.ts goldenRule); null when identical. */
+export function compareTap(index: number, ours: TapData, theirs: TapData): Divergence | null {
   const name = theirs.name;
   if (ours.name !== theirs.name) return { index, name, reason: "name", detail: `TS emitted ${JSON.stringify(ours.name)} where the oracle has ${JSON.stringify(theirs.name)}` };
   if (ours.kind !== theirs.kind || (ours.kind === "str" && ours.value !== theirs.value)) {
@@ -108,7 +94,6 @@ export function compareTap(index: number, ours: TapData, theirs: TapData, budget
     data: theirs.data,
   });
   if (!d.equal) {
-    if (!d.note && withinBudget(d, budget)) return null;
     return { index, name, reason: d.note ? "dtype/shape" : "value", detail: formatDiff(d), diff: d };
   }
   const pa = ours.meta?.python_int;
@@ -119,12 +104,19 @@ export function compareTap(index: number, ours: TapData, theirs: TapData, budget
   return null;
 }
 
-/** Walks both lists in execution order; stops at the first difference. */
-export function compareTapLists(ours: readonly TapData[], theirs: readonly TapData[], budget?: UlpBudget): Verdict {
+/**
+ * Walks both lists in execution order; stops at the first difference. An empty oracle list is
+ * refused (ok false, reason "empty"): a comparison of nothing is not a pass, whatever filtered
+ * the lists down to nothing.
+ */
+export function compareTapLists(ours: readonly TapData[], theirs: readonly TapData[]): Verdict {
+  if (theirs.length === 0 && ours.length === 0) {
+    return { ok: false, compared: 0, arrays: 0, first: { index: 0, name: "", reason: "empty", detail: "no taps on either side: nothing was compared" } };
+  }
   const n = Math.min(ours.length, theirs.length);
   let arrays = 0;
   for (let i = 0; i < n; i++) {
-    const d = compareTap(i, ours[i]!, theirs[i]!, budget);
+    const d = compareTap(i, ours[i]!, theirs[i]!);
     if (d) {
       if (d.reason === "name") {
         const pos = ours.findIndex((t) => t.name === theirs[i]!.name);

@@ -13,7 +13,7 @@ import { disposeMediaInputs } from "../../model/gemma4/gemma4.ts";
 import { mediaGenerationModel, mmTokenTypes, stepTaps } from "../../model/runtime.ts";
 import { goldenRuleHere } from "../gemma4/run.ts";
 import { fixtureImages, type MmScenario, scenarioImages } from "../../oracle/mm_fixtures.ts";
-import { fromOracle, TapCollector, type TapData, type UlpBudget } from "../gemma4/tap_compare.ts";
+import { fromOracle, TapCollector, type TapData } from "../gemma4/tap_compare.ts";
 
 export const CKPT_ROOT = join(REPO_ROOT, ".cache", "checkpoints");
 
@@ -24,13 +24,16 @@ export interface MmReference {
   taps: TapData[];
   generated?: number[];
   source: "golden" | "live";
-  budget?: UlpBudget;
 }
 
 const manifest = readManifest();
 const memo = new Map<string, Promise<MmReference>>();
 
-/** The oracle's record of a multimodal scenario: the golden full dump if there is one, else live. */
+/**
+ * The oracle's record of a multimodal scenario: the golden full dump if there is one recorded on
+ * this platform (goldenRule exact), else a live capture. `exact` (goldens of this platform only)
+ * is what every golden used here is now: goldens of another platform are never used.
+ */
 export function mmReference(ckpt: string, scn: string, { exact = false, live = false }: { exact?: boolean; live?: boolean } = {}): Promise<MmReference> {
   const key = `${ckpt}/${scn}${exact ? "#exact" : ""}${live ? "#live" : ""}`;
   let p = memo.get(key);
@@ -38,7 +41,7 @@ export function mmReference(ckpt: string, scn: string, { exact = false, live = f
     p = (async () => {
       const gid = `${ckpt}/${scn}`;
       const rule = await goldenRuleHere();
-      if (!live && manifest?.entries[gid] && rule && (rule.mode === "exact" || (rule.mode === "budget" && !exact))) {
+      if (!live && manifest?.entries[gid] && rule?.mode === "exact") {
         const g = loadGolden(gid);
         if (g.scenario.mode === "full" && g.scenario.calls) {
           return {
@@ -46,7 +49,6 @@ export function mmReference(ckpt: string, scn: string, { exact = false, live = f
             taps: g.taps.map((t) => fromOracle({ ...t, kind: t.kind ?? "array", array: g.arrays.get(t.name) })),
             generated: (g.scenario.meta as { generated?: number[] } | undefined)?.generated,
             source: "golden",
-            ...(rule.mode === "budget" ? { budget: rule.budget } : {}),
           } satisfies MmReference;
         }
       }

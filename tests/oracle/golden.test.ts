@@ -1,10 +1,11 @@
 // Integrity of the committed goldens: every file hashed against the manifest, the index and the
-// .npz agree, and the TS tap expansion reproduces the order the Python capture recorded.
+// .npz agree, and the TS tap expansion reproduces the order the Python capture recorded; the
+// manifest's rule for using them (bit for bit on the recording fingerprint, else live).
 import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join, relative } from "node:path";
 import { describe, expect, it } from "vitest";
 import { REPO_ROOT } from "../../oracle/client.ts";
-import { type BackendMeasurement, GOLDEN_DIR, goldenFilesDigest, goldenRule, loadGolden, type Manifest, readIndex, readManifest, readZipStored, sha256 } from "../../oracle/golden.ts";
+import { CROSS_PLATFORM_NOTE, GOLDEN_DIR, goldenFilesDigest, goldenRule, loadGolden, type Manifest, readIndex, readManifest, readZipStored, sha256 } from "../../oracle/golden.ts";
 import { callPrefix, expandMediaTaps, expandTaps, mediaTapConfig, mmCallShape, tapConfig } from "../../oracle/taps.ts";
 import { mmFixtureConfig, mmScenario, scenarioMedia } from "../../oracle/mm_fixtures.ts";
 
@@ -28,7 +29,11 @@ describe("golden integrity", () => {
     const m = manifest as NonNullable<typeof manifest>;
     expect(m.versions.mlx).toBe("0.32.4");
     expect(m.versions.mlx_lm).toBe("0.32.2");
-    for (const k of ["os", "cpu_model", "backend", "mlx_backend", "device", "compiler", "machine"]) expect(m.fingerprint).toHaveProperty(k);
+    expect(m.versions.mlx_vlm).toBe("0.7.10");
+    // what decides the bits (oracle/python/server.py fingerprint), and nothing that does not
+    expect(Object.keys(m.fingerprint).sort()).toEqual(["compile_enabled", "compiler", "device", "gpu", "libc", "machine", "metal", "mlx_backend", "os"]);
+    // no cross-platform budget (it could not fail); goldens apply bit for bit or not at all
+    expect(m.cross_platform).toEqual({ note: CROSS_PLATFORM_NOTE });
     expect(m.full_dumps.length).toBeGreaterThan(0);
     expect(m.logits_only.length).toBeGreaterThan(0);
     expect(Object.keys(m.entries).sort()).toEqual([...m.full_dumps, ...m.logits_only].sort());
@@ -119,36 +124,25 @@ describe("golden integrity", () => {
 });
 
 describe("the goldens' cross-platform rule (goldenRule)", () => {
-  const versions = { mlx: "0.32.4" };
-  const cpu = { os: "Linux", mlx_backend: "cpu", device: "cpu" };
-  const cuda = { os: "Linux", mlx_backend: "cuda", device: "gpu" };
-  const meas = { measured: "2026-12-01T10:00:00Z", backend: "cuda", device: "gpu", versions, golden_files: "x", per_dtype: { float32: { taps: 9, taps_differing: 3, max_ulp: 12, max_abs: 1e-6 }, int32: { taps: 2, taps_differing: 0, max_ulp: -1, max_abs: 0 } } } as unknown as BackendMeasurement;
-  const m = (backends?: Record<string, BackendMeasurement>) => ({ versions, fingerprint: cpu, cross_platform: { ulp_budget: { float32: 64 }, note: "", ...(backends ? { backends } : {}) } }) as unknown as Manifest;
+  const versions = { mlx: "0.32.4", mlx_lm: "0.32.2" };
+  const cpu = { os: "Linux", libc: "glibc-2.36", machine: "x86_64", mlx_backend: "cpu", device: "cpu", compiler: "g++ 12.2.0" };
+  const cuda = { ...cpu, mlx_backend: "cuda", device: "gpu" };
+  const m = { versions, fingerprint: cpu, cross_platform: { note: CROSS_PLATFORM_NOTE } } as unknown as Manifest;
 
-  it("is bit-exact on the recording fingerprint", () => {
-    expect(goldenRule(m(), { versions, fingerprint: { ...cpu } })).toEqual({ mode: "exact" });
+  it("is bit-exact on the recording fingerprint and versions", () => {
+    expect(goldenRule(m, { versions: { ...versions }, fingerprint: { ...cpu } })).toEqual({ mode: "exact" });
   });
-  it("uses a backend's measured maximum there, and says so", () => {
-    const r = goldenRule(m({ cuda: meas }), { versions, fingerprint: cuda });
-    expect(r).toMatchObject({ mode: "budget", measured: true, budget: { float32: 12, int32: 0 } });
-    expect(r.mode === "budget" && r.what).toMatch(/recorded on cpu compared within the cuda distance measured 2026-12-01/);
+  it("goes live (no budget) on another backend, naming what differs", () => {
+    const r = goldenRule(m, { versions, fingerprint: cuda });
+    expect(r).toMatchObject({ mode: "live", differs: ['fingerprint.device "cpu" here "gpu"', 'fingerprint.mlx_backend "cpu" here "cuda"'] });
+    expect(r.mode === "live" && r.what).toMatch(/^goldens not compared: recorded on another platform \(.*\); compared against the live oracle on this machine instead, bit for bit$/);
   });
-  it("takes an integer dtype's measured max |d| as its budget (no ULP there), and no non-finite one", () => {
-    const withInts = { ...meas, per_dtype: { ...meas.per_dtype, uint32: { taps: 4, taps_differing: 2, max_ulp: 0, max_abs: 191 }, bfloat16: { taps: 3, taps_differing: 3, max_ulp: 900, max_abs: null } } } as unknown as BackendMeasurement;
-    const r = goldenRule(m({ cuda: withInts }), { versions, fingerprint: cuda });
-    expect(r).toMatchObject({ mode: "budget", budget: { float32: 12, int32: 0, uint32: 191, bfloat16: 900 } });
-  });
-  it("does not compare on another backend without a measurement there, and says so", () => {
-    const r = goldenRule(m({ cuda: meas }), { versions, fingerprint: { ...cpu, os: "Darwin", mlx_backend: "metal" } });
-    expect(r).toMatchObject({ mode: "none" });
-    expect(r.mode === "none" && r.what).toMatch(/not compared on metal: the manifest has no distance measured there/);
-    // a measurement made with other versions does not count
-    expect(goldenRule(m({ cuda: meas }), { versions: { mlx: "0.33.0" }, fingerprint: cuda })).toMatchObject({ mode: "none" });
-  });
-  it("uses the unmeasured starting budget on another machine of the recording backend, and says so", () => {
-    const r = goldenRule(m({ cuda: meas }), { versions, fingerprint: { ...cpu, os: "Linux-other" } });
-    expect(r).toMatchObject({ mode: "budget", measured: false, budget: { float32: 64 } });
-    expect(r.mode === "budget" && r.what).toMatch(/unmeasured starting budget/);
+  it("goes live on another machine of the same backend (another JIT compiler, libc) and with other versions: no unmeasured budget", () => {
+    expect(goldenRule(m, { versions, fingerprint: { ...cpu, compiler: "g++ 13.1.0" } })).toMatchObject({ mode: "live", differs: ['fingerprint.compiler "g++ 12.2.0" here "g++ 13.1.0"'] });
+    expect(goldenRule(m, { versions, fingerprint: { ...cpu, libc: "glibc-2.39" } })).toMatchObject({ mode: "live" });
+    expect(goldenRule(m, { versions: { ...versions, mlx_lm: "0.33.0" }, fingerprint: cpu })).toMatchObject({ mode: "live", differs: ['versions.mlx_lm "0.32.2" here "0.33.0"'] });
+    // a key only one side has differs too (a package installed on one side only)
+    expect(goldenRule(m, { versions: { ...versions, mlx_vlm: "0.7.10" }, fingerprint: cpu })).toMatchObject({ mode: "live", differs: ['versions.mlx_vlm null here "0.7.10"'] });
   });
   it("identifies a golden set by its files", () => {
     const files = { "b.npz": { sha256: "2", bytes: 1 }, "a.npz": { sha256: "1", bytes: 1 } };

@@ -1,11 +1,12 @@
 // The live oracle against itself and the goldens: capturing does not perturb mlx-lm, the TS tap
-// expansion matches what is recorded, caches/masks behave as mlx-lm's, and regeneration is bit-stable.
+// expansion matches what is recorded, caches/masks behave as mlx-lm's, and a regenerated golden
+// holds the live oracle's bits (and, where the goldens apply, the manifest's bytes).
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { REPO_ROOT, type ScenarioSpec, sharedOracle } from "../../oracle/client.ts";
-import { readManifest, sha256 } from "../../oracle/golden.ts";
+import { goldenRule, readIndex, readManifest, readNpzTaps, sha256 } from "../../oracle/golden.ts";
 import type { NpyRecord } from "../../oracle/npy.ts";
 import { callPrefix, expandTaps, tapConfig } from "../../oracle/taps.ts";
 
@@ -114,24 +115,24 @@ describe("live oracle", () => {
     expect(rows).toEqual(want);
   }, SLOW);
 
-  it("regenerating a checkpoint and one golden gives the manifest's sha256 (same platform)", async () => {
+  // Asserted on every machine: the regenerated golden holds exactly what the live oracle computes
+  // here (every stored tap, bit for bit, in order) and its index lists the manifest's taps; where
+  // the goldens apply (oracle/golden.ts goldenRule: fingerprint and versions equal the
+  // manifest's) the checkpoint and golden files are also the manifest's bytes.
+  it("regenerating a checkpoint and one golden: the live oracle's bits, and the manifest's sha256 where the goldens apply", async () => {
     const m = readManifest();
     expect(m).toBeDefined();
     const man = m as NonNullable<typeof m>;
     const o = await sharedOracle();
-    const fp = await o.fingerprint();
-    const samePlatform = JSON.stringify(fp.fingerprint) === JSON.stringify(man.fingerprint);
-    if (!samePlatform) {
-      console.warn("golden fingerprint differs from this machine: sha256 identity is only required on the same platform");
-      return;
-    }
+    const rule = goldenRule(man, await o.fingerprint());
     const id = "c1_dense/q4g32";
     const r = await o.request<{ index: { checkpoints: Record<string, { files: Record<string, string> }> } }>("make_checkpoints", {
       only: [id],
       out: join(dir, "ck"),
       force: true,
     });
-    expect(r.index.checkpoints[id]?.files).toEqual(man.checkpoints[id]?.files);
+    const files = r.index.checkpoints[id]?.files;
+    expect(Object.keys(files ?? {}).length).toBeGreaterThan(0);
     const entry = man.entries[`${id}/fwd_L5`];
     expect(entry?.mode).toBe("full");
     const g = await o.request<{ npz_sha256: string; index_sha256: string }>("golden", {
@@ -141,8 +142,22 @@ describe("live oracle", () => {
       npz: join(dir, "g.npz"),
       index: join(dir, "g.json"),
     });
-    expect(g.npz_sha256).toBe(man.files[entry?.npz as string]?.sha256);
-    expect(g.index_sha256).toBe(man.files[entry?.index as string]?.sha256);
     expect(sha256(new Uint8Array(readFileSync(join(dir, "g.npz"))))).toBe(g.npz_sha256);
+    const index = readIndex("g.json", dir);
+    const stored = readNpzTaps(join(dir, "g.npz"), index);
+    const live = await o.capture(id, "fwd_L5", { mode: "full" });
+    const liveStored = live.taps.filter((t) => t.array);
+    expect(index.taps.map((t) => t.name)).toEqual(live.taps.map((t) => t.name));
+    expect([...stored.keys()]).toEqual(liveStored.map((t) => t.name));
+    let same = 0;
+    for (const t of liveStored) if (bytesEqual(stored.get(t.name), t.array)) same++;
+    expect(same).toBe(entry?.stored);
+    if (rule.mode === "exact") {
+      expect(files).toEqual(man.checkpoints[id]?.files);
+      expect(g.npz_sha256).toBe(man.files[entry?.npz as string]?.sha256);
+      expect(g.index_sha256).toBe(man.files[entry?.index as string]?.sha256);
+    } else {
+      console.log(`[oracle regeneration] live oracle bits asserted; the manifest's sha256 not: ${rule.what}`);
+    }
   }, SLOW);
 });
