@@ -131,7 +131,9 @@ async function main(argv: string[]): Promise<number> {
         last = { loss: r.train_loss, its: r.iterations_per_second, tps: r.tokens_per_second };
         log(`  ${String(r.iteration).padStart(4)}    ${r.train_loss.toFixed(3).padStart(5)}    ${r.tokens_per_second.toFixed(0).padStart(5)}    ${(r.trained_tokens / 1000).toFixed(1).padStart(5)}k`);
       },
-      onValLossReport: (r) => log(`  ${String(r.iteration).padStart(4)}    val ${r.val_loss.toFixed(3).padStart(5)}    ${r.val_time.toFixed(2)}s`),
+      // mlx-lm prints ui.report_val(it, ...) with the 1-based iteration; only its training
+      // callback (this one, as mlx-lm's) gets it - 1
+      onValLossReport: (r) => log(`  ${String(r.iteration + 1).padStart(4)}    val ${r.val_loss.toFixed(3).padStart(5)}    ${r.val_time.toFixed(2)}s`),
       onSave: (file) => log(`  save  ${file}`),
     },
   });
