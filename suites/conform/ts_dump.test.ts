@@ -7,6 +7,7 @@
 // tap scheme (oracle/taps.ts) per call. TS_DUMP_FIXTURES=all runs every text checkpoint
 // variant (68 runs, all equal on 2026-12-02: engines/ts_port/README.md has the table).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -94,4 +95,34 @@ describe("TS port dump = mlx-lm capture, byte for byte (level 2)", () => {
       }, limit(60_000));
     }
   }
+});
+
+describe("engines/ts_port/dump.ts command line", () => {
+  const cli = (args: string[]) => spawnSync(process.execPath, [join(REPO_ROOT, "engines", "ts_port", "dump.ts"), ...args], { encoding: "utf8", cwd: REPO_ROOT });
+
+  it("writes a level-1 forward dump (exit 0) that validates", () => {
+    const ckpt = join(REPO_ROOT, ".cache", "checkpoints", "c1_dense", "f32");
+    const out = join(tmp, "cli-forward");
+    const r = cli(["--checkpoint", ckpt, "--prompt", "2,5,9", "--forward", "--level", "1", "--out", out]);
+    expect([r.status, r.stderr]).toEqual([0, ""]);
+    const v = validateDump(out, ckpt);
+    expect([v.level, v.tensors.names.length]).toEqual([1, 1 + 1 + 6 + 1]); // logits, embed_scaled, 6 layer outputs, norm
+  }, limit(30_000));
+
+  it("bad usage and a missing checkpoint exit 2 with one message", () => {
+    const cases: [string[], RegExp][] = [
+      [["--prompt", "2,x", "--forward", "--level", "1", "--out", join(tmp, "x"), "--checkpoint", tmp], /--prompt must be comma-separated token ids/],
+      [["--prompt", "2,5", "--level", "3", "--forward", "--out", join(tmp, "x"), "--checkpoint", tmp], /--level must be 0, 1 or 2/],
+      [["--prompt", "2,5", "--level", "1", "--max-tokens", "2", "--out", join(tmp, "x"), "--checkpoint", tmp], /--prefill-step-size is required/],
+      [["--prompt", "2,5", "--level", "1", "--forward", "--out", join(tmp, "x"), "--checkpoint", join(tmp, "none")], /not a checkpoint folder/],
+    ];
+    let ran = 0;
+    for (const [args, message] of cases) {
+      const r = cli(args);
+      expect(r.status).toBe(2);
+      expect(r.stderr).toMatch(message);
+      ran++;
+    }
+    expect(ran).toBe(cases.length);
+  }, limit(30_000));
 });
