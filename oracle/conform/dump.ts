@@ -191,7 +191,20 @@ function expectedShape(tap: string, call: DumpCall, hidden: number, vocab: numbe
 
 // ------------------------------------------------------------------ checkpoint hashes
 
+/** Hashes already computed in this process, by path, keyed on the file's identity and mtime (a real checkpoint is gigabytes). */
+const hashMemo = new Map<string, { stamp: string; hex: string }>();
+
 function sha256File(path: string): string {
+  const st = statSync(path);
+  const stamp = `${st.dev}:${st.ino}:${st.size}:${st.mtimeMs}`;
+  const known = hashMemo.get(path);
+  if (known?.stamp === stamp) return known.hex;
+  const hex = hashFile(path);
+  hashMemo.set(path, { stamp, hex });
+  return hex;
+}
+
+function hashFile(path: string): string {
   const h = createHash("sha256");
   const fd = openSync(path, "r");
   try {
