@@ -21,16 +21,18 @@ import type { RawTensor } from "../../oracle/tensor_diff.ts";
 import {
   ConversionRefused,
   ENGINE,
+  EngineAborted,
   EngineUsageError,
   ensureConverter,
   ensureInstalled,
-  evaluateCall,
+  ensureTool,
   llamaCppRelease,
-  openEngine,
   optedIn,
   type Prepared,
   prepareAndConvert,
   REPO,
+  runCalls,
+  runTaps,
 } from "./engine.ts";
 
 const CKPT_ROOT = join(REPO, ".cache", "checkpoints");
@@ -43,6 +45,8 @@ export interface LlamaDumpOptions {
   seed: number;
   schedule: DumpSchedule;
   install: boolean;
+  /** 0: node-llama-cpp's API (probabilities); 1: the C API's raw logits and residual stream (needs a C compiler). */
+  level: 0 | 1;
 }
 
 export interface LlamaDumpResult {
@@ -62,18 +66,23 @@ export function resolveCheckpoint(ref: string): { dir: string; name: string } {
   return { dir, name: rel };
 }
 
+function textConfigOf(dir: string): Record<string, unknown> {
+  const c = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
+  return (c.text_config ?? c) as Record<string, unknown>;
+}
+
+function layerCount(dir: string): number {
+  const n = textConfigOf(dir).num_hidden_layers;
+  if (typeof n !== "number" || !Number.isInteger(n) || n <= 0) throw new EngineUsageError(`${dir}/config.json: num_hidden_layers must be a positive integer`);
+  return n;
+}
+
 function vocabOf(dir: string): number {
   const c = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
   const t = (c.text_config ?? c) as Record<string, unknown>;
   const v = t.vocab_size;
   if (typeof v !== "number" || !Number.isInteger(v) || v <= 0) throw new EngineUsageError(`${dir}/config.json: vocab_size must be a positive integer`);
   return v;
-}
-
-function argmax(row: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < row.length; i++) if (row[i]! > row[best]!) best = i;
-  return best;
 }
 
 const f32 = (a: Float32Array, shape: number[]): RawTensor => ({ dtype: "float32", shape, data: new Uint8Array(a.buffer, a.byteOffset, a.byteLength) });
@@ -95,40 +104,65 @@ export async function llamaDump(opts: LlamaDumpOptions): Promise<LlamaDumpResult
 
   const calls = scheduleCalls(prompt.length, opts.schedule);
   const maxTokens = opts.schedule.kind === "generate" ? opts.schedule.max_tokens : 0;
-  const engine = await openEngine(prepared.gguf, prompt.length + maxTokens + 1);
+  // what each call feeds: prompt chunks, the last prompt token, then the previous greedy token
+  let fed = 0;
+  const feeds = calls.map((call) => {
+    if (call.kind === "step") return call.index === 0 ? [prompt[prompt.length - 1]!] : null;
+    fed += call.length;
+    return prompt.slice(fed - call.length, fed);
+  });
   const tensors: [string, RawTensor][] = [];
   const generated: number[] = [];
   let agrees = true;
-  try {
-    let fed = 0;
-    let next = -1;
-    for (const call of calls) {
-      const tokens = call.kind === "step" ? (call.index === 0 ? [prompt[prompt.length - 1]!] : [next]) : prompt.slice(fed, fed + call.length);
-      fed += call.kind === "step" ? 0 : call.length;
-      const { logprobs, greedy } = await evaluateCall(engine.sequence, tokens, vocab);
-      for (let i = 0; i < tokens.length; i++) if (greedy[i] !== argmax(logprobs.subarray(i * vocab, (i + 1) * vocab))) agrees = false;
-      tensors.push([`${call.prefix}logprobs`, f32(logprobs, [1, tokens.length, vocab])]);
+  let buildType = "prebuilt";
+  if (opts.level === 0) {
+    const r = runCalls(prepared.gguf, vocab, feeds);
+    agrees = r.samplerAgreesWithArgmax;
+    buildType = r.buildType;
+    calls.forEach((call, k) => {
+      const L = r.greedy[k]!.length;
+      tensors.push([`${call.prefix}logprobs`, f32(r.logprobs[k]!, [1, L, vocab])]);
       if (call.kind === "step") {
-        next = greedy[0]!;
-        tensors.push([`${call.prefix}token`, i32(next)]);
-        if (call.index < maxTokens) generated.push(next);
+        const t = r.greedy[k]![0]!;
+        tensors.push([`${call.prefix}token`, i32(t)]);
+        if (call.index < maxTokens) generated.push(t);
       }
-    }
-  } finally {
-    await engine.close();
+    });
+  } else {
+    const tool = ensureTool("llama_taps", converter);
+    const r = runTaps(tool, prepared.gguf, vocab, feeds);
+    const nLayers = layerCount(source);
+    calls.forEach((call, k) => {
+      const c = r[k]!;
+      const L = feeds[k]?.length ?? 1;
+      tensors.push([`${call.prefix}logits`, f32(c.logits, [1, L, vocab])]);
+      if (call.kind === "step") {
+        tensors.push([`${call.prefix}token`, i32(c.greedy)]);
+        if (call.index < maxTokens) generated.push(c.greedy);
+      }
+      // llama.cpp's callback names -> the tap scheme's residual stream (ggml's ne[0] = hidden is the fastest axis)
+      const names: [string, string][] = [["inp_scaled", "embed_scaled"], ...Array.from({ length: nLayers }, (_, i): [string, string] => [`l_out-${i}`, `layers.${i}/output`]), ["result_norm", "norm"]];
+      for (const [from, to] of names) {
+        const v = c.taps.get(from);
+        if (!v) throw new Error(`llama.cpp's eval callback gave no ${from} on call ${k}`);
+        tensors.push([`${call.prefix}${to}`, f32(v, [1, L, v.length / L])]);
+      }
+    });
   }
   const manifest = writeDump(
     opts.out,
     {
-      engine: { name: ENGINE, version: `node-llama-cpp ${version} (llama.cpp ${llamaCppRelease()}, ${engine.buildType} CPU)`, device: "cpu", dtype: "float32" },
+      engine: { name: ENGINE, version: `node-llama-cpp ${version} (llama.cpp ${llamaCppRelease()}, ${buildType} CPU)`, device: "cpu", dtype: "float32" },
       checkpoint: { files: prepared.files },
       prompt,
       schedule: opts.schedule,
-      level: 0,
+      level: opts.level,
       ...(opts.schedule.kind === "generate" ? { generated } : {}),
       notes:
         `llama.cpp through node-llama-cpp ${version}: GGUF converted with --outtype f32 by the converter shipped in the package, F32 KV cache (flash attention off), 1 thread. ` +
-        `logprobs = log of node-llama-cpp's full-vocabulary probabilities (float32 softmax of the raw logits, greedy sampler at temperature 0). ` +
+        (opts.level === 0
+          ? `logprobs = log of node-llama-cpp's full-vocabulary probabilities (float32 softmax of the raw logits, greedy sampler at temperature 0). `
+          : `Level 1 through llama.cpp's C API (engines/llama_cpp/llama_taps.c on the package's libllama): raw logits, and the eval callback's inp_scaled, l_out-<i>, result_norm as embed_scaled, layers.<i>/output, norm. `) +
         `Checkpoint: a converter-ready copy of ${name} (prepare_checkpoint.py: same weights${prepared.rewrittenMoeLayout.length ? ", experts rewritten in HF's layout" : ""}, a synthetic tokenizer, architectures and attn_logit_softcapping keys).`,
     },
     tensors,
@@ -137,7 +171,7 @@ export async function llamaDump(opts: LlamaDumpOptions): Promise<LlamaDumpResult
 }
 
 const USAGE =
-  "usage: bun engines/llama_cpp/dump.ts --checkpoint DIR|FIXTURE_ID --out DIR [--install] [--prompt 2,5,9 | --seed N] [--prefill-step-size N --max-tokens N]";
+  "usage: bun engines/llama_cpp/dump.ts --checkpoint DIR|FIXTURE_ID --out DIR [--install] [--level 0|1] [--prompt 2,5,9 | --seed N] [--prefill-step-size N --max-tokens N]";
 
 export function parseFlags(argv: readonly string[], env: Record<string, string | undefined> = process.env): LlamaDumpOptions {
   const v: Record<string, string> = {};
@@ -148,7 +182,7 @@ export function parseFlags(argv: readonly string[], env: Record<string, string |
       install = true;
       continue;
     }
-    if (!["--checkpoint", "--out", "--prompt", "--seed", "--prefill-step-size", "--max-tokens"].includes(a)) throw new EngineUsageError(`unknown flag ${a}\n${USAGE}`);
+    if (!["--checkpoint", "--out", "--prompt", "--seed", "--prefill-step-size", "--max-tokens", "--level"].includes(a)) throw new EngineUsageError(`unknown flag ${a}\n${USAGE}`);
     const val = argv[++i];
     if (val === undefined || val.startsWith("--")) throw new EngineUsageError(`${a} needs a value\n${USAGE}`);
     v[a.slice(2)] = val;
@@ -168,7 +202,9 @@ export function parseFlags(argv: readonly string[], env: Record<string, string |
   const max = int("max-tokens", 1);
   if ((step === undefined) !== (max === undefined)) throw new EngineUsageError("--prefill-step-size and --max-tokens go together (a generate schedule); neither gives a forward");
   const schedule: DumpSchedule = step !== undefined && max !== undefined ? { kind: "generate", prefill_step_size: step, max_tokens: max } : { kind: "forward" };
-  return { checkpoint: v.checkpoint, out: resolve(v.out), prompt, seed: int("seed", 0) ?? 1, schedule, install };
+  const level = int("level", 0) ?? 0;
+  if (level !== 0 && level !== 1) throw new EngineUsageError(`--level must be 0 (node-llama-cpp's API) or 1 (llama.cpp's C API; needs a C compiler), got ${level}`);
+  return { checkpoint: v.checkpoint, out: resolve(v.out), prompt, seed: int("seed", 0) ?? 1, schedule, install, level };
 }
 
 async function main(): Promise<number> {
@@ -187,6 +223,10 @@ async function main(): Promise<number> {
     if (e instanceof EngineUsageError || e instanceof ConversionRefused || (e as Error).name === "DumpError") {
       process.stderr.write(`${(e as Error).message}\n`);
       return 2;
+    }
+    if (e instanceof EngineAborted) {
+      process.stderr.write(`${e.message}\n`);
+      return 1;
     }
     process.stderr.write(`llama.cpp dump failed: ${(e as Error).stack ?? e}\n`);
     return 1;

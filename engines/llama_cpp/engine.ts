@@ -12,8 +12,9 @@
 // Nothing here is imported by the default test path: node-llama-cpp is loaded with a dynamic
 // import, typed by the few members used below.
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { dirname, join, resolve } from "node:path";
+import { createHash } from "node:crypto";
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { basename, dirname, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 
 export const ENGINE = "llama.cpp";
@@ -267,4 +268,123 @@ export async function evaluateCall(seq: LlamaSequence, tokens: number[], vocab: 
     greedy.push(next.token);
   }
   return { logprobs, greedy };
+}
+
+// ------------------------------------------------------------------ child processes
+
+/** llama.cpp ended its process (a failed GGML_ASSERT aborts): its own message, verbatim. */
+export class EngineAborted extends Error {
+  override readonly name = "EngineAborted";
+  constructor(readonly engineMessage: string) {
+    super(`llama.cpp aborted: ${engineMessage}`);
+  }
+}
+
+/** The line of a crashed llama.cpp's stderr that says why (its GGML_ASSERT), else its last line. */
+export function abortMessage(stderr: string): string {
+  const lines = stderr.split("\n").map((l) => l.trim()).filter(Boolean);
+  const assert = lines.find((l) => /GGML_ASSERT|GGML_ABORT|terminate called/.test(l));
+  // the path of the machine the binaries were built on says nothing to a reader: keep src/... on
+  return (assert ?? lines.at(-1) ?? "(no message)").replace(/^.*?\/llama\.cpp\/(src|ggml)\//, "$1/");
+}
+
+let jobSeq = 0;
+
+/**
+ * The schedule's calls on node-llama-cpp (engine_run.ts, in a child process): per call the L x V
+ * log-probabilities and the greedy token of every position. `null` feeds the previous call's
+ * greedy token. Throws EngineAborted when llama.cpp kills the process.
+ */
+export function runCalls(gguf: string, vocab: number, calls: (number[] | null)[]): { logprobs: Float32Array[]; greedy: number[][]; samplerAgreesWithArgmax: boolean; buildType: string } {
+  mkdirSync(join(WORK, "jobs"), { recursive: true });
+  const base = join(WORK, "jobs", `run-${process.pid}-${jobSeq++}`);
+  const contextSize = calls.reduce((n, c) => n + (c?.length ?? 1), 0);
+  writeFileSync(`${base}.job.json`, JSON.stringify({ gguf, vocab, contextSize, calls, out: base }));
+  try {
+    const r = spawnSync(process.execPath, [join(HERE, "engine_run.ts"), `${base}.job.json`], { cwd: REPO, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 26 });
+    if (r.error) throw new Error(`running engine_run.ts: ${r.error.message}`);
+    if (r.status !== 0) throw new EngineAborted(abortMessage(`${r.stderr ?? ""}`) + (r.signal ? ` (${r.signal})` : ""));
+    const meta = JSON.parse(readFileSync(`${base}.json`, "utf8")) as { greedy: number[][]; samplerAgreesWithArgmax: boolean; buildType: string };
+    const bytes = readFileSync(`${base}.f32`);
+    const all = new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+    const logprobs: Float32Array[] = [];
+    let o = 0;
+    for (const g of meta.greedy) {
+      logprobs.push(all.subarray(o, o + g.length * vocab));
+      o += g.length * vocab;
+    }
+    return { logprobs, greedy: meta.greedy, samplerAgreesWithArgmax: meta.samplerAgreesWithArgmax, buildType: meta.buildType };
+  } finally {
+    for (const ext of [".job.json", ".json", ".f32"]) rmSync(`${base}${ext}`, { force: true });
+  }
+}
+
+// ------------------------------------------------------------------ level 1: llama_taps (C API)
+
+const BACKEND_DIR_CANDIDATES = ["linux-x64", "linux-arm64", "mac-arm64-metal", "mac-x64"];
+
+/** The folder of the package's prebuilt libllama and ggml backends for this platform. */
+export function backendDir(): string {
+  for (const p of BACKEND_DIR_CANDIDATES) {
+    const d = join(HERE, "node_modules", "@node-llama-cpp", p, "bins", p);
+    if (existsSync(d)) return d;
+  }
+  throw new EngineUsageError("no prebuilt llama.cpp binaries of node-llama-cpp for this platform (engines/llama_cpp/node_modules/@node-llama-cpp/*/bins)");
+}
+
+function libName(dir: string, stem: string): string {
+  const f = readdirSync(dir).find((n) => n.startsWith(`${stem}.`) && (n.endsWith(".so") || n.endsWith(".dylib")));
+  if (!f) throw new Error(`${dir}: no ${stem} library`);
+  return f;
+}
+
+/** engines/llama_cpp/<name>.c compiled with the system C compiler against the package's libraries (cached). */
+export function ensureTool(name: "llama_taps" | "gelu_repro", converterDir: string): string {
+  const bins = backendDir();
+  const out = join(WORK, `${name}-${basename(converterDir)}`);
+  const src = join(HERE, `${name}.c`);
+  const stamp = `${out}.sha256`;
+  const want = createHash("sha256").update(readFileSync(src)).update(bins).digest("hex");
+  if (existsSync(out) && existsSync(stamp) && readFileSync(stamp, "utf8") === want) return out;
+  const cc = process.env.CC ?? "cc";
+  const libs = [libName(bins, "libllama"), libName(bins, "libggml"), libName(bins, "libggml-base")].filter((l, i) => name === "llama_taps" || i > 0);
+  const args = ["-O2", "-std=c11", src, `-I${join(converterDir, "include")}`, `-I${join(converterDir, "ggml", "include")}`, `-L${bins}`, ...libs.map((l) => `-l:${l}`), "-lm", `-Wl,-rpath,${bins}`, "-o", out];
+  const r = spawnSync(cc, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+  if (r.error || r.status !== 0)
+    throw new EngineUsageError(`level 1 needs a C compiler to build engines/llama_cpp/${name}.c against node-llama-cpp's libllama (${cc}: ${r.error?.message ?? `${r.stderr}`.trim().split("\n").slice(-3).join(" ")})`);
+  writeFileSync(stamp, want);
+  return out;
+}
+
+export interface TapsCall {
+  logits: Float32Array;
+  /** llama.cpp's callback names (inp_scaled, l_out-<i>, result_norm) -> L x H float32 values. */
+  taps: Map<string, Float32Array>;
+  greedy: number;
+}
+
+/** The schedule's calls through llama_taps (raw logits and the residual stream per call). */
+export function runTaps(tool: string, gguf: string, vocab: number, calls: (number[] | null)[]): TapsCall[] {
+  const dir = join(WORK, "jobs", `taps-${process.pid}-${jobSeq++}`);
+  mkdirSync(dir, { recursive: true });
+  try {
+    const r = spawnSync(tool, [gguf, backendDir(), dir, ...calls.map((c) => (c === null ? "G" : c.join(",")))], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 26 });
+    if (r.error) throw new Error(`running llama_taps: ${r.error.message}`);
+    if (r.status !== 0) throw new EngineAborted(abortMessage(`${r.stderr ?? ""}`) + (r.signal ? ` (${r.signal})` : ""));
+    const lines = r.stdout.trim().split("\n").map((l) => JSON.parse(l) as { call?: number; name?: string; ne?: number[]; greedy?: number[] });
+    const greedy = lines.find((l) => l.greedy)?.greedy ?? [];
+    const out: TapsCall[] = calls.map((_, k) => ({ logits: new Float32Array(0), taps: new Map(), greedy: greedy[k] ?? -1 }));
+    for (const l of lines) {
+      if (l.call === undefined || !l.name || !l.ne) continue;
+      const bytes = readFileSync(join(dir, `c${l.call}.${l.name}.f32`));
+      const values = new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+      if (values.length !== l.ne.reduce((a, b) => a * b, 1)) throw new Error(`llama_taps: ${l.name} of call ${l.call} holds ${values.length} values, its shape ${l.ne}`);
+      if (l.name === "logits") out[l.call]!.logits = values;
+      else out[l.call]!.taps.set(l.name, values);
+    }
+    for (const [k, c] of out.entries()) if (c.logits.length !== (calls[k]?.length ?? 1) * vocab) throw new Error(`llama_taps: call ${k} returned ${c.logits.length} logits`);
+    return out;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 }

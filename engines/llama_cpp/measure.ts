@@ -103,12 +103,12 @@ export async function measureVariant(oracle: OracleClient, id: string, install: 
   const base = join(WORK, "dumps", id.replace("/", "_"));
   let fwd;
   try {
-    fwd = await llamaDump({ checkpoint: id, out: join(base, "forward"), seed: SEED, schedule: { kind: "forward" }, install });
+    fwd = await llamaDump({ checkpoint: id, out: join(base, "forward"), seed: SEED, schedule: { kind: "forward" }, install, level: 0 });
   } catch (e) {
     if (e instanceof ConversionRefused) return { checkpoint: id, status: "refused", refusal: e.refusal };
     throw e;
   }
-  const gen = await llamaDump({ checkpoint: id, out: join(base, "generate"), seed: SEED, schedule: { kind: "generate", prefill_step_size: PREFILL_STEP_SIZE, max_tokens: MAX_TOKENS }, install });
+  const gen = await llamaDump({ checkpoint: id, out: join(base, "generate"), seed: SEED, schedule: { kind: "generate", prefill_step_size: PREFILL_STEP_SIZE, max_tokens: MAX_TOKENS }, install, level: 0 });
   const prompt = fwd.manifest.prompt;
   // both dumps must pass the validator against the copy they name
   validateDump(join(base, "forward"), fwd.checkpoint);

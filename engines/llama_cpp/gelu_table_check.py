@@ -1,0 +1,95 @@
+"""Is llama.cpp's float16 GELU table the cause of its distance from mlx-lm? A control experiment.
+
+Usage: python gelu_table_check.py CHECKPOINT_DIR DUMP_DIR   (the oracle venv: mlx, mlx-lm)
+Prints one JSON line.
+
+llama.cpp's CPU backend (ggml-cpu/vec.h, GGML_GELU_FP16 defined) computes GELU, and the GELU of
+GeGLU, on float32 inputs by a lookup: x is rounded to float16, and the table holds
+gelu(x) for every float16 x, itself rounded to float16 (filled in ggml-cpu.c at init); inputs
+<= -10 give 0, inputs >= 10 give x. mlx-lm computes the same tanh formula in float32.
+
+This script runs mlx-lm's forward (float32) on the dump's prompt twice: as it is, and with every
+GELU replaced by that lookup (written here from the description above, in numpy/MLX), and
+reports how far llama.cpp's log-probabilities (the dump's `logprobs`) are from each. If the
+lookup accounts for the distance, the second is far smaller than the first.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models import gemma4_text
+from mlx_lm.utils import load_model
+
+
+def gelu_tanh_f32(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float32)
+    c = np.float32(np.sqrt(2.0 / np.pi))
+    return (np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))).astype(np.float32)
+
+
+def ggml_gelu_table() -> mx.array:
+    """gelu(x) rounded to float16 for every float16 bit pattern x, as float32 (NaN patterns give NaN)."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    x = bits.view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        y = gelu_tanh_f32(x).astype(np.float16).astype(np.float32)
+    return mx.array(y)
+
+
+TABLE = ggml_gelu_table()
+
+
+def gelu_lookup(x: mx.array) -> mx.array:
+    x32 = x.astype(mx.float32)
+    idx = mx.view(x32.astype(mx.float16), mx.uint16).astype(mx.uint32)
+    y = mx.take(TABLE, idx)
+    y = mx.where(x32 <= -10.0, mx.zeros_like(x32), y)
+    y = mx.where(x32 >= 10.0, x32, y)
+    return y.astype(x.dtype)
+
+
+def log_softmax64(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def distances(engine: np.ndarray, ref_logits: np.ndarray) -> dict:
+    lr = log_softmax64(ref_logits)
+    le = engine.astype(np.float64)
+    p = np.exp(lr)
+    kl = (p * (lr - le)).sum(axis=-1)
+    return {"max_abs_dlogprob": float(np.abs(le - lr).max()), "kl_mean": float(kl.mean()), "kl_max": float(kl.max())}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        sys.stderr.write("usage: gelu_table_check.py CHECKPOINT_DIR DUMP_DIR\n")
+        return 2
+    ckpt, dump = Path(argv[1]), Path(argv[2])
+    manifest = json.loads((dump / "manifest.json").read_text())
+    if manifest["schedule"]["kind"] != "forward":
+        sys.stderr.write("gelu_table_check: the dump must be a forward\n")
+        return 2
+    engine = np.array(mx.load(str(dump / "tensors.safetensors"))["logprobs"].astype(mx.float32))
+    model, _ = load_model(ckpt)
+    tokens = mx.array([manifest["prompt"]], dtype=mx.int32)
+
+    stock = np.array(model(tokens).astype(mx.float32))
+    original_geglu, original_gelu = gemma4_text.geglu, nn.gelu_approx
+    gemma4_text.geglu = lambda gate, x: gelu_lookup(gate) * x
+    nn.gelu_approx = gelu_lookup  # the per-layer-input gate calls nn.gelu_approx directly
+    try:
+        lookup = np.array(model(tokens).astype(mx.float32))
+    finally:
+        gemma4_text.geglu, nn.gelu_approx = original_geglu, original_gelu
+    print(json.dumps({"stock_gelu": distances(engine, stock), "ggml_table_gelu": distances(engine, lookup)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
