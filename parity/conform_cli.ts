@@ -12,7 +12,7 @@ import { existsSync, unlinkSync } from "node:fs";
 import { closeSharedOracle, expectReply, OracleClient, OracleError, type ScenarioSpec } from "../oracle/client.ts";
 import { DumpError, splitName, type ValidDump, validateDump } from "../oracle/conform/dump.ts";
 import { firstDifferingStep } from "../oracle/conform/metrics.ts";
-import { compareTensor, type TensorComparison } from "../oracle/conform/tensor_compare.ts";
+import { compareMask, compareTensor, type TensorComparison } from "../oracle/conform/tensor_compare.ts";
 import { DEFAULT_FLOOR_PATH, exitCodeOf, judge, loadNoiseFloor, type NoiseFloor, NoiseFloorError } from "../oracle/conform/verdict.ts";
 import type { RawTensor } from "../oracle/tensor_diff.ts";
 import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
@@ -155,20 +155,21 @@ function compareCapture(oracle: OracleClient, opts: ConformOptions, dump: ValidD
     lastCall = where.call;
     k++;
     if (!ref) throw new Error(`mlx-lm recorded no tap "${oName}" for this schedule (the dump validated; the oracle's tap list disagrees)`);
+    const theirs = (): RawTensor => {
+      if (!ref.npy) throw new Error(`mlx-lm did not store tap "${oName}"`);
+      // kept on read (a logits file may serve a logprobs too); deleted with the rest at the end
+      const rec = oracle.readArray({ npy: ref.npy, dtype: ref.dtype! }, true);
+      return { dtype: rec.dtype, shape: rec.shape, data: rec.data };
+    };
     const maskKind = dump.tensors.maskKind(name);
     if (maskKind !== undefined || ref.kind !== "array") {
-      // A mask stored as a kind ("causal" / "none") against mlx-lm's.
-      const theirs = ref.kind === "none" ? "none" : ref.kind === "str" ? String(ref.value) : "array";
-      const ours = maskKind ?? "array";
-      const equal = ours === theirs;
-      comparisons.push({ name, oracleName: oName, ...where, engineDtype: ours, oracleDtype: theirs, shape: [], mismatches: null, total: 1, bitExact: equal, exact: equal, integerEqual: equal, ...(equal ? {} : { note: `mask ${ours} where mlx-lm has ${theirs}` }) });
+      // A mask given as a kind ("causal" / "none") on either side.
+      const oracleMask = ref.kind === "none" ? "none" : ref.kind === "str" && ref.value === "causal" ? "causal" : ref.kind === "array" ? theirs() : null;
+      if (oracleMask === null) throw new Error(`mlx-lm's tap "${oName}" is the string ${JSON.stringify(ref.value)}, not a mask kind this comparison knows`);
+      comparisons.push(compareMask(name, where, maskKind ?? dump.tensors.read(name), oName, oracleMask));
       continue;
     }
-    if (!ref.npy) throw new Error(`mlx-lm did not store tap "${oName}"`);
-    // kept on read (a logits file may serve a logprobs too); deleted with the rest at the end
-    const rec = oracle.readArray({ npy: ref.npy, dtype: ref.dtype! }, true);
-    const expected: RawTensor = { dtype: rec.dtype, shape: rec.shape, data: rec.data };
-    comparisons.push(compareTensor(name, where, dump.tensors.read(name), oName, expected));
+    comparisons.push(compareTensor(name, where, dump.tensors.read(name), oName, theirs()));
   }
   const verdict = judge(comparisons, floor, { strict: opts.strict, firstTokenDiff: tokenDiff });
   bar?.done(verdict.headline);

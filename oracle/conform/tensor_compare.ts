@@ -68,3 +68,53 @@ export function compareTensor(name: string, where: { call: string; layer: number
   if (LOGIT_KINDS.has(where.kind)) out.logits = logitMetrics(eng, oracle);
   return out;
 }
+
+export type MaskValue = RawTensor | "causal" | "none";
+
+/**
+ * The boolean mask a kind stands for, in the shape of an array mask (..., L, K): "causal" is
+ * scaled_dot_product_attention's mask="causal", aligned to the last key (query i sees keys
+ * j <= K - L + i); "none" lets every query see every key.
+ */
+export function materializeMask(kind: "causal" | "none", shape: readonly number[]): RawTensor {
+  const L = shape[shape.length - 2] ?? 1;
+  const K = shape[shape.length - 1] ?? 1;
+  const n = count(shape);
+  const data = new Uint8Array(n);
+  for (let e = 0; e < n; e++) {
+    const j = e % K;
+    const i = Math.floor(e / K) % L;
+    data[e] = kind === "none" || j <= K - L + i ? 1 : 0;
+  }
+  return { dtype: "bool", shape: [...shape], data };
+}
+
+function maskBits(t: RawTensor): Uint8Array {
+  return Uint8Array.from(t.data, (b) => (b ? 1 : 0));
+}
+
+/**
+ * A mask tap, where either side may give a kind ("causal" / "none", as mlx-lm does where no array
+ * is needed) or a boolean array: two kinds must agree; a kind against an array is compared as the
+ * array it stands for (an engine that materializes mlx-lm's "causal" mask conforms).
+ */
+export function compareMask(name: string, where: { call: string; layer: number | null; kind: string }, engine: MaskValue, oracleName: string, oracle: MaskValue): TensorComparison {
+  const label = (v: MaskValue) => (typeof v === "string" ? v : v.dtype);
+  const base = { name, oracleName, ...where, engineDtype: label(engine), oracleDtype: label(oracle), mismatches: null };
+  if (typeof engine === "string" && typeof oracle === "string") {
+    const equal = engine === oracle;
+    return { ...base, shape: [], total: 1, bitExact: equal, exact: equal, integerEqual: equal, ...(equal ? {} : { note: `mask ${engine} where mlx-lm has ${oracle}` }) };
+  }
+  if (typeof engine !== "string" && typeof oracle !== "string") return compareTensor(name, where, engine, oracleName, oracle);
+  const array = (typeof engine === "string" ? oracle : engine) as RawTensor;
+  const kind = (typeof engine === "string" ? engine : oracle) as "causal" | "none";
+  const bits = maskBits(array);
+  const want = materializeMask(kind, array.shape).data;
+  let differ = 0;
+  for (let i = 0; i < want.length; i++) if (bits[i] !== want[i]) differ++;
+  const equal = differ === 0;
+  return {
+    ...base, shape: [...array.shape], total: want.length, bitExact: false, exact: equal, integerEqual: equal,
+    ...(equal ? {} : { note: `${differ} of ${want.length} mask entries differ from the ${kind} mask ${typeof engine === "string" ? "the engine gives" : "mlx-lm gives"}` }),
+  };
+}

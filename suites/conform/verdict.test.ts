@@ -9,7 +9,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { logSoftmax, rawFromFloat64, type RawTensor } from "../../oracle/conform/metrics.ts";
-import { compareTensor, type TensorComparison } from "../../oracle/conform/tensor_compare.ts";
+import { compareMask, compareTensor, materializeMask, type TensorComparison } from "../../oracle/conform/tensor_compare.ts";
 import { exitCodeOf, floorFor, judge, loadNoiseFloor, type NoiseFloor, NOISE_FLOOR_SCHEMA, NoiseFloorError } from "../../oracle/conform/verdict.ts";
 
 const MEASURED: NoiseFloor = {
@@ -162,5 +162,30 @@ describe("one tensor against the oracle's", () => {
     const n = compareTensor("x", where("output"), rawFromFloat64([1, 2], [2], "float32"), "x", rawFromFloat64([1, 2, 3], [3], "float32"));
     expect(n.note).toBe("2 elements [2] vs the oracle's 3 [3]");
     expect(judge([n], MEASURED).status).toBe("DIVERGES");
+  });
+});
+
+describe("masks given as a kind on either side", () => {
+  const where = { call: "prefill1", layer: null, kind: "mask/full_attention" };
+  it("'causal' is the lower-right-aligned causal mask; 'none' lets every query see every key", () => {
+    // 3 queries after 2 cached keys: query i sees keys j <= 2 + i
+    expect(Array.from(materializeMask("causal", [3, 5]).data)).toEqual([1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1]);
+    expect(Array.from(materializeMask("none", [1, 2, 3]).data)).toEqual([1, 1, 1, 1, 1, 1]);
+  });
+
+  it("an engine's materialized causal mask equals mlx-lm's 'causal'; one shifted by one key does not", () => {
+    const causal = materializeMask("causal", [1, 1, 4, 6]);
+    const same = compareMask("prefill1/mask/full_attention", where, causal, "prefill1/mask/full_attention", "causal");
+    expect([same.exact, same.bitExact, same.note]).toEqual([true, false, undefined]);
+    // off by one: every query also sees the next key (query i sees j <= 3 + i); the last already sees all
+    const off = { ...causal, data: Uint8Array.from({ length: 24 }, (_, e) => (e % 6 <= 3 + Math.floor(e / 6) ? 1 : 0)) };
+    const d = compareMask("prefill1/mask/full_attention", where, off, "prefill1/mask/full_attention", "causal");
+    expect(d.exact).toBe(false);
+    expect(d.note).toBe("3 of 24 mask entries differ from the causal mask mlx-lm gives");
+    expect(judge([d], MEASURED).firstOutside?.name).toBe("prefill1/mask/full_attention");
+    // kinds against kinds, and an engine's kind against mlx-lm's array
+    expect(compareMask("m", where, "causal", "m", "none").note).toBe("mask causal where mlx-lm has none");
+    expect(compareMask("m", where, "none", "m", materializeMask("none", [2, 2])).exact).toBe(true);
+    expect(compareMask("m", where, "causal", "m", materializeMask("none", [2, 2])).note).toBe("1 of 4 mask entries differ from the causal mask the engine gives");
   });
 });
