@@ -67,6 +67,23 @@ function arrayOf(t: TapData | undefined): MlxArray | null {
 }
 
 /**
+ * Taps whose contents the TS side is fed from the oracle's record, not computed (recordedInputs
+ * below): the prompt ids (`embed/inputs`; the prompt's chunks as the language model's ids,
+ * `prefill{i}/inputs` and `step0/inputs`), the audio features and their mask. Comparing them
+ * would compare the oracle with itself, so they are left out of every comparison and count that
+ * claims TS computed something (filter with `computedByTs`). The TS processor's own outputs for
+ * the same kinds of media (ids, pixel values, audio features, mask) are compared with mlx-vlm's in
+ * suites/multimodal/processor.test.ts ("every model input of prepare_inputs") and
+ * suites/multimodal/audio.test.ts. Decode steps n >= 1 feed back the TS model's own tokens:
+ * computed, so compared.
+ */
+export const ORACLE_FED = /^(embed\/inputs|embed\/audio_tower\/input_(features|mask)|(prefill\d+|step0)\/inputs)$/;
+
+export function computedByTs<T extends { name: string }>(taps: readonly T[]): T[] {
+  return taps.filter((t) => !ORACLE_FED.test(t.name));
+}
+
+/**
  * The prompt ids and media of a recorded scenario: ids and audio features from its embed call's
  * input taps, the images rebuilt from the scenario's media specs (oracle/mm_fixtures.ts).
  */
