@@ -1,7 +1,8 @@
 // Test-only switch for the mutation suite (suites/mutations/): each name re-introduces one known
 // Gemma 4 port bug (../shared/docs/gemma4-port-bugs.md, spec §10/§12) at the one place it lives.
-// Production code never adds to the set, so every check is a failed Set lookup.
-import type { TunerMutation } from "../tuner/mutations.ts";
+// The switch itself is model/mutation_switch.ts, shared with the tuner's list
+// (model/tuner/mutations.ts); production code never switches anything on.
+import { switchedOn, withSwitch, withSwitchAsync } from "../mutation_switch.ts";
 
 export const MUTATIONS = [
   "rope_full_factor_1", // RoPE partial factor 1.0 on full layers (mlx-lm #1114)
@@ -43,39 +44,21 @@ export const MEDIA_MUTATIONS = [
 
 export type MediaMutation = (typeof MEDIA_MUTATIONS)[number];
 
-const active = new Set<string>();
-
-/** Any switchable bug: the model's, the media towers', the tuner's (model/tuner/mutations.ts). */
-export type AnyMutation = Mutation | MediaMutation | TunerMutation;
-
-/** True when the named bug is switched on (tests only); the one set every mutation list shares. */
-export function isMutated(name: AnyMutation): boolean {
-  return active.size !== 0 && active.has(name);
-}
+/** A model or media port bug of these lists. */
+export type ModelMutation = Mutation | MediaMutation;
 
 /** True when the named bug is switched on (tests only). */
-export const mutated = (name: Mutation): boolean => isMutated(name);
+export const mutated = (name: Mutation): boolean => switchedOn(name);
 
 /** True when the named multimodal bug is switched on (tests only). */
-export const mediaMutated = (name: MediaMutation): boolean => isMutated(name);
+export const mediaMutated = (name: MediaMutation): boolean => switchedOn(name);
 
 /** Runs fn with exactly one mutation active (tests only). */
-export function withMutation<T>(name: AnyMutation, fn: () => T): T {
-  active.clear();
-  active.add(name);
-  try {
-    return fn();
-  } finally {
-    active.clear();
-  }
+export function withMutation<T>(name: ModelMutation, fn: () => T): T {
+  return withSwitch(name, fn);
 }
 
-export async function withMutationAsync<T>(name: AnyMutation, fn: () => T | Promise<T>): Promise<T> {
-  active.clear();
-  active.add(name);
-  try {
-    return await fn();
-  } finally {
-    active.clear();
-  }
+/** Runs an async fn with exactly one mutation active (tests only). */
+export function withMutationAsync<T>(name: ModelMutation, fn: () => T | Promise<T>): Promise<T> {
+  return withSwitchAsync(name, fn);
 }

@@ -1,12 +1,13 @@
 // Test-only switch for the tuner's mutation suite (suites/mutations/tuner.test.ts): each name
 // re-introduces one plausible training-port bug at the one place it would live. The gradient
-// parity must catch each and name the first divergent tensor. Production code never adds to the
-// set, so every check is a failed Set lookup.
+// parity must catch each and name the first divergent tensor. The switch is
+// model/mutation_switch.ts, shared with the model's list; production code never switches
+// anything on.
 
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { Adam, AdamW, type ParamState } from "@mlx-bun/mlx/optimizers";
-import { isMutated, withMutationAsync } from "../gemma4/mutations.ts";
+import { switchedOn, withSwitchAsync } from "../mutation_switch.ts";
 
 export const TUNER_MUTATIONS = [
   "lora_add_swapped", // LoRALinear returns (scale*z).astype + y instead of y + (scale*z).astype
@@ -18,14 +19,14 @@ export const TUNER_MUTATIONS = [
 
 export type TunerMutation = (typeof TUNER_MUTATIONS)[number];
 
-/** True when the named bug is switched on (tests only; the switch of model/gemma4/mutations.ts). */
+/** True when the named bug is switched on (tests only). */
 export function tunerMutated(name: TunerMutation): boolean {
-  return isMutated(name);
+  return switchedOn(name);
 }
 
 /** Runs fn with exactly one tuner mutation active (tests only). */
 export function withTunerMutation<T>(name: TunerMutation, fn: () => T | Promise<T>): Promise<T> {
-  return withMutationAsync(name, fn);
+  return withSwitchAsync(name, fn);
 }
 
 /**

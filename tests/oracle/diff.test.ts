@@ -6,7 +6,7 @@ import { dirname, join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { GOLDEN_DIR, type Manifest, readManifest, readZipStored } from "../../oracle/golden.ts";
 import { compareTensors, diffGoldens } from "../../oracle/golden_diff.ts";
-import { globMatch, buildPlan, groupUnits } from "../../oracle/regen.ts";
+import { globMatch, buildPlan, groupUnits } from "../../oracle/golden_regen.ts";
 
 const root = mkdtempSync(join(tmpdir(), "oracle-diff-"));
 afterAll(() => rmSync(root, { recursive: true, force: true }));

@@ -94,15 +94,22 @@ describe.skipIf(skip !== null)(`parity.html in headless Chromium${skip === null 
     writeFileSync(file, renderHtml({ ...report, runs: [long], verdict: reportVerdict([long], null), ok: false }));
     const page = await browser.newPage({ viewport: { width: 1100, height: 900 } });
     await page.goto(`file://${file}`);
-    const boxes = await page.evaluate(() =>
-      [...document.querySelectorAll("svg.plot")].map((svg) => {
-        const box = (e: Element) => {
-          const b = (e as SVGGraphicsElement).getBBox();
-          return { x: b.x, y: b.y, w: b.width, h: b.height, text: e.textContent ?? "" };
-        };
-        return { title: box(svg.querySelector(".title")!), legend: [...svg.querySelectorAll(".legend")].map(box), width: Number(svg.getAttribute("width")) };
-      }),
-    );
+    // runs in the page (the project's type check has no DOM library: the few members used, typed here)
+    interface SvgNode {
+      textContent: string | null;
+      getBBox(): { x: number; y: number; width: number; height: number };
+      getAttribute(name: string): string | null;
+      querySelector(sel: string): SvgNode | null;
+      querySelectorAll(sel: string): ArrayLike<SvgNode>;
+    }
+    const boxes = await page.evaluate(() => {
+      const doc = (globalThis as unknown as { document: SvgNode }).document;
+      const box = (e: SvgNode) => {
+        const b = e.getBBox();
+        return { x: b.x, y: b.y, w: b.width, h: b.height, text: e.textContent ?? "" };
+      };
+      return Array.from(doc.querySelectorAll("svg.plot")).map((svg) => ({ title: box(svg.querySelector(".title")!), legend: Array.from(svg.querySelectorAll(".legend")).map(box), width: Number(svg.getAttribute("width")) }));
+    });
     await page.close();
     expect(boxes.length).toBe(2);
     const overlap = (a: { x: number; y: number; w: number; h: number }, b: typeof a) => a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h;

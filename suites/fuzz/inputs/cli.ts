@@ -10,7 +10,7 @@ import { join } from "node:path";
 import fc from "fast-check";
 import { benchPlan, FLAGS as BENCH_FLAGS } from "../../../bench/run.ts";
 import { benchBatchPlan, FLAGS as BENCH_BATCH_FLAGS } from "../../../bench/batch.ts";
-import { regenArgs, FLAGS as REGEN_FLAGS } from "../../../oracle/regen.ts";
+import { regenArgs, FLAGS as REGEN_FLAGS } from "../../../parity/golden_regen_cli.ts";
 import { referencePlan, FLAGS as REFERENCE_FLAGS } from "../../../oracle/reference_export.ts";
 import type { FlagSpec } from "../../../parity/args.ts";
 import { cachePromptPlan, FLAGS as CACHE_PROMPT_FLAGS } from "../../../parity/cache_prompt_cli.ts";
@@ -36,7 +36,7 @@ export const COMMANDS: CliCommand[] = [
   { name: "parity", script: "parity/cli.ts", flags: PARITY_FLAGS, validate: parityPlan },
   { name: "generate", script: "parity/generate_cli.ts", flags: GENERATE_FLAGS, validate: generatePlan },
   { name: "bench", script: "bench/run.ts", flags: BENCH_FLAGS, validate: benchPlan },
-  { name: "golden:regen", script: "oracle/regen.ts", flags: REGEN_FLAGS, validate: regenArgs },
+  { name: "golden:regen", script: "parity/golden_regen_cli.ts", flags: REGEN_FLAGS, validate: regenArgs },
   { name: "parity:ops", script: "parity/ops_report.ts", flags: OPS_FLAGS, validate: opsReportArgs, positionals: ["add", "fast.rope", "no_such_op", "add add"] },
   { name: "reference:export", script: "oracle/reference_export.ts", flags: REFERENCE_FLAGS, validate: referencePlan },
   { name: "cache-prompt", script: "parity/cache_prompt_cli.ts", flags: CACHE_PROMPT_FLAGS, validate: cachePromptPlan },

@@ -1,6 +1,5 @@
-// npm run golden:regen [-- --only <glob> ...] [-- --dry-run]
-//
-// Rebuilds the fixture checkpoints (cached, stamp-checked), captures every planned
+// Golden regeneration (the command face is parity/golden_regen_cli.ts: npm run golden:regen):
+// rebuilds the fixture checkpoints (cached, stamp-checked), captures every planned
 // (checkpoint, scenario) with the live oracle into a temp dir, writes golden/manifest.json,
 // prints a readable diff against the previous goldens, then swaps the new tree into place
 // (rename), so an interrupted run leaves the old goldens untouched.
@@ -10,7 +9,6 @@ import { dirname, join } from "node:path";
 import { OracleClient, REPO_ROOT } from "./client.ts";
 import { CROSS_PLATFORM_NOTE, GOLDEN_DIR, type GoldenEntry, type Manifest, readManifest, sha256 } from "./golden.ts";
 import { diffGoldens } from "./golden_diff.ts";
-import { type FlagSpec, helpText, parseArgs, UsageError } from "../parity/args.ts";
 
 const PLAN_PATH = join(REPO_ROOT, "oracle", "golden_plan.json");
 const TAPS_PATH = join(REPO_ROOT, "oracle", "taps.json");
@@ -96,30 +94,16 @@ export function groupUnits(items: PlanItem[]): Unit[] {
   return units;
 }
 
-export const FLAGS: FlagSpec[] = [
-  {
-    name: "only",
-    kind: "string",
-    multiple: true,
-    valueName: "glob",
-    help: "regenerate only entries whose id <fixture>/<variant>/<scenario> matches ('*' spans '/': 'c1_dense/*', '*/fwd_L13', 'c5_moe/q4g32/gen_*'); repeatable. A checkpoint's logits-only scenarios share one file, which is regenerated as a whole; the other files are carried over from the current golden/ unchanged",
-  },
-  { name: "dry-run", kind: "bool", help: "print the plan and exit" },
-  { name: "help", kind: "bool", help: "show this help" },
-];
+/** A selection that matches no planned entry (the face reports it as bad usage). */
+export class GoldenSelectionError extends Error {
+  override readonly name = "GoldenSelectionError";
+}
 
-const FOOTER = `
-Plan: oracle/golden_plan.json. Output: golden/manifest.json; full dumps as
-golden/<fixture>/<variant>/<scenario>.npz + .json; logits-only scenarios of a checkpoint in
-golden/<fixture>/<variant>/logits.npz + .json.`;
-
-/** The flags (null for --help); a bad flag is a UsageError (exit 2). */
-export function regenArgs(argv: readonly string[]): { only: string[]; dryRun: boolean } | null {
-  const a = parseArgs(argv, FLAGS);
-  if (a.help) return null;
-  const only = (a.only as string[] | undefined) ?? [];
-  if (only.some((g) => g.trim() === "")) throw new UsageError("--only needs a glob, e.g. --only 'c1_dense/*' or --only '*/fwd_L13'");
-  return { only, dryRun: a["dry-run"] === true };
+export interface RegenOptions {
+  /** Regenerate only entries whose id matches one of these globs (globMatch); all when empty. */
+  only: readonly string[];
+  /** Print the plan and return. */
+  dryRun: boolean;
 }
 
 class Progress {
@@ -179,12 +163,8 @@ function manifestText(m: Manifest): string {
   return `${lines.join("\n")}\n`;
 }
 
-async function main(): Promise<number> {
-  const args = regenArgs(process.argv.slice(2));
-  if (args === null) {
-    process.stdout.write(helpText("npm run golden:regen -- [options]", "Regenerates golden/ from the live oracle (atomic; prints a diff against the previous manifest).", FLAGS, FOOTER));
-    return 0;
-  }
+/** Regenerates golden/ (or prints the plan with dryRun); returns the exit status. */
+export async function regenerateGoldens(args: RegenOptions): Promise<number> {
   const t0 = Date.now();
   const planSpec = JSON.parse(readFileSync(PLAN_PATH, "utf8")) as Plan;
   removeStaleTemps();
@@ -207,7 +187,7 @@ async function main(): Promise<number> {
       for (const p of selected) console.log(`${p.mode.padEnd(6)} ${p.id}`);
       return 0;
     }
-    if (selected.length === 0) throw new UsageError(`--only ${args.only.join(" ")} matches no planned entry`);
+    if (selected.length === 0) throw new GoldenSelectionError(`--only ${args.only.join(" ")} matches no planned entry`);
 
     const ckIds = [...new Set(selected.map((p) => p.checkpoint))];
     console.error(`checkpoints: ensuring ${ckIds.length} (built into .cache/checkpoints when missing or stale)`);
@@ -298,7 +278,7 @@ async function main(): Promise<number> {
     const total = Object.values(sortedFiles).reduce((a, f) => a + f.bytes, 0);
     const manifest: Manifest = {
       format: 1,
-      generated_by: "npm run golden:regen (oracle/regen.ts)",
+      generated_by: "npm run golden:regen (parity/golden_regen_cli.ts, oracle/golden_regen.ts)",
       versions,
       fingerprint,
       cross_platform: { note: CROSS_PLATFORM_NOTE },
@@ -338,14 +318,4 @@ async function main(): Promise<number> {
     if (!swapped) rmSync(tmp, { recursive: true, force: true });
     await oracle.close();
   }
-}
-
-if (import.meta.main) {
-  main().then(
-    (rc) => process.exit(rc),
-    (e: unknown) => {
-      console.error(e instanceof UsageError ? `error: ${e.message}` : `golden:regen failed: ${e instanceof Error ? e.message : String(e)}`);
-      process.exit(e instanceof UsageError ? 2 : 1);
-    },
-  );
 }
