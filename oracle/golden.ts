@@ -80,11 +80,6 @@ export function goldenRule(m: Manifest, here: { versions: Record<string, unknown
   };
 }
 
-/** Identifies a golden set: sha256 over "path:sha256" lines of the manifest's files, sorted by path. */
-export function goldenFilesDigest(files: Manifest["files"]): string {
-  return sha256(new TextEncoder().encode(Object.keys(files).sort().map((k) => `${k}:${files[k]!.sha256}\n`).join("")));
-}
-
 export interface IndexTap {
   name: string;
   kind?: "array" | "none" | "str";

@@ -101,7 +101,7 @@ def distance(here: np.ndarray, gold: np.ndarray, dtype: str) -> tuple[int, float
 
 
 def golden_files_digest(files: dict) -> str:
-    """Identifies the golden set a measurement was made against (as oracle/golden.ts does)."""
+    """Identifies the golden set a measurement was made against (parts merge only when it is one)."""
     text = "".join(f"{k}:{files[k]['sha256']}\n" for k in sorted(files))
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -5,7 +5,7 @@ import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join, relative } from "node:path";
 import { describe, expect, it } from "vitest";
 import { REPO_ROOT } from "../../oracle/client.ts";
-import { CROSS_PLATFORM_NOTE, GOLDEN_DIR, goldenFilesDigest, goldenRule, loadGolden, type Manifest, readIndex, readManifest, readZipStored, sha256 } from "../../oracle/golden.ts";
+import { CROSS_PLATFORM_NOTE, GOLDEN_DIR, goldenRule, loadGolden, type Manifest, readIndex, readManifest, readZipStored, sha256 } from "../../oracle/golden.ts";
 import { callPrefix, expandMediaTaps, expandTaps, mediaTapConfig, mmCallShape, tapConfig } from "../../oracle/taps.ts";
 import { mmFixtureConfig, mmScenario, scenarioMedia } from "../../oracle/mm_fixtures.ts";
 
@@ -143,9 +143,5 @@ describe("the goldens' cross-platform rule (goldenRule)", () => {
     expect(goldenRule(m, { versions: { ...versions, mlx_lm: "0.33.0" }, fingerprint: cpu })).toMatchObject({ mode: "live", differs: ['versions.mlx_lm "0.32.2" here "0.33.0"'] });
     // a key only one side has differs too (a package installed on one side only)
     expect(goldenRule(m, { versions: { ...versions, mlx_vlm: "0.7.10" }, fingerprint: cpu })).toMatchObject({ mode: "live", differs: ['versions.mlx_vlm null here "0.7.10"'] });
-  });
-  it("identifies a golden set by its files", () => {
-    const files = { "b.npz": { sha256: "2", bytes: 1 }, "a.npz": { sha256: "1", bytes: 1 } };
-    expect(goldenFilesDigest(files)).toBe(sha256(new TextEncoder().encode("a.npz:1\nb.npz:2\n")));
   });
 });
