@@ -95,9 +95,9 @@ describe("parity CLI bad input", () => {
     expectClean(cli(["--tokens", "1,2"]), 2, /--tokens needs --model/);
   }, limit(120_000));
 
-  it("reports an oracle that cannot start (missing venv)", () => {
+  it("reports an oracle that cannot start (missing venv): exit 3, the oracle's own code", () => {
     const d = fixtureCopy("ok", () => {});
-    expectClean(cli(["--model", d, "--tokens", "1,2"], { ORACLE_PYTHON: join(tmp, "no-venv", "bin", "python") }), 1, /python interpreter not found: .*no-venv.*\(run npm run setup\)/);
+    expectClean(cli(["--model", d, "--tokens", "1,2"], { ORACLE_PYTHON: join(tmp, "no-venv", "bin", "python") }), 3, /the oracle failed, no verdict \(exit 3\): python interpreter not found: .*no-venv.*\(run npm run setup\)/);
   }, limit(120_000));
 
   // Issue 15: a checkpoint the TS loader refuses is refused by our pre-flight check (config,
@@ -123,9 +123,9 @@ describe("parity CLI bad input", () => {
       expectClean(cli(["--model", d, "--tokens", "2,7,1"], { ORACLE_PYTHON: recorder }), 2, message(d));
       expect(existsSync(marker), `${name}: an oracle process was started`).toBe(false);
     }
-    // a good checkpoint does start it (the recorder then fails the run)
+    // a good checkpoint does start it (the recorder then dies: an oracle failure, exit 3)
     const ok = cli(["--model", fixtureCopy("good", () => {}), "--tokens", "2,7,1"], { ORACLE_PYTHON: recorder });
-    expect(ok.code).toBe(1);
+    expect(ok.code).toBe(3);
     expect(existsSync(marker)).toBe(true);
   }, limit(300_000));
 
@@ -140,7 +140,7 @@ describe("parity CLI bad input", () => {
     // the oracle would fail to start (no venv): the device check comes first
     const noVenv = { ORACLE_PYTHON: join(tmp, "no-venv", "bin", "python") };
     if (!mx.isAvailable("gpu")) expectClean(cli(["--device", "gpu", "--skip-ops"], noVenv), 2, /--device gpu: no GPU is available to MLX here: this libmlx has the CPU backend only/);
-    expectClean(cli(["--device", "cpu", "--skip-ops", "--only", "c1_dense/f32"], noVenv), 1, /python interpreter not found/);
+    expectClean(cli(["--device", "cpu", "--skip-ops", "--only", "c1_dense/f32"], noVenv), 3, /python interpreter not found/);
   }, limit(120_000));
 });
 
