@@ -102,6 +102,9 @@ describe("image preprocessing = mlx-vlm's processor, byte for byte", () => {
       console.log(`[image] ${group}: ${t.images} images, decode exact ${t.decodeExact}, pixel_values exact ${t.processExact}` +
         (group === "jpeg" ? `, from identical pixels ${t.samePixelsExact}` : ""));
       expect(t.failures).toEqual([]);
+      expect(t.images, `${group}: images checked`).toBe(byGroup(group).length);
+      expect(t.images, `${group}: images checked`).toBeGreaterThan(0);
+      expect(t.processExact).toBe(t.images);
     }, limit(600_000));
   }
 });

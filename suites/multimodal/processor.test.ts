@@ -160,6 +160,7 @@ describe("every model input of prepare_inputs = mlx-vlm's", () => {
 
 describe("bad input: one typed error each", () => {
   const bad = makeMedia(join(tmp.dir, "bad"), "bad");
+  it("the bad-media set holds its 19 files (one test each below)", () => expect(bad.length).toBe(19));
   for (const item of bad)
     it(`${item.name} -> ${item.problem}`, async () => {
       let err: unknown;
