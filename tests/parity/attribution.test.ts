@@ -86,6 +86,14 @@ describe("MLX-bug attribution at the first divergent tap (CUDA classification si
     expect(readFileSync(join(tmp, "known", "parity.html"), "utf8")).toContain(`<span class="verdict known">${rep.verdict.text}</span>`);
   }, limit(180_000));
 
+  it("op cases at a recorded MLX bug are known bugs too; any failure wins over them", () => {
+    const op = { opsExposed: 2, opsTested: 2, cases: 5, bitExact: 3, unsupported: 0, mlxBug: 2, failed: 0, backend: "cuda", device: "gpu", workers: 2, vjp: { opsDifferentiable: 1, opsTested: 1, cases: 1, bitExact: 1, unsupported: 0, mlxBug: 0, failed: 0 }, nonExact: [] };
+    expect(reportVerdict([], op).text).toBe("PASS with known MLX bugs (0 runs, 0 of 0 taps unverified, 2 op cases)");
+    expect(reportVerdict([], op, null, true).text).toBe("FAIL (--strict: known MLX bugs, 0 runs, 0 of 0 taps unverified, 2 op cases)");
+    expect(reportVerdict([], { ...op, bitExact: 2, failed: 1 }).text).toBe("FAIL");
+    expect(reportVerdict([], { ...op, bitExact: 5, mlxBug: 0 }).text).toBe("PASS");
+  });
+
   it("--strict turns it into a failure, exit 1", () => {
     const r = cli([...args("strict"), "--strict"]);
     expect(r.out).toMatch(/Verdict: FAIL \(--strict: known MLX bugs, 1 runs, \d+ of \d+ taps unverified\)/);
