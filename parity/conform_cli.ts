@@ -12,7 +12,7 @@ import { existsSync, unlinkSync } from "node:fs";
 import { closeSharedOracle, expectReply, OracleClient, OracleError, type ScenarioSpec } from "../oracle/client.ts";
 import { DumpError, splitName, type ValidDump, validateDump } from "../oracle/conform/dump.ts";
 import { firstDifferingStep } from "../oracle/conform/metrics.ts";
-import { compareMask, compareTensor, type TensorComparison } from "../oracle/conform/tensor_compare.ts";
+import { compareMask, compareTensor, reorderTopK, type TensorComparison, TOPK_KINDS, topkPermutation } from "../oracle/conform/tensor_compare.ts";
 import { DEFAULT_FLOOR_PATH, exitCodeOf, judge, loadNoiseFloor, type NoiseFloor, NoiseFloorError } from "../oracle/conform/verdict.ts";
 import type { RawTensor } from "../oracle/tensor_diff.ts";
 import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
@@ -146,6 +146,8 @@ function compareCapture(oracle: OracleClient, opts: ConformOptions, dump: ValidD
   const comparisons: TensorComparison[] = [];
   let k = 0;
   let lastCall = "";
+  /** Per call and MoE layer, the engine's top-k order mapped onto mlx-lm's (only where they differ). */
+  const topkOrder = new Map<string, Int32Array>();
   for (const name of dumpNames) {
     const where = parseTapName(name);
     const oName = oracleNameFor(name, oracleNames);
@@ -169,7 +171,24 @@ function compareCapture(oracle: OracleClient, opts: ConformOptions, dump: ValidD
       comparisons.push(compareMask(name, where, maskKind ?? dump.tensors.read(name), oName, oracleMask));
       continue;
     }
-    comparisons.push(compareTensor(name, where, dump.tensors.read(name), oName, theirs()));
+    const expected = theirs();
+    let actual = dump.tensors.read(name);
+    let reordered = false;
+    if (TOPK_KINDS.has(where.kind) && where.layer !== null) {
+      // the router's top-k order is unspecified (argpartition): the engine's is put into mlx-lm's
+      const key = `${where.call}|${where.layer}`;
+      if (where.kind === "router/indices") {
+        const perm = topkPermutation(actual, expected);
+        if (perm && perm.some((p, i) => p !== i % (expected.shape[expected.shape.length - 1] ?? 1))) topkOrder.set(key, perm);
+      }
+      const perm = topkOrder.get(key);
+      if (perm && actual.shape.length >= 3) {
+        actual = reorderTopK(actual, perm);
+        reordered = true;
+      }
+    }
+    const cmp = compareTensor(name, where, actual, oName, expected);
+    comparisons.push(reordered ? { ...cmp, reordered } : cmp);
   }
   const verdict = judge(comparisons, floor, { strict: opts.strict, firstTokenDiff: tokenDiff });
   bar?.done(verdict.headline);
@@ -187,6 +206,7 @@ function compareCapture(oracle: OracleClient, opts: ConformOptions, dump: ValidD
     compared: comparisons.length,
     bitExact: comparisons.filter((c) => c.bitExact).length,
     exact: comparisons.filter((c) => c.exact).length,
+    reordered: comparisons.filter((c) => c.reordered).length,
     logits: logitSummary(comparisons),
     layers: verdict.layers,
     kinds: kindSummaries(rows),

@@ -31,6 +31,8 @@ export interface ConformReport {
   bitExact: number;
   /** Tensors whose every value equals mlx-lm's (bit-exact, or the same values in another dtype). */
   exact: number;
+  /** MoE top-k tensors whose expert axis was put into mlx-lm's order before the comparison. */
+  reordered: number;
   /** Logit rows of every call compared (row-weighted means; a call's logprobs only where it has no logits). */
   logits: (Omit<LogitMetrics, "vocab" | "k"> & { tensors: number }) | null;
   layers: LayerSummary[];
@@ -100,6 +102,8 @@ export function logitSummary(cmp: readonly TensorComparison[]): ConformReport["l
   };
 }
 
+const REORDERED = (n: number) => `${n} MoE top-k tensors had their expert axis put into mlx-lm's order first (the router's top-k order is unspecified: mlx-lm's argpartition)`;
+
 const STATUS_WORD: Record<Status, string> = { CONFORMS: "CONFORMS", DIVERGES: "DIVERGES", FLOOR_NOT_MEASURED: "FLOOR NOT MEASURED" };
 
 function fmtErr(x: number | undefined): string {
@@ -131,6 +135,7 @@ export function renderText(r: ConformReport): string {
   out.push(textTable(LAYER_HEADER, r.layers.map(layerRow)), "");
   for (const l of [logitLine(r), tokenLine(r)]) if (l) out.push(l);
   if (r.notCompared.length) out.push(`${r.notCompared.length} tensors not compared: ${r.notCompared[0]!.reason}`);
+  if (r.reordered) out.push(REORDERED(r.reordered));
   const bad = r.kinds.filter((k) => k.outside > 0);
   if (bad.length) out.push(`tap kinds outside the floor: ${bad.map((k) => `${k.kind} (${k.outside}/${k.tensors}, max rel L2 ${fmtErr(k.maxRelL2)})`).join(", ")}`);
   out.push(`verdict: ${r.verdict.headline}`);
@@ -162,6 +167,7 @@ export function renderMarkdown(r: ConformReport): string {
     }
   }
   if (r.notCompared.length) out.push("", `${r.notCompared.length} tensors not compared: ${mdEsc(r.notCompared[0]!.reason)}.`);
+  if (r.reordered) out.push("", `${REORDERED(r.reordered)}.`);
   out.push("");
   return out.join("\n");
 }
@@ -272,7 +278,7 @@ export function renderHtml(r: ConformReport): string {
     ? `<h2>Tensors outside the floor</h2><details id="outside-list"${allOutside.length <= 10 ? " open" : ""}><summary>${allOutside.length} tensors outside the floor${allOutside.length > outside.length ? ` (the first ${outside.length} in execution order listed; conform.json has every one)` : ""}</summary><table id="outside"><tr><th>tensor</th><th>dtypes</th><th>bit mismatches</th><th>max abs</th><th>max ULP</th><th>rel L2</th><th>cosine</th><th>KL max</th><th>reason</th></tr>${outside.map((t) => `<tr class="bad"><td>${esc(t.name)}</td><td>${t.engineDtype} / ${t.oracleDtype}</td><td>${t.mismatches ?? "-"}</td><td>${fmtErr(t.metrics?.maxAbs)}</td><td>${t.metrics?.maxUlp ?? "-"}</td><td>${fmtErr(t.metrics?.relL2)}</td><td>${t.metrics ? fmtNum(t.metrics.cosine) : "-"}</td><td>${fmtErr(t.logits?.klMax)}</td><td>${esc(t.reason ?? "")}</td></tr>`).join("")}</table></details>`
     : "";
   const e = r.dump.engine;
-  const lines = [logitLine(r), tokenLine(r)].filter((l): l is string => l !== null).map((l) => `<li>${esc(l)}</li>`).join("");
+  const lines = [logitLine(r), tokenLine(r), r.reordered ? REORDERED(r.reordered) : null].filter((l): l is string => l !== null).map((l) => `<li>${esc(l)}</li>`).join("");
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Gemma 4 conformance report</title>
 <style>

@@ -5,7 +5,7 @@
 // same distribution, so KL / top-k / |Δp| are defined, while the element-wise distances are not
 // (they are left out then).
 import { compareRaw, type RawTensor } from "../tensor_diff.ts";
-import { isFloatDtype, logitMetrics, type LogitMetrics, tensorMetrics, type TensorMetrics } from "./metrics.ts";
+import { isFloatDtype, logitMetrics, type LogitMetrics, tensorMetrics, type TensorMetrics, toFloat64 as tensorValues } from "./metrics.ts";
 
 export interface TensorComparison {
   /** The dump's tensor name (call prefix + tap name). */
@@ -35,6 +35,8 @@ export interface TensorComparison {
   integerEqual?: boolean;
   /** A comparison that could not be made (element counts differ). */
   note?: string;
+  /** The engine's top-k axis was put into mlx-lm's expert order first (TOPK_KINDS). */
+  reordered?: boolean;
 }
 
 export const LOGIT_KINDS = new Set(["logits", "logprobs"]);
@@ -117,4 +119,52 @@ export function compareMask(name: string, where: { call: string; layer: number |
     ...base, shape: [...array.shape], total: want.length, bitExact: false, exact: equal, integerEqual: equal,
     ...(equal ? {} : { note: `${differ} of ${want.length} mask entries differ from the ${kind} mask ${typeof engine === "string" ? "the engine gives" : "mlx-lm gives"}` }),
   };
+}
+
+/**
+ * Tap kinds whose axis 2 is the router's top-k experts, in the order the router left them:
+ * mlx-lm takes them with argpartition, whose order is unspecified, and another engine may sort
+ * them (transformers' topk does). The sum over that axis (`experts`) is order-free; these taps
+ * are compared after putting the engine's top-k axis into mlx-lm's order by expert id.
+ */
+export const TOPK_KINDS = new Set(["router/indices", "router/weights", "experts/switch_glu/up_proj", "experts/switch_glu/gate_proj", "experts/switch_glu/activation", "experts/switch_glu/down_proj", "experts/switch_glu"]);
+
+/**
+ * For router indices (..., K) of the engine and of mlx-lm: per row, the engine's position of each
+ * of mlx-lm's experts in turn; null when a row's expert sets differ (then nothing is reordered).
+ */
+export function topkPermutation(engine: RawTensor, oracle: RawTensor): Int32Array | null {
+  const K = oracle.shape[oracle.shape.length - 1] ?? 1;
+  if (count(engine.shape) !== count(oracle.shape) || (engine.shape[engine.shape.length - 1] ?? 1) !== K) return null;
+  const e = tensorValues(engine);
+  const o = tensorValues(oracle);
+  const perm = new Int32Array(o.length);
+  for (let r = 0; r < o.length / K; r++) {
+    const used = new Array<boolean>(K).fill(false);
+    for (let k = 0; k < K; k++) {
+      let at = -1;
+      for (let j = 0; j < K; j++) if (!used[j] && e[r * K + j] === o[r * K + k]) { at = j; break; }
+      if (at < 0) return null;
+      used[at] = true;
+      perm[r * K + k] = at;
+    }
+  }
+  return perm;
+}
+
+/** `t` with axis 2 (the top-k axis after B and L) reordered: out[row, k] = t[row, perm[row, k]]. */
+export function reorderTopK(t: RawTensor, perm: Int32Array): RawTensor {
+  const K = t.shape[2] ?? 1;
+  const rows = perm.length / K;
+  const n = count(t.shape);
+  if (t.shape.length < 3 || rows * K === 0 || n % (rows * K) !== 0) throw new Error(`reorderTopK: shape [${t.shape}] does not hold ${rows} rows of ${K} experts`);
+  const inner = (n / (rows * K)) * (t.data.byteLength / Math.max(1, n));
+  const out = new Uint8Array(t.data.byteLength);
+  for (let r = 0; r < rows; r++) {
+    for (let k = 0; k < K; k++) {
+      const from = (r * K + perm[r * K + k]!) * inner;
+      out.set(t.data.subarray(from, from + inner), (r * K + k) * inner);
+    }
+  }
+  return { ...t, data: out };
 }

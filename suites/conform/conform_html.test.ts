@@ -39,7 +39,7 @@ function report(): ConformReport {
     dump: { dir: "dump", engine: { name: "synthetic", version: "1", device: "cpu", dtype: "float32" }, checkpoint: "ckpt", promptLength: 9, schedule: { kind: "generate", prefill_step_size: 4, max_tokens: 11 }, level: 1, tensors: cs.length },
     floor: { file: "noise_floor.json", status: FLOOR.status, measured: null },
     verdict: { status: v.status, headline: v.headline, strict: false, firstOutside: v.firstOutside?.name ?? null, firstLayerOutside: v.firstLayerOutside, firstTokenDiff: null },
-    tokens: null, notCompared: [], compared: cs.length, bitExact: 0, exact: 0, logits: logitSummary(cs), layers: v.layers, kinds: kindSummaries(tensorRows(cs, v.tensors)), tensors: tensorRows(cs, v.tensors),
+    tokens: null, notCompared: [], compared: cs.length, bitExact: 0, exact: 0, reordered: 0, logits: logitSummary(cs), layers: v.layers, kinds: kindSummaries(tensorRows(cs, v.tensors)), tensors: tensorRows(cs, v.tensors),
   };
 }
 

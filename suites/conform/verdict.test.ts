@@ -9,7 +9,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { logSoftmax, rawFromFloat64, type RawTensor } from "../../oracle/conform/metrics.ts";
-import { compareMask, compareTensor, materializeMask, type TensorComparison } from "../../oracle/conform/tensor_compare.ts";
+import { compareMask, compareTensor, materializeMask, reorderTopK, type TensorComparison, topkPermutation } from "../../oracle/conform/tensor_compare.ts";
 import { exitCodeOf, floorFor, judge, loadNoiseFloor, type NoiseFloor, NOISE_FLOOR_SCHEMA, NoiseFloorError } from "../../oracle/conform/verdict.ts";
 
 const MEASURED: NoiseFloor = {
@@ -187,5 +187,20 @@ describe("masks given as a kind on either side", () => {
     expect(compareMask("m", where, "causal", "m", "none").note).toBe("mask causal where mlx-lm has none");
     expect(compareMask("m", where, "none", "m", materializeMask("none", [2, 2])).exact).toBe(true);
     expect(compareMask("m", where, "causal", "m", materializeMask("none", [2, 2])).note).toBe("1 of 4 mask entries differ from the causal mask the engine gives");
+  });
+});
+
+describe("the MoE router's top-k axis (its order is unspecified)", () => {
+  const u32 = (v: number[], shape: number[]): RawTensor => ({ dtype: "uint32", shape, data: new Uint8Array(Uint32Array.from(v).buffer) });
+  it("the engine's experts are put into mlx-lm's order by id; different sets are left as they are", () => {
+    // 2 tokens × top-2: mlx-lm [5,1], [0,3]; the engine sorted them [1,5], [0,3]
+    const perm = topkPermutation(u32([1, 5, 0, 3], [1, 2, 2]), u32([5, 1, 0, 3], [1, 2, 2]))!;
+    expect(Array.from(perm)).toEqual([1, 0, 0, 1]);
+    expect(topkPermutation(u32([1, 6, 0, 3], [1, 2, 2]), u32([5, 1, 0, 3], [1, 2, 2]))).toBeNull();
+    // a (B, L, K, H) tensor follows: rows of H = 2 floats per expert
+    const y = rawFromFloat64([10, 11, 50, 51, 0, 1, 30, 31], [1, 2, 2, 2], "float32");
+    const r = reorderTopK(y, perm);
+    expect(Array.from(new Float32Array(r.data.buffer))).toEqual([50, 51, 10, 11, 0, 1, 30, 31]);
+    expect(Array.from(new Uint32Array(reorderTopK(u32([1, 5, 0, 3], [1, 2, 2]), perm).data.buffer))).toEqual([5, 1, 0, 3]);
   });
 });
