@@ -7,9 +7,9 @@
 // (oracle/conform/verdict.ts). Reports: terminal table, <out>/conform.json, conform.md,
 // conform.html. Exit 0 conforms, 1 diverges (or the floor is not measured), 2 bad usage or input.
 import { mkdirSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { isAbsolute, join, resolve } from "node:path";
 import { existsSync, unlinkSync } from "node:fs";
-import { closeSharedOracle, expectReply, OracleClient, OracleError, type ScenarioSpec } from "../oracle/client.ts";
+import { closeSharedOracle, expectReply, OracleClient, OracleError, REPO_ROOT, type ScenarioSpec } from "../oracle/client.ts";
 import { DumpError, splitName, type ValidDump, validateDump } from "../oracle/conform/dump.ts";
 import { firstDifferingStep } from "../oracle/conform/metrics.ts";
 import { compareMask, compareTensor, reorderTopK, type TensorComparison, TOPK_KINDS, topkPermutation } from "../oracle/conform/tensor_compare.ts";
@@ -23,7 +23,7 @@ import { conformServer } from "./conform_server.ts";
 
 export const FLAGS: FlagSpec[] = [
   { name: "dump", kind: "string", valueName: "dir", help: "the engine's dump folder (format: oracle/conform/FORMAT.md)" },
-  { name: "checkpoint", kind: "string", valueName: "dir", help: "the checkpoint folder the engine loaded (its files' sha256 must be the dump's); mlx-lm loads it too" },
+  { name: "checkpoint", kind: "string", valueName: "dir|id", help: "the checkpoint folder the engine loaded (its files' sha256 must be the dump's; a fixture id such as c1_dense/f32 names one of .cache/checkpoints); mlx-lm loads it too" },
   { name: "out", kind: "string", valueName: "dir", help: "where the reports go", default: "report" },
   { name: "floor", kind: "string", valueName: "file", help: "the noise floor (default: oracle/conform/noise_floor.json)" },
   { name: "strict", kind: "bool", help: "only bit-exact tensors pass (the bar for an engine on the same libmlx, e.g. this project's TS port)" },
@@ -223,6 +223,13 @@ export function writeReports(rep: ConformReport, out: string): string[] {
   return files;
 }
 
+/** A checkpoint folder, or a fixture id ("c1_dense/f32") of the checkpoint cache npm run setup fills. */
+function checkpointDir(ref: string): string {
+  if (existsSync(join(ref, "config.json"))) return ref;
+  const fixture = join(REPO_ROOT, ".cache", "checkpoints", ref);
+  return !isAbsolute(ref) && existsSync(join(fixture, "config.json")) ? fixture : ref;
+}
+
 /** Bad input the command reports with exit code 2: a bad dump or floor file, besides bad usage. */
 function isBadInput(e: unknown): boolean {
   return e instanceof DumpError || e instanceof NoiseFloorError || e instanceof UsageError;
@@ -246,7 +253,7 @@ export async function main(argv: string[], deps: { oracle?: OracleClient; write?
   }
   if (typeof a.dump !== "string") throw new UsageError("--dump <dir> is required, unless --server <url> (see --help)");
   if (typeof a.checkpoint !== "string") throw new UsageError("--checkpoint <dir> is required: the checkpoint folder the engine loaded (see --help)");
-  const opts: ConformOptions = { dump: a.dump, checkpoint: a.checkpoint, floorFile: a.floor as string | undefined, strict: a.strict === true, progress: a.json !== true && deps.write === undefined };
+  const opts: ConformOptions = { dump: a.dump, checkpoint: checkpointDir(a.checkpoint), floorFile: a.floor as string | undefined, strict: a.strict === true, progress: a.json !== true && deps.write === undefined };
   // Validate the dump and the floor before starting mlx-lm: bad input answers at once.
   const dump = validateDump(opts.dump, opts.checkpoint);
   loadNoiseFloor(opts.floorFile ?? DEFAULT_FLOOR_PATH);
