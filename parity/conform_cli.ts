@@ -5,7 +5,8 @@
 // and every tensor is compared: the bit-exact count where the dtypes agree, the distribution
 // metrics always (oracle/conform/metrics.ts), judged against the noise floor per tap kind
 // (oracle/conform/verdict.ts). Reports: terminal table, <out>/conform.json, conform.md,
-// conform.html. Exit 0 conforms, 1 diverges (or the floor is not measured), 2 bad usage or input.
+// conform.html. Exit 0 conforms, 1 diverges (or the floor is not measured), 2 bad usage or input,
+// 3 the oracle failed (as npm run parity).
 import { mkdirSync, writeFileSync } from "node:fs";
 import { isAbsolute, join, resolve } from "node:path";
 import { existsSync, unlinkSync } from "node:fs";
@@ -43,7 +44,8 @@ Server mode: npm run conform -- --server URL --checkpoint DIR --tokens IDS check
 OpenAI-compatible /v1/completions endpoint instead of a dump (--server URL --help: its flags).
 
 Reports: <out>/conform.json, <out>/conform.md, <out>/conform.html (per-layer error plot).
-Exit status: 0 conforms, 1 diverges or the floor is not measured, 2 bad usage or a bad dump.
+Exit status: 0 conforms, 1 diverges or the floor is not measured, 2 bad usage or a bad dump,
+3 the oracle failed (mlx-lm raised or its process died: no verdict).
 
 Example:
   bun engines/ts_port/dump.ts --checkpoint ckpt --prompt 2,5,9,4 --prefill-step-size 2 --max-tokens 4 --level 1 --out dump
@@ -270,13 +272,16 @@ export async function main(argv: string[], deps: { oracle?: OracleClient; write?
   return exitCodeOf(rep.verdict);
 }
 
+/** Exit 3, as npm run parity: the oracle failed (mlx-lm raised or its process died), so there is no verdict. */
+export const ORACLE_FAILED = 3;
+
+function errorMessage(err: Error): string {
+  const msg = err.message.split("\n--- python traceback ---")[0];
+  if (err instanceof OracleError) return `error: the oracle failed, no verdict (exit ${ORACLE_FAILED}): ${msg}\n(run with --verbose for the Python traceback)\n`;
+  return `error: ${msg}\n`;
+}
+
 if (import.meta.main) {
-  runMain(
-    (argv) =>
-      main(argv).catch((e) => {
-        // A bad dump or floor file is bad input (exit 2), as bad usage is.
-        if (isBadInput(e) && !(e instanceof UsageError)) throw new UsageError(e.message);
-        throw e;
-      }),
-  );
+  // A bad dump or floor file is bad input (exit 2), as bad usage is; an oracle failure exit 3.
+  runMain(main, errorMessage, (err) => (err instanceof OracleError ? ORACLE_FAILED : isBadInput(err) ? 2 : undefined));
 }

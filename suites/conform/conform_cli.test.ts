@@ -11,7 +11,8 @@
 //     "floor not measured" against the placeholder);
 //   - a dump whose step-1 logits prefer another token (and whose tokens follow them) is named at
 //     step1/logits, the first differing greedy step is 1, and the calls after it are not compared;
-//   - bad input exits 2 in a real process: a dump of another checkpoint, a missing --checkpoint.
+//   - bad input exits 2 in a real process: a dump of another checkpoint, a missing --checkpoint;
+//     an oracle that cannot start exits 3 (no verdict).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -152,7 +153,7 @@ describe("npm run conform", () => {
     expect(rep.logits!.top1).toBeLessThan(1);
   }, limit(60_000));
 
-  it("bad input exits 2 with one line naming the problem", () => {
+  it("bad input exits 2 with one line naming the problem; a failed oracle 3", () => {
     const cli = (args: string[]) => spawnSync(process.execPath, [join(REPO_ROOT, "parity", "conform_cli.ts"), ...args], { encoding: "utf8", cwd: REPO_ROOT });
     const other = cli(["--dump", exact, "--checkpoint", OTHER, "--out", join(tmp, "r2")]);
     expect(other.status).toBe(2);
@@ -160,5 +161,9 @@ describe("npm run conform", () => {
     const noCkpt = cli(["--dump", exact]);
     expect(noCkpt.status).toBe(2);
     expect(noCkpt.stderr).toMatch(/--checkpoint <dir> is required/);
+    // an oracle that cannot start is no verdict: exit 3, as npm run parity
+    const noOracle = spawnSync(process.execPath, [join(REPO_ROOT, "parity", "conform_cli.ts"), "--dump", exact, "--checkpoint", CKPT, "--out", join(tmp, "r3")], { encoding: "utf8", cwd: REPO_ROOT, env: { ...process.env, ORACLE_PYTHON: join(tmp, "no-venv", "bin", "python") } });
+    expect(noOracle.status).toBe(3);
+    expect(noOracle.stderr).toMatch(/^error: the oracle failed, no verdict \(exit 3\): python interpreter not found/);
   }, limit(30_000));
 });
