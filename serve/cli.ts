@@ -1,0 +1,135 @@
+// `npm run serve -- --model DIR [flags]`: an OpenAI-compatible HTTP server over the TypeScript
+// Gemma 4 port, with mlx_lm.server 0.32.2's API and flag names (see serve/server.ts and the
+// README's "Serving" section). Requests are served one at a time (no batching yet).
+// Exit codes: 0 after SIGINT/SIGTERM, 2 bad usage or input (flags, checkpoint, port in use).
+import { resolve } from "node:path";
+import * as mx from "@mlx-bun/mlx";
+import { loadGenerationModel } from "../model/runtime.ts";
+import { checkCheckpoint } from "../model/gemma4/index.ts";
+import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "../parity/args.ts";
+import { applyDeviceFlag, DEVICE_FLAG } from "../parity/device.ts";
+import { inspectCheckpoint } from "../parity/inputs.ts";
+import { Engine } from "./engine.ts";
+import { startServer } from "./server.ts";
+import { loadServedTokenizer, TokenizerLoadError } from "./tokenizer.ts";
+
+export const FLAGS: FlagSpec[] = [
+  { name: "model", kind: "string", valueName: "dir", help: "the local Gemma 4 checkpoint to serve (required; the only model this server serves)" },
+  { name: "host", kind: "string", valueName: "addr", help: "address to bind (loopback unless you say otherwise)", default: "127.0.0.1" },
+  { name: "port", kind: "int", valueName: "N", help: "port (0: any free port, printed at start)", default: 8080 },
+  { name: "api-key", kind: "string", valueName: "key", help: "require 'Authorization: Bearer <key>' on every endpoint but /health (401 otherwise); default: MLX_SERVE_API_KEY if set, else no key" },
+  { name: "allowed-origins", kind: "string", valueName: "a,b", help: "CORS origins answered with Access-Control-Allow-Origin ('*' for any); default: none (mlx_lm.server's default is '*')" },
+  { name: "temp", kind: "number", valueName: "T", help: "default sampling temperature", default: 0 },
+  { name: "top-p", kind: "number", valueName: "P", help: "default nucleus sampling top-p", default: 1 },
+  { name: "top-k", kind: "int", valueName: "K", help: "default top-k sampling (0 disables)", default: 0 },
+  { name: "min-p", kind: "number", valueName: "P", help: "default min-p sampling (0 disables)", default: 0 },
+  { name: "max-tokens", kind: "int", valueName: "N", help: "default maximum number of tokens to generate", default: 512 },
+  { name: "chat-template-args", kind: "string", valueName: "json", help: "JSON object of arguments for the chat template, e.g. '{\"enable_thinking\":false}'", default: "{}" },
+  { name: "prefill-step-size", kind: "int", valueName: "N", help: "step size for prefill processing", default: 2048 },
+  { name: "max-body-bytes", kind: "int", valueName: "N", help: "largest request body accepted (413 above)", default: 1048576 },
+  { name: "max-prompt-tokens", kind: "int", valueName: "N", help: "longest prompt accepted, in tokens (400 above); default: the model's max_position_embeddings" },
+  { name: "max-tokens-limit", kind: "int", valueName: "N", help: "largest max_tokens a request may ask for (400 above)", default: 8192 },
+  { name: "log-level", kind: "string", valueName: "level", help: "INFO (one line per request) or WARNING/ERROR (errors only)", default: "INFO" },
+  DEVICE_FLAG,
+  { name: "help", kind: "bool", help: "show this help" },
+];
+
+/** mlx_lm.server flags this server does not have yet: named, so that the error says so. */
+const NOT_YET = ["adapter-path", "draft-model", "num-draft-tokens", "trust-remote-code", "chat-template", "use-default-chat-template", "decode-concurrency", "prompt-concurrency", "prompt-cache-size", "prompt-cache-bytes", "kv-bits", "kv-group-size", "quantized-kv-start", "pipeline"];
+
+function positiveInt(a: Record<string, unknown>, name: string, min = 1): number {
+  const v = Number(a[name]);
+  if (!Number.isSafeInteger(v) || v < min) throw new UsageError(`--${name} must be an integer >= ${min}, got ${a[name]}`);
+  return v;
+}
+
+async function main(argv: string[]): Promise<number> {
+  for (const arg of argv) {
+    const name = arg.startsWith("--") ? arg.slice(2).split("=")[0]! : "";
+    if (NOT_YET.includes(name)) throw new UsageError(`--${name} (an mlx_lm.server flag) is not supported by this server yet`);
+  }
+  const a = parseArgs(argv, FLAGS);
+  if (a.help) {
+    process.stdout.write(
+      helpText(
+        "npm run serve -- --model <dir> [options]",
+        "Serves the TypeScript Gemma 4 port over HTTP with mlx_lm.server's API (POST /v1/completions, /v1/chat/completions; GET /v1/models, /health), one request at a time.",
+        FLAGS,
+      ),
+    );
+    return 0;
+  }
+  if (typeof a.model !== "string") throw new UsageError("--model <dir> is required");
+  const dev = applyDeviceFlag(a.device);
+  const info = inspectCheckpoint(a.model);
+  checkCheckpoint(a.model);
+  const port = Number(a.port);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError(`--port must be between 0 and 65535, got ${a.port}`);
+  const temp = Number(a.temp);
+  const topP = Number(a["top-p"]);
+  const minP = Number(a["min-p"]);
+  if (temp < 0) throw new UsageError("--temp must be >= 0");
+  if (topP < 0 || topP > 1) throw new UsageError("--top-p must be between 0 and 1");
+  if (minP < 0 || minP > 1) throw new UsageError("--min-p must be between 0 and 1");
+  let chatTemplateArgs: unknown;
+  try {
+    chatTemplateArgs = JSON.parse(String(a["chat-template-args"]));
+  } catch (e) {
+    throw new UsageError(`--chat-template-args is not valid JSON: ${(e as Error).message}`);
+  }
+  if (chatTemplateArgs === null || typeof chatTemplateArgs !== "object" || Array.isArray(chatTemplateArgs)) throw new UsageError("--chat-template-args must be a JSON object");
+  const level = String(a["log-level"]).toUpperCase();
+  if (!["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"].includes(level)) throw new UsageError(`--log-level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got '${a["log-level"]}'`);
+  const verbose = level === "DEBUG" || level === "INFO";
+  const apiKey = typeof a["api-key"] === "string" ? a["api-key"] : process.env.MLX_SERVE_API_KEY || null;
+  if (apiKey !== null && apiKey.length === 0) throw new UsageError("--api-key must not be empty");
+  const maxPromptTokens = a["max-prompt-tokens"] === undefined ? info.maxPositions : positiveInt(a, "max-prompt-tokens");
+
+  let tokenizer;
+  try {
+    tokenizer = await loadServedTokenizer(a.model);
+  } catch (e) {
+    if (e instanceof TokenizerLoadError) throw new UsageError(e.message);
+    throw e;
+  }
+  const { model } = loadGenerationModel(a.model);
+  const engine = new Engine(model, tokenizer, positiveInt(a, "prefill-step-size"));
+  const log = (line: string) => process.stderr.write(`${new Date().toISOString()} ${line}\n`);
+  let server;
+  try {
+    server = startServer(
+      {
+        host: String(a.host),
+        port,
+        modelArg: a.model,
+        modelId: resolve(a.model),
+        apiKey,
+        allowedOrigins: typeof a["allowed-origins"] === "string" ? a["allowed-origins"].split(",") : [],
+        maxBodyBytes: positiveInt(a, "max-body-bytes"),
+        maxPromptTokens,
+        maxTokensLimit: positiveInt(a, "max-tokens-limit"),
+        vocabSize: Number(info.text.vocab_size ?? 262144),
+        defaults: { maxTokens: Number(a["max-tokens"]), temp, topP, topK: Number(a["top-k"]), minP, numDraftTokens: 3 },
+        chatTemplateArgs: chatTemplateArgs as Record<string, unknown>,
+        systemFingerprint: `gemma4-parity-serve-${process.platform}-${process.arch}-${dev.device}${dev.gpu ? `-${dev.gpu}` : ""}`,
+        log: (line) => (verbose || line.startsWith("error") ? log(line) : undefined),
+      },
+      engine,
+      tokenizer,
+    );
+  } catch (e) {
+    throw new UsageError(`cannot listen on ${a.host}:${port}: ${(e as Error).message}`);
+  }
+  // The line a caller (or a test) waits for: the address actually bound.
+  process.stdout.write(`serving ${resolve(a.model)} at ${server.url} (device ${dev.device}${apiKey ? ", API key required" : ""})\n`);
+  if (!["127.0.0.1", "localhost", "::1"].includes(String(a.host))) log(`warning: listening on ${a.host}, reachable from other machines${apiKey ? "" : " without an API key"}`);
+  await new Promise<void>((done) => {
+    const stop = () => void server.stop().then(done, done);
+    process.once("SIGINT", stop);
+    process.once("SIGTERM", stop);
+  });
+  mx.clearCache();
+  return 0;
+}
+
+if (import.meta.main) runMain(main);
