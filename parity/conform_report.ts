@@ -44,8 +44,8 @@ export interface ConformReport {
 export interface KindSummary {
   kind: string;
   tensors: number;
-  /** Largest relative L2 error (0 when none is defined or every one is exact). */
-  maxRelL2: number;
+  /** Largest relative L2 error (absent where none is defined: integers, masks, logprobs against logits). */
+  maxRelL2?: number;
   /** Largest per-row KL (logits / logprobs only). */
   maxKl?: number;
   floorKey: string;
@@ -60,13 +60,13 @@ export function kindSummaries(rows: readonly ConformTensorRow[]): KindSummary[] 
   for (const r of rows) {
     let k = by.get(r.kind);
     if (!k) {
-      k = { kind: r.kind, tensors: 0, maxRelL2: 0, floorKey: r.floorKey, floorRelL2: r.floorRelL2, ...(r.floorKl !== undefined && LOGIT_KINDS.has(r.kind) ? { floorKl: r.floorKl } : {}), outside: 0 };
+      k = { kind: r.kind, tensors: 0, floorKey: r.floorKey, floorRelL2: r.floorRelL2, ...(r.floorKl !== undefined && LOGIT_KINDS.has(r.kind) ? { floorKl: r.floorKl } : {}), outside: 0 };
       by.set(r.kind, k);
     }
     k.tensors++;
     if (!r.within) k.outside++;
     const e = r.metrics?.relL2;
-    if (e !== undefined && !(e <= k.maxRelL2)) k.maxRelL2 = e;
+    if (e !== undefined && (k.maxRelL2 === undefined || !(e <= k.maxRelL2))) k.maxRelL2 = e;
     const kl = r.logits?.klMax;
     if (kl !== undefined && (k.maxKl === undefined || !(kl <= k.maxKl))) k.maxKl = kl;
   }

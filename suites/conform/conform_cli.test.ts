@@ -75,7 +75,7 @@ describe("npm run conform", () => {
     expect(rep.verdict.status).toBe("CONFORMS");
     expect(code).toBe(0);
     expect(rep.exact).toBe(rep.compared);
-    expect(rep.kinds.every((k) => k.outside === 0 && k.maxRelL2 === 0)).toBe(true);
+    expect(rep.kinds.every((k) => k.outside === 0 && (k.maxRelL2 ?? 0) === 0)).toBe(true);
     const floats = rep.tensors.filter((t) => t.engineDtype === "float32");
     expect(floats.length).toBeGreaterThan(100);
     for (const t of floats) expect(t.mismatches, t.name).toBeNull();
