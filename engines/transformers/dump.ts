@@ -54,48 +54,73 @@ export function levelOf(config: Record<string, unknown>, length: number, present
   return -1;
 }
 
+export interface HfRun {
+  /** The folder holding tensors.safetensors (float64 values as uint64 bit patterns); remove it with dispose(). */
+  dir: string;
+  versions: Record<string, string>;
+  written: string[];
+  notRead: string[];
+  missingUnused: string[];
+  dispose(): void;
+}
+
+/**
+ * Runs hf_dump.py: one transformers forward of `prompt` on the checkpoint in `dtype` (float64 only
+ * for the noise-floor measurement: it is never a dump), every tap of the scheme it can read.
+ */
+export function runTransformers(dir: string, prompt: number[], dtype: TorchDtype | "float64"): HfRun {
+  const config = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
+  const { args } = loadConfig(dir);
+  const vocab = args.vocab_size;
+  const bad = prompt.find((t) => !Number.isInteger(t) || t < 0 || t >= vocab);
+  if (prompt.length === 0 || bad !== undefined) throw new EngineUsageError(`prompt: token ids must be integers in [0, ${vocab}); got ${bad ?? "none"}`);
+  const taps = callTaps(config, scheduleCalls(prompt.length, { kind: "forward" })[0]!);
+  const py = ensureVenv();
+  const tmp = join(REPO_ROOT, ".cache", `transformers-run-${process.pid}-${runSeq++}`);
+  rmSync(tmp, { recursive: true, force: true });
+  mkdirSync(tmp, { recursive: true });
+  const dispose = () => rmSync(tmp, { recursive: true, force: true });
+  try {
+    writeFileSync(join(tmp, "job.json"), JSON.stringify({ id: dir, dir, args, tokens: prompt, dtype, taps }));
+    const r = spawnSync(py, [SCRIPT, join(tmp, "job.json"), tmp], { cwd: REPO_ROOT, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 26 });
+    if (r.error || r.status !== 0) throw new Error(`transformers (hf_dump.py) failed: ${r.error?.message ?? `exit ${r.status}`}\n${(r.stderr ?? "").trim().split("\n").slice(-6).join("\n")}`);
+    const out = JSON.parse(r.stdout.trim().split("\n").pop()!) as { versions: Record<string, string>; written: string[]; not_read: string[]; missing_unused: string[] };
+    return { dir: tmp, versions: out.versions, written: out.written, notRead: out.not_read, missingUnused: out.missing_unused, dispose };
+  } catch (e) {
+    dispose();
+    throw e;
+  }
+}
+let runSeq = 0;
+
 /** Runs transformers on one forward and writes the dump to `out` (replacing a dump there). */
 export function transformersDump(opts: { checkpoint: string; out: string; dtype: TorchDtype; prompt: number[] }): TransformersDumpResult {
   const dir = opts.checkpoint;
   const config = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>;
-  const { args } = loadConfig(dir);
-  const vocab = args.vocab_size;
-  const bad = opts.prompt.find((t) => !Number.isInteger(t) || t < 0 || t >= vocab);
-  if (opts.prompt.length === 0 || bad !== undefined) throw new EngineUsageError(`prompt: token ids must be integers in [0, ${vocab}); got ${bad ?? "none"}`);
-  const call = scheduleCalls(opts.prompt.length, { kind: "forward" })[0]!;
-  const taps = callTaps(config, call);
-  const py = ensureVenv();
-  const tmp = join(REPO_ROOT, ".cache", `transformers-dump-${process.pid}`);
-  rmSync(tmp, { recursive: true, force: true });
-  mkdirSync(tmp, { recursive: true });
+  const run = runTransformers(dir, opts.prompt, opts.dtype);
   try {
-    writeFileSync(join(tmp, "job.json"), JSON.stringify({ id: dir, dir, args, tokens: opts.prompt, dtype: opts.dtype, taps }));
-    const r = spawnSync(py, [SCRIPT, join(tmp, "job.json"), tmp], { cwd: REPO_ROOT, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 26 });
-    if (r.error || r.status !== 0) throw new Error(`transformers (hf_dump.py) failed: ${r.error?.message ?? `exit ${r.status}`}\n${(r.stderr ?? "").trim().split("\n").slice(-6).join("\n")}`);
-    const out = JSON.parse(r.stdout.trim().split("\n").pop()!) as { versions: Record<string, string>; written: string[]; not_read: string[]; missing_unused: string[] };
-    const st = mx.loadSafetensors(join(tmp, "tensors.safetensors"));
+    const st = mx.loadSafetensors(join(run.dir, "tensors.safetensors"));
     try {
-      const present = new Set(out.written);
-      const level = levelOf(config, opts.prompt.length, present);
-      if (level < 0) throw new Error(`transformers gave no logits (read ${out.written.length} taps)`);
+      const level = levelOf(config, opts.prompt.length, new Set(run.written));
+      if (level < 0) throw new Error(`transformers gave no logits (read ${run.written.length} taps)`);
       const manifest = writeDump(
         opts.out,
         {
-          engine: { name: ENGINE, version: out.versions.transformers!, device: "cpu", dtype: opts.dtype },
+          engine: { name: ENGINE, version: run.versions.transformers!, device: "cpu", dtype: opts.dtype },
           checkpoint: { files: checkpointHashes(dir) },
           prompt: opts.prompt,
           schedule: { kind: "forward" },
           level,
-          notes: `torch ${out.versions.torch}, eager attention and experts, one thread; taps read through module hooks (engines/transformers/README.md)${out.not_read.length ? `; not read: ${out.not_read.join(", ")}` : ""}`,
+          notes: `torch ${run.versions.torch}, eager attention and experts, one thread; taps read through module hooks (engines/transformers/README.md)${run.notRead.length ? `; not read: ${run.notRead.join(", ")}` : ""}`,
         },
-        out.written.map((n) => [n, st.arrays.get(n)!] as [string, mx.MlxArray]),
+        run.written.map((n) => [n, st.arrays.get(n)!] as [string, mx.MlxArray]),
       );
-      return { manifest, versions: out.versions, notRead: out.not_read, missingUnused: out.missing_unused };
+      return { manifest, versions: run.versions, notRead: run.notRead, missingUnused: run.missingUnused };
     } finally {
       for (const a of st.arrays.values()) a.dispose();
     }
   } finally {
-    rmSync(tmp, { recursive: true, force: true });
+    run.dispose();
   }
 }
 

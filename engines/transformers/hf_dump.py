@@ -5,7 +5,7 @@ intermediate values read through module hooks and named by the tap scheme (oracl
 Runs in .venv-reference (torch + transformers; made by ensureVenv in oracle/reference_export.ts).
 Called by engines/transformers/dump.ts with a job file:
   {"id", "dir", "args" (mlx-lm's resolved ModelArgs, as reference_export takes them),
-   "tokens": [ids], "dtype": "float32" | "bfloat16", "taps": [the tap names the scheme expands]}
+   "tokens": [ids], "dtype": "float32" | "bfloat16" | "float64", "taps": [the tap names the scheme expands]}
 and an output folder. The model is built exactly as the independent reference builds it
 (oracle/python/reference_export.py: hf_config, build_model). Writes <out>/tensors.safetensors
 (every tap it could read, in the dtype transformers computed it; token ids int32, the RoPE offset
@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 import reference_export as ref  # noqa: E402
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 class Recorder:
@@ -277,7 +277,10 @@ def dump_one(job: dict, out: Path) -> dict:
     if unknown:
         raise RuntimeError(f"read taps the scheme does not name for this call: {unknown[:8]}")
     names = [n for n in job["taps"] if n in rec.taps]
-    save_file({n: rec.taps[n] for n in names}, str(out / "tensors.safetensors"))
+    # float64 (the noise-floor measurement's exact reference, never a dump): MLX reads no F64
+    # safetensors, so float64 values travel as their uint64 bit patterns, as in reference_export
+    stored = {n: (rec.taps[n].view(torch.uint64) if rec.taps[n].dtype == torch.float64 else rec.taps[n]) for n in names}
+    save_file(stored, str(out / "tensors.safetensors"))
     return {"written": names, "not_read": [n for n in job["taps"] if n not in rec.taps],
             "missing_unused": sorted(info.missing_keys), "np": np.__version__}
 
