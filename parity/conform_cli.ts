@@ -85,12 +85,14 @@ interface WireTap {
 }
 
 /**
- * mlx-lm's capture of the dump's schedule, streamed: the server writes each tap to its .npy as it
- * records it, so neither side holds a whole capture of a real-size model in memory (the
- * comparison reads one tap at a time). Returns the taps in execution order and the tokens.
+ * mlx-lm's capture of the dump's schedule, streamed: the server writes each tap the dump holds to
+ * its .npy as it records it (and no other), so neither side holds a whole capture of a real-size
+ * model in memory (the comparison reads one tap at a time). Returns every tap name in execution
+ * order and the tokens.
  */
-async function captureStreamed(oracle: OracleClient, checkpoint: string, scenario: ScenarioSpec): Promise<{ generated: number[]; taps: WireTap[] }> {
-  const cap = await oracle.request<{ meta: { generated?: number[] }; taps: WireTap[] }>("capture", { checkpoint, scenario, mode: "full", only: null, stream: true }, 1_800_000);
+async function captureStreamed(oracle: OracleClient, checkpoint: string, scenario: ScenarioSpec, only: readonly string[]): Promise<{ generated: number[]; taps: WireTap[] }> {
+  // `only` with `stream`: mlx-lm writes just these taps' data (every name is still listed, in order)
+  const cap = await oracle.request<{ meta: { generated?: number[] }; taps: WireTap[] }>("capture", { checkpoint, scenario, mode: "full", only, stream: true }, 1_800_000);
   expectReply("capture", cap, { meta: "object", taps: "array" });
   const bad = cap.taps.find((t) => t === null || typeof t !== "object" || typeof t.name !== "string");
   if (bad !== undefined) throw new OracleError(`malformed reply from oracle to capture: tap ${JSON.stringify(bad)?.slice(0, 200)}`, "capture");
@@ -114,7 +116,7 @@ export async function conform(oracle: OracleClient, opts: ConformOptions, valida
   }
   const bar = opts.progress ? new ProgressBar("conform") : null;
   bar?.update(0, "mlx-lm capture");
-  const cap = await captureStreamed(oracle, resolve(opts.checkpoint), scenarioOf(dump));
+  const cap = await captureStreamed(oracle, resolve(opts.checkpoint), scenarioOf(dump), [...want]);
   try {
     return compareCapture(oracle, opts, dump, floor, cap, want, names, bar);
   } finally {

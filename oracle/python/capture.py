@@ -12,6 +12,7 @@ later in-place cache updates cannot alter it.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import re
 import sys
 from dataclasses import dataclass, field
@@ -486,9 +487,17 @@ def logits_only(call: Call, short: str) -> bool:
 
 
 def capture(model: nn.Module, scn: dict, mode: str = "full",
-            spill: Callable[[np.ndarray, str], dict] | None = None) -> tuple[list[Call], dict]:
-    """Run one scenario under the Recorder; returns the verified calls and scenario meta."""
+            spill: Callable[[np.ndarray, str], dict] | None = None,
+            only: list[str] | None = None) -> tuple[list[Call], dict]:
+    """Run one scenario under the Recorder; returns the verified calls and scenario meta.
+    only: full tap names or fnmatch globs; the data of any other tap is not copied out (every
+    name is still recorded and verified), so a streamed capture writes only what is asked."""
     keep = (lambda c, n: True) if mode == "full" else logits_only
+    if only is not None:
+        exact = {g for g in only if not any(ch in g for ch in "*?[")}
+        globs = [g for g in only if g not in exact]
+        base = keep
+        keep = lambda c, n: base(c, n) and (c.prefix + n in exact or any(fnmatch.fnmatchcase(c.prefix + n, g) for g in globs))  # noqa: E731
     rec = Recorder(model, call_schedule(scn), keep, spill)
     meta: dict[str, Any] = {"scenario": scn["id"], "kind": scn["kind"], "mode": mode}
     with rec:

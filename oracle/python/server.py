@@ -154,13 +154,14 @@ class Server:
             return capture_mm.mm_scenario(s)
         raise KeyError(f"unknown scenario {s!r}")
 
-    def run_capture(self, ref: str, scn: dict, mode: str, spill=None):
-        """capture.capture under mlx-lm, or capture_mm.mm_capture under mlx-vlm for media scenarios."""
+    def run_capture(self, ref: str, scn: dict, mode: str, spill=None, only=None):
+        """capture.capture under mlx-lm, or capture_mm.mm_capture under mlx-vlm for media scenarios.
+        only (mlx-lm, streamed captures): copy out just these taps' data (names or globs)."""
         if self.is_mm(scn):
             import capture_mm
 
             return capture_mm.mm_capture(self.model(ref, vlm=True), scn, mode, spill, model_dir=self.checkpoint_dir(ref))
-        return cap.capture(self.model(ref), scn, mode, spill)
+        return cap.capture(self.model(ref), scn, mode, spill, only)
 
     # ------------------------------------------------------------ commands
     def cmd_ping(self, req: dict) -> dict:
@@ -219,8 +220,9 @@ class Server:
         # server never holds a whole capture in memory (real-size checkpoints).
         stream = bool(req.get("stream", False))
         spill = (lambda data, dtype: self.out_numpy(data, dtype, "tap")) if stream else None
-        calls, meta = self.run_capture(req["checkpoint"], scn, req.get("mode", "full"), spill)
         want = req.get("only")
+        # streamed: `only` decides what is written at all (unstreamed: what is shipped, below)
+        calls, meta = self.run_capture(req["checkpoint"], scn, req.get("mode", "full"), spill, want if stream else None)
         taps = []
         for r, t in zip(golden_io.tap_records(calls), (t for c in calls for t in c.taps.values())):
             if t.file is not None:

@@ -11,6 +11,7 @@
 //     "floor not measured" against the placeholder);
 //   - a dump whose step-1 logits prefer another token (and whose tokens follow them) is named at
 //     step1/logits, the first differing greedy step is 1, and the calls after it are not compared;
+//   - the streamed capture with `only` writes just the named taps;
 //   - bad input exits 2 in a real process: a dump of another checkpoint, a missing --checkpoint;
 //     an oracle that cannot start exits 3 (no verdict).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -152,6 +153,17 @@ describe("npm run conform", () => {
     expect(rep.tensors.some((t) => t.call === "step2")).toBe(false);
     expect(rep.logits!.top1).toBeLessThan(1);
   }, limit(60_000));
+
+  it("the streamed capture it asks for writes only the taps named in `only`", async () => {
+    const oracle = await sharedOracle();
+    const want = ["logits", "layers.2/output", "mask/full_attention"];
+    const cap = await oracle.request<{ taps: { name: string; npy?: string }[] }>("capture", { checkpoint: CKPT, scenario: { id: "conform-only", kind: "forward", tokens: [[2, 5, 9, 4, 7, 11]] }, mode: "full", only: want, stream: true });
+    expect(cap.taps.length).toBeGreaterThan(100); // every name is still listed
+    const written = cap.taps.filter((t) => t.npy);
+    for (const t of written) rmSync(t.npy!, { force: true });
+    // the full-attention mask of a 6-token forward is mlx-lm's "causal" kind: no array to write
+    expect(written.map((t) => t.name).sort()).toEqual(["layers.2/output", "logits"]);
+  }, limit(30_000));
 
   it("bad input exits 2 with one line naming the problem; a failed oracle 3", () => {
     const cli = (args: string[]) => spawnSync(process.execPath, [join(REPO_ROOT, "parity", "conform_cli.ts"), ...args], { encoding: "utf8", cwd: REPO_ROOT });
