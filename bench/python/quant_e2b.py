@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""A full-width random E2B (fewer layers) in bfloat16 and its quantizations, for bench/quant_score.ts.
+
+The source is built exactly as make_checkpoints.py --shape e2b builds a bench checkpoint (same
+config from shape_config, MLX's default random init under mx.random.seed(seed), cast to the
+dtype), but saved unquantized: <out>/bf16. Each variant is that same source quantized with
+mlx-lm's own quantize_model and the model's own predicate, as the fixtures are (default: q4g64,
+q4g32, q8g64 affine and mxfp4 g32): <out>/<variant>. A stamp file skips an up-to-date build.
+
+  quant_e2b.py --out DIR [--layers N] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ORACLE_PY = Path(__file__).resolve().parents[2] / "oracle" / "python"
+sys.path.insert(0, str(ORACLE_PY))
+
+import mlx.core as mx  # noqa: E402
+from mlx.utils import tree_flatten, tree_map, tree_unflatten  # noqa: E402
+from mlx_lm.models import gemma4_text  # noqa: E402
+from mlx_lm.utils import quantize_model, save_config, save_model  # noqa: E402
+
+import make_checkpoints as mkc  # noqa: E402
+from common import atomic_replace_dir  # noqa: E402
+
+VARIANTS = {
+    "q4g64": {"group_size": 64, "bits": 4, "mode": "affine"},
+    "q4g32": {"group_size": 32, "bits": 4, "mode": "affine"},
+    "q8g64": {"group_size": 64, "bits": 8, "mode": "affine"},
+    "mxfp4": {"group_size": 32, "bits": 4, "mode": "mxfp4"},
+}
+
+
+def stamp_of(layers: int, seed: int) -> str:
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(Path(mkc.__file__).read_bytes())
+    h.update(f"{layers}:{seed}:{mx.__version__}".encode())
+    return h.hexdigest()
+
+
+def save(out: Path, name: str, model, cfg: dict) -> None:
+    tmp = out / f".tmp-{name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_model(tmp, model)
+    save_config(cfg, tmp / "config.json")
+    atomic_replace_dir(tmp, out / name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="quant_e2b.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=mkc.DEFAULT_SEED)
+    a = ap.parse_args(argv)
+    out: Path = a.out.resolve()
+    stamp = stamp_of(a.layers, a.seed)
+    if (out / ".stamp").exists() and (out / ".stamp").read_text() == stamp and all((out / v).is_dir() for v in ["bf16", *VARIANTS]):
+        print(f"[quant_e2b] {out}: up to date", flush=True)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ".stamp").unlink(missing_ok=True)
+    cfg = mkc.shape_config("e2b", a.layers)
+    args = gemma4_text.ModelArgs.from_dict(cfg)
+    print(f"[quant_e2b] e2b: {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
+          f"shared {cfg['num_kv_shared_layers']}, bfloat16 -> {out}", flush=True)
+    # as make_checkpoints.build_shape: MLX's default init under the seed, cast to bfloat16
+    mx.random.seed(a.seed)
+    model = gemma4_text.Model(args)
+    model.update(tree_map(lambda v: v.astype(mx.bfloat16), model.parameters()))
+    mx.eval(model.parameters())
+    source = tree_flatten(model.parameters())
+    save(out, "bf16", model, cfg)
+    print("[quant_e2b] bf16 saved", flush=True)
+    for name, q in VARIANTS.items():
+        m = gemma4_text.Model(args)
+        m.update(tree_unflatten(source))
+        _, qcfg = quantize_model(m, json.loads(json.dumps(cfg)), q["group_size"], q["bits"], mode=q["mode"])
+        mx.eval(m.parameters())
+        save(out, name, m, qcfg)
+        print(f"[quant_e2b] {name} saved", flush=True)
+        del m
+    (out / ".stamp").write_text(stamp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
