@@ -2,7 +2,7 @@
 // Gemma 4 port, with mlx_lm.server 0.32.2's API and flag names (see serve/server.ts and the
 // README's "Serving" section). Requests are served one at a time (no batching yet).
 // Exit codes: 0 after SIGINT/SIGTERM, 2 bad usage or input (flags, checkpoint, port in use).
-import { resolve } from "node:path";
+import { realpathSync } from "node:fs";
 import * as mx from "@mlx-bun/mlx";
 import { loadGenerationModel } from "../model/runtime.ts";
 import { checkCheckpoint } from "../model/gemma4/index.ts";
@@ -102,7 +102,7 @@ async function main(argv: string[]): Promise<number> {
         host: String(a.host),
         port,
         modelArg: a.model,
-        modelId: resolve(a.model),
+        modelId: realpathSync(a.model),
         apiKey,
         allowedOrigins: typeof a["allowed-origins"] === "string" ? a["allowed-origins"].split(",") : [],
         maxBodyBytes: positiveInt(a, "max-body-bytes"),
@@ -121,7 +121,7 @@ async function main(argv: string[]): Promise<number> {
     throw new UsageError(`cannot listen on ${a.host}:${port}: ${(e as Error).message}`);
   }
   // The line a caller (or a test) waits for: the address actually bound.
-  process.stdout.write(`serving ${resolve(a.model)} at ${server.url} (device ${dev.device}${apiKey ? ", API key required" : ""})\n`);
+  process.stdout.write(`serving ${realpathSync(a.model)} at ${server.url} (device ${dev.device}${apiKey ? ", API key required" : ""})\n`);
   if (!["127.0.0.1", "localhost", "::1"].includes(String(a.host))) log(`warning: listening on ${a.host}, reachable from other machines${apiKey ? "" : " without an API key"}`);
   await new Promise<void>((done) => {
     const stop = () => void server.stop().then(done, done);

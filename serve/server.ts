@@ -296,6 +296,7 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
     const tokenLogprobs: number[] = [];
     const top: TokenResponse["topTokens"][] = [];
     let currentState = built.initialState;
+    let finished = false;
     try {
       for await (const g of gen) {
         let segments: [string, string][];
@@ -321,11 +322,21 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
           reasoning = "";
           text = "";
         }
-        if (g.finishReason !== null) finishReason = g.finishReason;
+        if (g.finishReason !== null) {
+          finishReason = g.finishReason;
+          finished = true;
+        }
       }
     } finally {
       await gen.return(undefined);
     }
+    const what = `${ctx.objectType.startsWith("chat") ? "chat" : "completion"} ${ctx.id}: ${built.prompt.length} prompt tokens, ${tokens.length} generated`;
+    if (!finished) {
+      // the client went away: nothing more is sent
+      cfg.log(`${what}, cancelled (client disconnected)`);
+      return;
+    }
+    cfg.log(`${what}, finish_reason ${finishReason}`);
     if (args.stream) {
       yield `data: ${dumps(responseObject(ctx, text, finishReason, { reasoning }))}\n\n`;
       if (args.includeUsage) {

@@ -1,0 +1,165 @@
+// The safety defaults of `npm run serve` (serve/), on the TS server alone (one process for the
+// file, started with an API key and small limits on the tokenizer fixture; no --host):
+//  - it binds to loopback: 127.0.0.1 answers, this machine's other addresses refuse;
+//  - the bearer key: no header or a wrong key → 401 with {"error": ...} and WWW-Authenticate;
+//    the right key → 200; /health stays open (for health checks);
+//  - only the model named at start: another `model` (a name, a path on disk) → 404, nothing loaded;
+//  - limits: a body over --max-body-bytes → 413, max_tokens over --max-tokens-limit → 400, a
+//    prompt over --max-prompt-tokens → 400, a body without Content-Length → 411;
+//  - malformed JSON → 400 "Invalid JSON in request body: ...", a non-object body → 400;
+//  - a client that disconnects mid-stream (and one that gives up on a non-streaming request)
+//    stops its generation: the server logs it cancelled well before its max_tokens, and the
+//    next request is served.
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { networkInterfaces } from "node:os";
+import { join } from "node:path";
+import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
+import { limit } from "../../tests/time_limit.ts";
+import { freePort, type ServerProcess, startServerProcess } from "./processes.ts";
+
+const DIR = join(REPO_ROOT, ".cache", "tokenizer-fixture");
+const SOURCE = join(REPO_ROOT, "node_modules", "@lenml", "tokenizer-gemma3", "models");
+const START = limit(60_000);
+const CASE = limit(20_000);
+const KEY = "test-key-0123456789";
+const AUTH = { Authorization: `Bearer ${KEY}` };
+
+let server: ServerProcess;
+let port = 0;
+
+beforeAll(async () => {
+  const oracle = await sharedOracle();
+  await oracle.request("make_checkpoints", { tokenizer_from: SOURCE, out: DIR }, START);
+  port = await freePort();
+  server = await startServerProcess("npm run serve", process.execPath, ["run", "serve/cli.ts", "--model", DIR, "--port", String(port), "--api-key", KEY, "--max-body-bytes", "4096", "--max-prompt-tokens", "64", "--max-tokens-limit", "4096"], port, START);
+}, 2 * START);
+
+afterAll(async () => {
+  await server?.stop();
+}, 15_000);
+
+async function call(path: string, init: RequestInit & { json?: unknown } = {}): Promise<{ status: number; body: string; headers: Headers }> {
+  const { json, ...rest } = init;
+  const r = await fetch(`${server.url}${path}`, {
+    method: json !== undefined || rest.body !== undefined ? "POST" : "GET",
+    ...rest,
+    ...(json !== undefined ? { body: JSON.stringify(json) } : {}),
+    headers: { ...AUTH, ...(rest.headers as Record<string, string> | undefined) },
+    signal: rest.signal ?? AbortSignal.timeout(CASE),
+  });
+  return { status: r.status, body: await r.text(), headers: r.headers };
+}
+
+const errorOf = (body: string) => (JSON.parse(body) as { error: string }).error;
+
+describe("npm run serve: safe by default", () => {
+  it("binds to loopback unless --host is given", async () => {
+    expect(server.log()).toMatch(new RegExp(`serving .* at http://127\\.0\\.0\\.1:${port} `));
+    expect((await call("/health")).status).toBe(200);
+    const others = Object.values(networkInterfaces()).flat().filter((a) => a && !a.internal && a.family === "IPv4").map((a) => a!.address);
+    let refused = 0;
+    for (const addr of others) {
+      const ok = await fetch(`http://${addr}:${port}/health`, { signal: AbortSignal.timeout(3000) }).then(() => true, () => false);
+      expect([addr, ok]).toEqual([addr, false]);
+      refused++;
+    }
+    expect(refused).toBe(others.length); // 0 on a machine with loopback only: the printed address is the check then
+  }, CASE);
+
+  it("the bearer key: 401 without it or with a wrong one, 200 with it; /health open", async () => {
+    const prompt = { prompt: "hello", max_tokens: 1 };
+    for (const headers of [{ Authorization: "" }, { Authorization: "Bearer wrong-key-0123456789" }, { Authorization: KEY }]) {
+      const r = await call("/v1/completions", { json: prompt, headers });
+      expect(r.status).toBe(401);
+      expect(r.headers.get("www-authenticate")).toBe("Bearer");
+      expect(errorOf(r.body)).toMatch(/API key is required.*Authorization: Bearer/);
+    }
+    for (const path of ["/v1/models", "/v1/chat/completions"]) expect((await call(path, { headers: { Authorization: "" }, ...(path.includes("chat") ? { json: { messages: [] } } : {}) })).status).toBe(401);
+    expect((await call("/health", { headers: { Authorization: "" } })).status).toBe(200);
+    const ok = await call("/v1/completions", { json: prompt });
+    expect(ok.status).toBe(200);
+    expect(JSON.parse(ok.body).usage.completion_tokens).toBe(1);
+  }, CASE);
+
+  it("only the model named at start: another name or a path on disk → 404, nothing loaded", async () => {
+    for (const model of ["gpt-4", "/etc", join(REPO_ROOT, ".cache", "checkpoints")]) {
+      const r = await call("/v1/completions", { json: { prompt: "hi", max_tokens: 1, model } });
+      expect(r.status).toBe(404);
+      expect(errorOf(r.body)).toContain(`model '${model}' is not served here`);
+    }
+    for (const model of ["default_model", DIR]) expect((await call("/v1/completions", { json: { prompt: "hi", max_tokens: 1, model } })).status).toBe(200);
+    // adapters and draft models would be paths too
+    expect(errorOf((await call("/v1/completions", { json: { prompt: "hi", adapters: "/tmp" } })).body)).toBe("adapters is not supported by this server yet");
+    expect(errorOf((await call("/v1/completions", { json: { prompt: "hi", draft_model: "/tmp" } })).body)).toBe("draft_model (speculative decoding) is not supported by this server yet");
+  }, CASE);
+
+  it("limits: body size 413, max_tokens 400, prompt length 400, no Content-Length 411", async () => {
+    const big = await call("/v1/completions", { json: { prompt: "a".repeat(5000) } });
+    expect(big.status).toBe(413);
+    expect(errorOf(big.body)).toMatch(/^the request body \(\d+ bytes\) is larger than this server's limit of 4096 bytes \(--max-body-bytes\)$/);
+    const many = await call("/v1/completions", { json: { prompt: "hi", max_tokens: 5000 } });
+    expect(many.status).toBe(400);
+    expect(errorOf(many.body)).toBe("max_tokens is 5000, more than this server's limit of 4096 (--max-tokens-limit)");
+    const long = await call("/v1/completions", { json: { prompt: "word ".repeat(100), max_tokens: 1 } });
+    expect(long.status).toBe(400);
+    expect(errorOf(long.body)).toMatch(/^the prompt has \d+ tokens, more than this server's limit of 64 \(--max-prompt-tokens\)$/);
+    const chunked = await call("/v1/completions", {
+      body: new ReadableStream({
+        start(c) {
+          c.enqueue(new TextEncoder().encode('{"prompt": "hi"}'));
+          c.close();
+        },
+      }),
+    });
+    expect(chunked.status).toBe(411);
+    expect(errorOf(chunked.body)).toBe("Content-Length header is required");
+  }, CASE);
+
+  it("malformed bodies: 400 with the error", async () => {
+    const cases: [string, RegExp][] = [
+      ["{nope", /^Invalid JSON in request body: /],
+      ["\"just a string\"", /^Request should be a JSON dictionary$/],
+      ['{"prompt": "x", "max_tokens": "many"}', /^max_tokens must be of type int$/],
+      ['{"prompt": "x", "stop": 5}', /^stop must be a string or a list of strings$/],
+      ['{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]}]}', /^Only 'text' content type is supported\.$/],
+    ];
+    let ran = 0;
+    for (const [body, want] of cases) {
+      const r = await call(body.includes("messages") ? "/v1/chat/completions" : "/v1/completions", { body, headers: { "Content-Type": "application/json" } });
+      expect([body, r.status]).toEqual([body, body.includes("image_url") ? 404 : 400]);
+      expect(errorOf(r.body)).toMatch(want);
+      ran++;
+    }
+    expect(ran).toBe(cases.length);
+  }, CASE);
+
+  it("a client that disconnects mid-stream stops its generation; the next request is served", async () => {
+    const ac = new AbortController();
+    const r = await fetch(`${server.url}/v1/completions`, { method: "POST", headers: AUTH, body: JSON.stringify({ prompt: "Tell me a long story.", max_tokens: 4000, stream: true }), signal: ac.signal });
+    expect(r.status).toBe(200);
+    const reader = r.body!.getReader();
+    const first = await reader.read();
+    expect(new TextDecoder().decode(first.value)).toMatch(/^data: \{/);
+    ac.abort();
+    await reader.cancel().catch(() => {});
+    const next = await call("/v1/completions", { json: { prompt: "and then?", max_tokens: 2 } });
+    expect(next.status).toBe(200);
+    expect(JSON.parse(next.body).usage.completion_tokens).toBe(2);
+    const line = server.log().match(/completion cmpl-[0-9a-f-]+: \d+ prompt tokens, (\d+) generated, cancelled \(client disconnected\)/);
+    expect(line).not.toBeNull();
+    expect(Number(line![1])).toBeLessThan(4000);
+  }, CASE);
+
+  it("a client that gives up on a non-streaming request stops it too", async () => {
+    const before = (server.log().match(/cancelled \(client disconnected\)/g) ?? []).length;
+    const ac = new AbortController();
+    const pending = fetch(`${server.url}/v1/completions`, { method: "POST", headers: AUTH, body: JSON.stringify({ prompt: "Another long story, please.", max_tokens: 4000 }), signal: ac.signal }).catch((e: Error) => e);
+    await Bun.sleep(500);
+    ac.abort();
+    expect(await pending).toBeInstanceOf(Error);
+    const next = await call("/v1/completions", { json: { prompt: "ok?", max_tokens: 1 } });
+    expect(next.status).toBe(200);
+    const lines = server.log().match(/completion cmpl-[0-9a-f-]+: \d+ prompt tokens, (\d+) generated, cancelled \(client disconnected\)/g) ?? [];
+    expect(lines.length).toBe(before + 1);
+  }, CASE);
+});
