@@ -143,14 +143,17 @@ export function judgeTensor(c: TensorComparison, floor: NoiseFloor, strict = fal
   if (c.integerEqual !== undefined) return { ...base, ratio: c.integerEqual ? 0 : Infinity, within: c.integerEqual, ...(c.integerEqual ? {} : { reason: "integer values differ" }) };
   const relL2 = c.metrics?.relL2;
   const kl = c.logits?.klMax;
+  // A logprobs judged by the logits' floor is judged by its distribution (KL) only: the relative
+  // L2 error of log-probabilities is not that of logits (the log-sum-exp shift changes the norm).
+  const judgeRelL2 = relL2 !== undefined && !(c.kind === "logprobs" && key !== "logprobs");
   let ratio = 0;
-  if (relL2 !== undefined) ratio = Math.max(ratio, ratioOf(relL2, value.rel_l2));
+  if (judgeRelL2) ratio = Math.max(ratio, ratioOf(relL2!, value.rel_l2));
   if (kl !== undefined && value.kl !== undefined) ratio = Math.max(ratio, ratioOf(kl, value.kl));
-  // logprobs against logits with no KL floor recorded: only KL 0 is within
-  if (relL2 === undefined && kl !== undefined && value.kl === undefined) ratio = Math.max(ratio, ratioOf(kl, 0));
+  // judged by KL alone with no KL floor recorded: only KL 0 is within
+  if (!judgeRelL2 && kl !== undefined && value.kl === undefined) ratio = Math.max(ratio, ratioOf(kl, 0));
   if (strict) return { ...base, relL2, kl, ratio, within: false, reason: "not bit-exact (--strict)" };
   const within = ratio <= 1;
-  const reason = within ? undefined : relL2 !== undefined && ratioOf(relL2, value.rel_l2) > 1 ? `rel L2 ${relL2.toExponential(2)} > floor ${value.rel_l2.toExponential(2)} (${key})` : `KL ${kl?.toExponential(2)} > floor ${value.kl?.toExponential(2) ?? 0} (${key})`;
+  const reason = within ? undefined : judgeRelL2 && ratioOf(relL2!, value.rel_l2) > 1 ? `rel L2 ${relL2.toExponential(2)} > floor ${value.rel_l2.toExponential(2)} (${key})` : `KL ${kl?.toExponential(2)} > floor ${value.kl?.toExponential(2) ?? 0} (${key})`;
   return { ...base, relL2, kl, ratio, within, ...(reason ? { reason } : {}) };
 }
 

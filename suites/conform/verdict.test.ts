@@ -1,9 +1,10 @@
 // oracle/conform/verdict.ts and tensor_compare.ts on synthetic comparisons (no oracle): the
-// noise floor file's checks, the verdict's status rules (bit-exact and value-exact runs conform
+// noise floor file's checks; the verdict's status rules (bit-exact and value-exact runs conform
 // without a floor; a placeholder floor never lets another run be called CONFORMS; a measured one
-// judges by relative L2 and, on logits, KL; --strict wants bytes), the first tensor and layer
-// outside the floor in execution order, and the comparison of one tensor (bit-exact count for
-// the same dtype, (1,V) against (1,1,V) rows, logprobs against logits by KL only, token ids).
+// judges by relative L2 and, on logits, KL; a logprobs without a floor of its own by KL only;
+// --strict wants bytes); the first tensor and layer outside the floor in execution order; one
+// tensor's comparison (bit-exact count for the same dtype, (1,V) against (1,1,V) rows, logprobs
+// against logits by KL only, token ids); masks given as kinds; the MoE top-k order.
 import { describe, expect, it } from "vitest";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -69,8 +70,12 @@ describe("the verdict", () => {
     const v = judge([logit(1e-6)], MEASURED);
     expect(v.status).toBe("DIVERGES");
     expect(v.tensors[0]!.reason).toBe("KL 1.00e-6 > floor 1.00e-8 (logits)");
-    // a logprobs kind falls back on the logits floor, then the default
+    // a logprobs kind falls back on the logits floor (judged by KL only then), then the default
     expect(floorFor(MEASURED, "logprobs").key).toBe("logits");
+    const stepLp = (relL2: number, kl: number) => ({ ...logit(kl), name: "step0/logprobs", kind: "logprobs", metrics: { n: 8, maxAbs: relL2, maxUlp: 9, relL2, cosine: 1 } });
+    expect(judge([stepLp(1e-3, 1e-9)], MEASURED).status).toBe("CONFORMS");
+    expect(judge([stepLp(1e-3, 1e-6)], MEASURED).status).toBe("DIVERGES");
+    expect(judge([stepLp(1e-3, 1e-9)], { ...MEASURED, kinds: { ...MEASURED.kinds, logprobs: { rel_l2: 1e-4, kl: 1e-8 } } }).status).toBe("DIVERGES");
     expect(floorFor(MEASURED, "mlp/down_proj").key).toBe("default");
     // with no KL floor recorded, only KL 0 is within
     const noKl = { ...MEASURED, kinds: {} };
