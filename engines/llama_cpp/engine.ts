@@ -218,7 +218,15 @@ export interface OpenEngine {
  */
 export async function openEngine(gguf: string, contextSize: number): Promise<OpenEngine> {
   const nlc = await loadNodeLlamaCpp();
-  const llama = await nlc.getLlama({ gpu: false, build: "never", logLevel: nlc.LlamaLogLevel.error ?? "error" });
+  // llama.cpp's own error lines go to stderr: node-llama-cpp's exceptions say only "Failed to load model"
+  const llama = await nlc.getLlama({
+    gpu: false,
+    build: "never",
+    logLevel: nlc.LlamaLogLevel.error ?? "error",
+    logger: (level: string, message: string) => {
+      if (level === "error" || level === "fatal") process.stderr.write(`llama.cpp: ${message.trimEnd()}\n`);
+    },
+  });
   if (llama.gpu !== false) throw new Error(`node-llama-cpp opened a GPU backend (${llama.gpu}) though gpu: false was asked`);
   const model = await llama.loadModel({ modelPath: gguf, gpuLayers: 0 });
   const ctx = await model.createContext({
@@ -272,11 +280,15 @@ export async function evaluateCall(seq: LlamaSequence, tokens: number[], vocab: 
 
 // ------------------------------------------------------------------ child processes
 
-/** llama.cpp ended its process (a failed GGML_ASSERT aborts): its own message, verbatim. */
+/** llama.cpp failed: it ended its process (a failed GGML_ASSERT aborts) or refused to load the GGUF; its own message. */
 export class EngineAborted extends Error {
   override readonly name = "EngineAborted";
   constructor(readonly engineMessage: string) {
-    super(`llama.cpp aborted: ${engineMessage}`);
+    super(`llama.cpp failed: ${engineMessage}`);
+  }
+  /** An abort of the process (GGML_ASSERT), not a refusal to load. */
+  get isAbort(): boolean {
+    return /GGML_ASSERT|GGML_ABORT|SIGABRT|terminate called/.test(this.engineMessage);
   }
 }
 
@@ -284,8 +296,9 @@ export class EngineAborted extends Error {
 export function abortMessage(stderr: string): string {
   const lines = stderr.split("\n").map((l) => l.trim()).filter(Boolean);
   const assert = lines.find((l) => /GGML_ASSERT|GGML_ABORT|terminate called/.test(l));
+  const loadError = lines.find((l) => /error loading model:/.test(l))?.replace(/^.*?error loading model: /, "error loading model: ");
   // the path of the machine the binaries were built on says nothing to a reader: keep src/... on
-  return (assert ?? lines.at(-1) ?? "(no message)").replace(/^.*?\/llama\.cpp\/(src|ggml)\//, "$1/");
+  return (assert ?? loadError ?? lines.at(-1) ?? "(no message)").replace(/^.*?\/llama\.cpp\/(src|ggml)\//, "$1/").replace(/\s+/g, " ");
 }
 
 let jobSeq = 0;

@@ -9,14 +9,15 @@
 // Writes engines/llama_cpp/results.json (checked in; suites/conform/llama_cpp.test.ts reads it).
 //
 //   CONFORM_ENGINES=llama_cpp bun engines/llama_cpp/measure.ts [--only c1_dense/f32,...]
+import { spawnSync } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { OracleClient } from "../../oracle/client.ts";
 import { readDump, validateDump } from "../../oracle/conform/dump.ts";
-import { firstDifferingStep, logitMetrics, type LogitMetrics, logSoftmax, toFloat64 } from "../../oracle/conform/metrics.ts";
+import { firstDifferingStep, logitMetrics, type LogitMetrics, logSoftmax, tensorMetrics, toFloat64 } from "../../oracle/conform/metrics.ts";
 import type { RawTensor } from "../../oracle/tensor_diff.ts";
 import { llamaDump, resolveCheckpoint } from "./dump.ts";
-import { ConversionRefused, HERE, optedIn, WORK } from "./engine.ts";
+import { ConversionRefused, EngineAborted, HERE, optedIn, REPO, WORK } from "./engine.ts";
 
 /** Every text fixture variant stored unquantized, then the quantized ones (refused: recorded). */
 export const VARIANTS = [
@@ -53,7 +54,8 @@ export interface Distances extends LogitMetrics {
 
 export interface VariantResult {
   checkpoint: string;
-  status: "measured" | "refused";
+  /** refused: by the converter; load_refused: llama.cpp would not load the GGUF; aborted: llama.cpp ended its process (GGML_ASSERT). */
+  status: "measured" | "refused" | "load_refused" | "aborted";
   refusal?: string;
   level?: number;
   /** sha256 of the prepared copy's files (what the dumps name). */
@@ -73,6 +75,18 @@ export interface VariantResult {
   };
   /** mlx-lm's dtype on this checkpoint (bf16 checkpoints run in bf16 in mlx-lm, in f32 in the GGUF). */
   oracleDtype?: string;
+  /** Level 1 (llama_taps, raw logits): relative L2 error ‖llama.cpp − mlx-lm‖/‖mlx-lm‖ of each residual tap, forward. */
+  level1?: { relL2: Record<string, number>; maxAbs: Record<string, number>; logits: Distances };
+  /** The control experiment (gelu_table_check.py): llama.cpp's forward log-probabilities against mlx-lm as it is, and against mlx-lm with ggml's float16 GELU lookup. */
+  geluControl?: { stock_gelu: GeluDistance; ggml_table_gelu: GeluDistance };
+}
+
+interface GeluDistance {
+  max_abs_dlogprob: number;
+  kl_mean: number;
+  kl_max: number;
+  row_max_abs_dlogprob: number[];
+  "rows_within_1e-5": number;
 }
 
 function distances(engine: RawTensor, oracle: RawTensor): Distances {
@@ -106,6 +120,7 @@ export async function measureVariant(oracle: OracleClient, id: string, install: 
     fwd = await llamaDump({ checkpoint: id, out: join(base, "forward"), seed: SEED, schedule: { kind: "forward" }, install, level: 0 });
   } catch (e) {
     if (e instanceof ConversionRefused) return { checkpoint: id, status: "refused", refusal: e.refusal };
+    if (e instanceof EngineAborted) return { checkpoint: id, status: e.isAbort ? "aborted" : "load_refused", refusal: e.engineMessage };
     throw e;
   }
   const gen = await llamaDump({ checkpoint: id, out: join(base, "generate"), seed: SEED, schedule: { kind: "generate", prefill_step_size: PREFILL_STEP_SIZE, max_tokens: MAX_TOKENS }, install, level: 0 });
@@ -127,10 +142,31 @@ export async function measureVariant(oracle: OracleClient, id: string, install: 
   const steps = first === null ? MAX_TOKENS : first + 1;
   const eng = concatRows(Array.from({ length: steps }, (_, n) => gd.tensors.read(`step${n}/logprobs`)), V);
   const orc = concatRows(og.logprobs.slice(0, steps), V);
+  // level 1: the residual stream through llama.cpp's C API, compared tap by tap with mlx-lm's capture
+  const l1 = await llamaDump({ checkpoint: id, out: join(base, "forward_l1"), seed: SEED, schedule: { kind: "forward" }, install, level: 1 });
+  validateDump(join(base, "forward_l1"), l1.checkpoint);
+  const l1d = readDump(join(base, "forward_l1"));
+  const names = l1d.tensors.names.filter((n) => n !== "logits");
+  const cap = await oracle.capture(l1.checkpoint, { id: "llama_cpp_l1", kind: "forward", tokens: [prompt] }, { mode: "full", only: names });
+  const relL2: Record<string, number> = {};
+  const maxAbs: Record<string, number> = {};
+  for (const n of names) {
+    const tap = cap.taps.find((t) => t.name === n);
+    if (!tap?.array) throw new Error(`mlx-lm's capture has no ${n}`);
+    const m = tensorMetrics(l1d.tensors.read(n), tap.array);
+    relL2[n] = m.relL2;
+    maxAbs[n] = m.maxAbs;
+  }
+  const level1 = { relL2, maxAbs, logits: distances(l1d.tensors.read("logits"), onCopy) };
+  const control = spawnSync(join(REPO, ".venv", "bin", "python"), [join(HERE, "gelu_table_check.py"), fwd.checkpoint, join(base, "forward")], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+  if (control.status !== 0) throw new Error(`gelu_table_check.py failed: ${control.stderr}`);
+  const geluControl = JSON.parse(control.stdout.trim().split("\n").pop()!) as VariantResult["geluControl"];
   return {
     checkpoint: id,
     status: "measured",
-    level: fwd.manifest.level,
+    level: l1.manifest.level,
+    level1,
+    geluControl,
     files: fwd.prepared.files,
     rewrittenMoeLayout: fwd.prepared.rewrittenMoeLayout,
     oracleSameOnPrepared: sameBytes(onCopy, onSource),
@@ -156,7 +192,7 @@ async function main(): Promise<number> {
       results.push(r);
       const f = r.forward;
       process.stderr.write(
-        `${id}: ${r.status === "refused" ? `refused: ${r.refusal}` : `KL mean ${f!.klMean.toExponential(2)} max ${f!.klMax.toExponential(2)} top-1 ${f!.top1} max|Δlogp| ${f!.maxAbsDLogprob.toExponential(2)} gen first diff ${r.generate!.firstDifferingStep} same-on-copy ${r.oracleSameOnPrepared}`} (${((performance.now() - t0) / 1000).toFixed(1)} s)\n`,
+        `${id}: ${r.status !== "measured" ? `${r.status}: ${r.refusal}` : `KL mean ${f!.klMean.toExponential(2)} max ${f!.klMax.toExponential(2)} top-1 ${f!.top1} max|Δlogp| ${f!.maxAbsDLogprob.toExponential(2)} gen first diff ${r.generate!.firstDifferingStep} same-on-copy ${r.oracleSameOnPrepared} L1 norm relL2 ${r.level1!.relL2.norm?.toExponential(2)} table-GELU max|Δlogp| ${r.geluControl!.ggml_table_gelu.max_abs_dlogprob.toExponential(2)}`} (${((performance.now() - t0) / 1000).toFixed(1)} s)\n`,
       );
     }
   } finally {
