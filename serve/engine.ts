@@ -12,7 +12,7 @@
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { type GenerateModel, generateStep } from "../model/generate.ts";
-import type { SamplerOptions } from "../model/sample.ts";
+import { makeSampler, type Sampler, type SamplerOptions } from "../model/sample.ts";
 import type { StopSequences } from "./text_state.ts";
 import type { ServedTokenizer } from "./tokenizer.ts";
 
@@ -79,8 +79,12 @@ function topTokens(row: MlxArray, n: number, tok: ServedTokenizer): TopToken[] {
   return ids.map((id, i) => ({ id, token: tok.piece(id), logprob: lps[i]! }));
 }
 
+/** Compiled samplers kept across requests (mx.compile traces once per parameter set, as Python's module-level compiled filters do). */
+const SAMPLER_CACHE_SIZE = 16;
+
 export class Engine {
   private readonly lock = new Lock();
+  private readonly samplers = new Map<string, Sampler>();
   /** Requests started and finished (or cancelled), for tests and logs. */
   readonly stats = { started: 0, finished: 0, cancelled: 0 };
   busy = false;
@@ -90,6 +94,23 @@ export class Engine {
     private readonly tokenizer: ServedTokenizer,
     private readonly prefillStepSize: number,
   ) {}
+
+  private sampler(o: SamplerOptions): Sampler {
+    const key = JSON.stringify([o.temp, o.topP, o.minP, o.topK]);
+    let s = this.samplers.get(key);
+    if (s) {
+      this.samplers.delete(key); // most recently used last
+    } else {
+      s = makeSampler(o);
+      if (this.samplers.size >= SAMPLER_CACHE_SIZE) {
+        const [oldest, old] = this.samplers.entries().next().value!;
+        this.samplers.delete(oldest);
+        old.dispose?.();
+      }
+    }
+    this.samplers.set(key, s);
+    return s;
+  }
 
   get queued(): number {
     return this.lock.waiting;
@@ -108,7 +129,7 @@ export class Engine {
       this.stats.started++;
       steps = generateStep(this.model, req.prompt, {
         maxTokens: req.maxTokens,
-        samplerOptions: req.sampler,
+        sampler: this.sampler(req.sampler),
         prefillStepSize: this.prefillStepSize,
         ...(req.seed !== null ? { seed: req.seed } : {}),
       });

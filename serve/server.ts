@@ -133,8 +133,9 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
   const server = Bun.serve({
     hostname: cfg.host,
     port: cfg.port,
-    // a backstop: the Content-Length check below answers first, with the documented body
-    maxRequestBodySize: cfg.maxBodyBytes + 1,
+    // Bun answers an empty 413 itself above this size, before fetch() runs; the Content-Length
+    // check in handlePost answers first (with the documented body) for anything between
+    maxRequestBodySize: Math.max(cfg.maxBodyBytes + 1, 256 * 1024 * 1024),
     idleTimeout: 0,
     async fetch(req) {
       const url = new URL(req.url);
