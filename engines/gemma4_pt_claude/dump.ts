@@ -52,7 +52,7 @@ export function portDump(opts: { checkpoint: string; out: string; dtype: TorchDt
     const st = mx.loadSafetensors(join(tmp, "tensors.safetensors"));
     try {
       const level = levelOf(config, opts.prompt.length, new Set(out.written));
-      if (level < 0) throw new Error("gemma4-pt-claude gave no logits");
+      if (level === null) throw new Error("gemma4-pt-claude gave no logits");
       const notes = [
         `torch ${out.versions.torch}; TextConfig built from config.json by hand; explicit causal mask; level 1 through hooks on text_decoder.blocks[i]`,
         out.strict_refusal ? `load_weights(strict=True) refused: ${out.strict_refusal}; loaded with strict=False (left out: ${out.missing_unused.join(", ")})` : "load_weights(strict=True) accepted the checkpoint",

@@ -48,10 +48,10 @@ export function seededPrompt(checkpointDir: string, seed = 1): number[] {
 }
 
 /** The highest level whose every name is present in the one forward call. */
-export function levelOf(config: Record<string, unknown>, length: number, present: ReadonlySet<string>): DumpLevel | -1 {
+export function levelOf(config: Record<string, unknown>, length: number, present: ReadonlySet<string>): DumpLevel | null {
   const call = scheduleCalls(length, { kind: "forward" })[0]!;
   for (const level of [2, 1, 0] as const) if (levelTaps(config, call, level).every((n) => present.has(n))) return level;
-  return -1;
+  return null;
 }
 
 export interface HfRun {
@@ -102,7 +102,7 @@ export function transformersDump(opts: { checkpoint: string; out: string; dtype:
     const st = mx.loadSafetensors(join(run.dir, "tensors.safetensors"));
     try {
       const level = levelOf(config, opts.prompt.length, new Set(run.written));
-      if (level < 0) throw new Error(`transformers gave no logits (read ${run.written.length} taps)`);
+      if (level === null) throw new Error(`transformers gave no logits (read ${run.written.length} taps)`);
       const manifest = writeDump(
         opts.out,
         {
