@@ -50,6 +50,7 @@ describe("gemma4 cache path vs mlx-lm generate_step", () => {
         totals.exact++;
         totals.calls += ref.calls.length;
         totals.taps += v.compared;
+        expect(v.arrays, `${ckpt} ${scn}: tap arrays compared`).toBeGreaterThan(0);
         if (ref.source === "golden") totals.golden++;
       } finally {
         model.dispose();

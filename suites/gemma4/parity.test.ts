@@ -92,6 +92,10 @@ const atMlxBugs: string[] = [];
 const t0 = performance.now();
 
 describe("gemma4 taps vs live mlx-lm", () => {
+  it("the oracle's plan gives the 180 (checkpoint, forward scenario) pairs", () => {
+    expect(pairs.length).toBeGreaterThan(0);
+    if (!only) expect(pairs.length).toBe(180);
+  });
   pairs.forEach(({ ckpt, scn }, k) => {
     it(`${ckpt} ${scn}`, async () => {
       let t = performance.now();
@@ -118,6 +122,7 @@ describe("gemma4 taps vs live mlx-lm", () => {
       totals.pairs++;
       totals.taps += v.compared;
       totals.arrays += v.arrays;
+      expect(v.arrays, `${ckpt} ${scn}: tap arrays compared live`).toBeGreaterThan(0);
 
       const gid = `${ckpt}/${scn}`;
       if (manifest?.entries[gid] && rule?.mode === "exact") {
@@ -129,10 +134,12 @@ describe("gemma4 taps vs live mlx-lm", () => {
         if (!gv.ok) throw new Error(formatVerdict(`${gid} (golden)`, gv));
         totals.goldenPairs++;
         totals.goldenTaps += gv.compared;
+        expect(gv.arrays, `${gid}: tap arrays compared with the golden`).toBeGreaterThan(0);
       }
       expect(v.ok).toBe(true);
     }, limit(60_000));
   });
+  it("every pair was compared (bit-identical, or counted apart at a recorded MLX bug)", () => expect(totals.pairs + atMlxBugs.length).toBe(pairs.length));
 });
 
 /** CPU seconds (user + system) a process has used so far, from /proc (Linux); NaN elsewhere. */
