@@ -1,5 +1,5 @@
 // The floors of the project: mlx/ (binding) < model/ < oracle/ < the faces (parity/, bench/,
-// engines/). A library folder never imports a face, a face never imports test code (suites/,
+// engines/, serve/). A library folder never imports a face, a face never imports test code (suites/,
 // tests/), and no module imports itself back through others (no import cycle).
 import { describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
@@ -31,7 +31,7 @@ const KNOWN_UPWARD = new Map([["oracle/reference_export.ts", "parity/args.ts"]])
 
 /** Of a library file's imports (`from`: mlx/, model/, oracle/), those that reach a face folder, the known exception aside. */
 function upward(from: string, targets: readonly string[]): string[] {
-  return targets.filter((t) => /^(parity|bench|engines)\//.test(t) && KNOWN_UPWARD.get(from) !== t).map((t) => `${from} imports ${t}`);
+  return targets.filter((t) => /^(parity|bench|engines|serve)\//.test(t) && KNOWN_UPWARD.get(from) !== t).map((t) => `${from} imports ${t}`);
 }
 const upwardImports = (file: string): string[] => upward(relative(REPO_ROOT, file), importsOf(file));
 
@@ -83,7 +83,7 @@ function testImports(file: string): string[] {
 
 describe("layout", () => {
   it("no face imports from suites/ or tests/", () => {
-    const files = ["parity", "bench"].flatMap((d) => sources(join(REPO_ROOT, d)));
+    const files = ["parity", "bench", "serve"].flatMap((d) => sources(join(REPO_ROOT, d)));
     expect(files.length).toBeGreaterThan(10);
     expect(files.flatMap(testImports)).toEqual([]);
   });
@@ -97,7 +97,7 @@ describe("layout", () => {
     expect(found).toEqual(["suites/ops/cases.ts", "tests/z.ts"]);
   });
 
-  it("no file in mlx/, model/ or oracle/ imports parity/, bench/ or engines/ (one known exception, listed)", () => {
+  it("no file in mlx/, model/ or oracle/ imports parity/, bench/, engines/ or serve/ (one known exception, listed)", () => {
     const files = ["mlx", "model", "oracle"].flatMap((d) => sources(join(REPO_ROOT, d)));
     expect(files.length).toBeGreaterThan(50);
     expect(files.flatMap(upwardImports)).toEqual([]);
@@ -116,7 +116,7 @@ describe("layout", () => {
   });
 
   it("no import cycle in mlx/, model/, oracle/, parity/ or bench/ (model/gemma4/mutations.ts and model/tuner/mutations.ts once imported each other)", () => {
-    const files = ["mlx", "model", "oracle", "parity", "bench"].flatMap((d) => sources(join(REPO_ROOT, d)));
+    const files = ["mlx", "model", "oracle", "parity", "bench", "serve"].flatMap((d) => sources(join(REPO_ROOT, d)));
     expect(importCycles(files)).toEqual([]);
   });
 
