@@ -136,8 +136,10 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
     // Bun answers an empty 413 itself above this size, before fetch() runs; the Content-Length
     // check in handlePost answers first (with the documented body) for anything between
     maxRequestBodySize: Math.max(cfg.maxBodyBytes + 1, 256 * 1024 * 1024),
-    idleTimeout: 0,
-    async fetch(req) {
+    // a connection that sends nothing for this long is closed; a request that reaches generation
+    // lifts it (handlePost), since a long prefill or a non-streaming answer is silent for a while
+    idleTimeout: 30,
+    async fetch(req, srv) {
       const url = new URL(req.url);
       const path = url.pathname + url.search; // BaseHTTPRequestHandler's self.path
       const cors = corsHeaders(cfg, req.headers.get("origin"));
@@ -157,7 +159,7 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
       const kind = POST_PATHS.get(path);
       if (kind === undefined) return json(404, "Not Found", cors);
       try {
-        return await handlePost(req, kind, cors);
+        return await handlePost(req, kind, cors, () => srv.timeout(req, 0));
       } catch (e) {
         if (e instanceof RequestError) return json(e.status, errorBody(e.message), cors);
         cfg.log(`error: ${(e as Error).stack ?? e}`);
@@ -170,7 +172,7 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
     },
   });
 
-  async function handlePost(req: Request, kind: "text" | "chat", cors: Record<string, string>): Promise<Response> {
+  async function handlePost(req: Request, kind: "text" | "chat", cors: Record<string, string>, noIdleTimeout: () => void): Promise<Response> {
     const created = Math.floor(Date.now() / 1000);
     const lenHeader = req.headers.get("content-length");
     if (lenHeader === null) return json(411, errorBody("Content-Length header is required"), cors);
@@ -206,6 +208,7 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
       created,
       args,
     };
+    noIdleTimeout();
     let gone = false;
     req.signal.addEventListener("abort", () => void (gone = true), { once: true });
     const tokens = engine.run({
