@@ -110,10 +110,11 @@ function fmtErr(x: number | undefined): string {
   return x === undefined ? "-" : x === 0 ? "0" : x.toExponential(2);
 }
 
-const LAYER_HEADER = ["layer", "tensors", "max rel L2", "floor", "within floor"] as const;
+const LAYER_HEADER = ["layer", "tensors", "max rel L2", "nearest its floor: tensor, rel L2 / floor", "within floor"] as const;
 
 function layerRow(l: LayerSummary): string[] {
-  return [l.slot, String(l.tensors), fmtErr(l.maxRelL2), fmtErr(l.floorRelL2), l.within ? "yes" : "NO"];
+  const w = l.worst;
+  return [l.slot, String(l.tensors), fmtErr(l.maxRelL2), w ? `${w.kind}: ${fmtErr(w.relL2)} / ${fmtErr(w.floorRelL2)}` : "-", l.within ? "yes" : "NO"];
 }
 
 function logitLine(r: ConformReport): string | null {
@@ -176,11 +177,12 @@ const esc = (s: string) => s.replaceAll("&", "&amp;").replaceAll("<", "&lt;").re
 
 const CALL_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 
-/** Per call, the largest relative L2 error per layer slot (in, 0..n-1, out). */
+/** Per call and layer slot (in, 0..n-1, out), the relative L2 error of the tensor nearest its floor. */
 function perCallSlots(r: ConformReport): { labels: string[]; calls: string[]; values: Map<string, (number | null)[]>; floor: number[] } {
   const labels = r.layers.map((l) => l.slot);
   const index = new Map(labels.map((l, i) => [l, i]));
   const values = new Map<string, (number | null)[]>();
+  const ratios = new Map<string, number[]>();
   const floor = r.layers.map((l) => l.floorRelL2);
   const seenLayer = new Set<string>();
   for (const t of r.tensors) {
@@ -191,10 +193,18 @@ function perCallSlots(r: ConformReport): { labels: string[]; calls: string[]; va
     } else slot = seenLayer.has(t.call) ? "out" : "in";
     const e = t.bitExact ? 0 : t.metrics?.relL2;
     if (e === undefined) continue;
-    if (!values.has(t.call)) values.set(t.call, new Array(labels.length).fill(null));
+    if (!values.has(t.call)) {
+      values.set(t.call, new Array(labels.length).fill(null));
+      ratios.set(t.call, new Array(labels.length).fill(-1));
+    }
     const arr = values.get(t.call)!;
+    const rat = ratios.get(t.call)!;
     const i = index.get(slot)!;
-    arr[i] = Math.max(arr[i] ?? 0, e);
+    // the tensor nearest its floor (as the layer table's), the larger error on a tie
+    if (t.ratio > rat[i]! || (t.ratio === rat[i]! && e > (arr[i] ?? 0))) {
+      rat[i] = t.ratio;
+      arr[i] = e;
+    }
   }
   return { labels, calls: [...values.keys()], values, floor };
 }
@@ -234,7 +244,7 @@ export function layerPlot(r: ConformReport): string {
   };
   const parts: string[] = [];
   parts.push(`<svg class="plot" id="layer-plot" role="img" aria-label="relative L2 error per layer" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" xmlns="http://www.w3.org/2000/svg">`);
-  parts.push(`<text x="${L}" y="16" class="title">relative L2 error ‖engine − mlx-lm‖₂ / ‖mlx-lm‖₂ per layer (worst tensor of the layer)</text>`);
+  parts.push(`<text x="${L}" y="16" class="title">relative L2 error ‖engine − mlx-lm‖₂ / ‖mlx-lm‖₂ per layer (the tensor nearest its floor)</text>`);
   for (let e = lo; e <= hi; e++) {
     const yy = y(e === lo ? 0 : 10 ** e);
     parts.push(`<line x1="${L}" x2="${W - R}" y1="${yy}" y2="${yy}" class="grid"/>`);

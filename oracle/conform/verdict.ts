@@ -103,7 +103,13 @@ export interface LayerSummary {
   layer: number | null;
   /** Largest relative L2 error over the slot's tensors (and calls). */
   maxRelL2: number;
-  /** The floor value of the tensor that gave maxRelL2. */
+  /**
+   * The slot's tensor nearest (or furthest beyond) its floor: the largest ratio, the larger
+   * relative L2 error on a tie. Its error and floor are what the plot draws, so a layer outside
+   * its floor shows above the floor line even where another tensor has a larger error.
+   */
+  worst: { name: string; kind: string; relL2: number; floorRelL2: number } | null;
+  /** The worst tensor's floor (rel_l2), 0 without one. */
   floorRelL2: number;
   worstRatio: number;
   within: boolean;
@@ -200,7 +206,7 @@ export function layerSummaries(tensors: readonly TensorVerdict[]): LayerSummary[
   const maxLayer = Math.max(-1, ...tensors.map((t) => t.layer ?? -1));
   const slots = new Map<string, LayerSummary>();
   const order = ["in", ...Array.from({ length: maxLayer + 1 }, (_, i) => String(i)), "out"];
-  for (const s of order) slots.set(s, { slot: s, layer: s === "in" || s === "out" ? null : Number(s), maxRelL2: 0, floorRelL2: 0, worstRatio: 0, within: true, tensors: 0 });
+  for (const s of order) slots.set(s, { slot: s, layer: s === "in" || s === "out" ? null : Number(s), maxRelL2: 0, worst: null, floorRelL2: 0, worstRatio: 0, within: true, tensors: 0 });
   // A model-level tap is "in" until the first layer tap of its call has been seen.
   const seenLayer = new Set<string>();
   for (const t of tensors) {
@@ -211,8 +217,10 @@ export function layerSummaries(tensors: readonly TensorVerdict[]): LayerSummary[
     } else slot = seenLayer.has(t.call) ? "out" : "in";
     const s = slots.get(slot)!;
     s.tensors++;
-    if (t.relL2 !== undefined && t.relL2 >= s.maxRelL2) {
-      s.maxRelL2 = t.relL2;
+    if (t.relL2 !== undefined && !(t.relL2 <= s.maxRelL2)) s.maxRelL2 = t.relL2;
+    const e = t.relL2 ?? 0;
+    if (s.worst === null || t.ratio > s.worstRatio || (t.ratio === s.worstRatio && e > s.worst.relL2)) {
+      s.worst = { name: t.name, kind: t.kind, relL2: e, floorRelL2: t.floor.rel_l2 };
       s.floorRelL2 = t.floor.rel_l2;
     }
     s.worstRatio = Math.max(s.worstRatio, t.ratio);
