@@ -11,7 +11,10 @@ Usage (in .venv-reference):  python engines/gemma4_pt_claude/repro_router.py JOB
 with JOB.json = {"dir": <an MoE checkpoint, e.g. c5_moe/f32>, "args": <mlx-lm's resolved args>,
 "tokens": [...]}, as engines/gemma4_pt_claude/dump.ts writes it. Prints the relative L2 error of
 layer 0's output against transformers: with the port as shipped, and with only the router's input
-changed to the residual (a monkeypatch of MoELayer.forward's caller). Expected: ~1e-1, then ~1e-7.
+changed to the residual (a monkeypatch of MoELayer.forward's caller), then the final norm and the
+logits of that fixed run. Measured on c5_moe/f32: 6.0e-2, then 2.3e-7, the fixed run's logits
+1.4e-6 from transformers (within the noise floor); c6_sink/f32 (untied head): 6.6e-2, then 2.8e-7,
+final norm 2.6e-6, logits still 1.42 off (the port decodes with the token embedding).
 """
 
 from __future__ import annotations
@@ -90,9 +93,18 @@ def main(argv: list[str]) -> int:
     TransformerBlock.forward = forward
     try:
         fixed = rel(layer0_output(run, port.text_decoder.blocks[0], lambda o: o[1]))
+        # the whole forward with the router fixed: the final norm, then the logits (an untied
+        # checkpoint's lm_head.weight is dropped by the port's loader: it decodes with the embedding)
+        want = layer0_output(lambda: hf(ids, use_cache=False), hf.model.norm, lambda o: o)
+        norm_fixed = rel(layer0_output(run, port.text_decoder.final_norm, lambda o: o))
+        with torch.no_grad():
+            want = hf(ids, use_cache=False).logits
+            logits_fixed = rel(port(ids, attention_mask=mask)[0])
     finally:
         TransformerBlock.forward = orig
-    print(json.dumps({"layer0_rel_l2_shipped": shipped, "layer0_rel_l2_router_on_residual": fixed}))
+    print(json.dumps({"layer0_rel_l2_shipped": shipped, "layer0_rel_l2_router_on_residual": fixed,
+                      "norm_rel_l2_router_on_residual": norm_fixed, "logits_rel_l2_router_on_residual": logits_fixed,
+                      "tie_word_embeddings": job["args"]["tie_word_embeddings"]}))
     return 0
 
 
