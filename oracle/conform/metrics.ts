@@ -117,6 +117,26 @@ function argmax(row: Float64Array): number {
 
 /** Indices of the k largest values, larger first, the lower index first on a tie. */
 export function topK(row: Float64Array, k: number): number[] {
+  // One pass keeping the k best so far, in order (a full sort of a 262,144-entry vocabulary
+  // took seconds per row); a row holding a NaN keeps the full sort's order.
+  const best: number[] = [];
+  if (k <= 0) return best;
+  for (let i = 0; i < row.length; i++) {
+    const x = row[i]!;
+    if (Number.isNaN(x)) return sortedTopK(row, k);
+    if (best.length === k) {
+      if (!(x > row[best[k - 1]!]!)) continue;
+      best.pop();
+    }
+    // after every kept value >= x: an equal value keeps the lower index first
+    let p = best.length;
+    while (p > 0 && row[best[p - 1]!]! < x) p--;
+    best.splice(p, 0, i);
+  }
+  return best;
+}
+
+function sortedTopK(row: Float64Array, k: number): number[] {
   const idx = Array.from(row.keys());
   idx.sort((i, j) => row[j]! - row[i]! || i - j);
   return idx.slice(0, k);
