@@ -3,6 +3,7 @@
 // README's "Serving" section). Requests are served one at a time (no batching yet).
 // Exit codes: 0 after SIGINT/SIGTERM, 2 bad usage or input (flags, checkpoint, port in use).
 import { realpathSync } from "node:fs";
+import { createServer } from "node:net";
 import * as mx from "@mlx-bun/mlx";
 import { loadGenerationModel } from "../model/runtime.ts";
 import { checkCheckpoint } from "../model/gemma4/index.ts";
@@ -41,6 +42,15 @@ function positiveInt(a: Record<string, unknown>, name: string, min = 1): number 
   const v = Number(a[name]);
   if (!Number.isSafeInteger(v) || v < min) throw new UsageError(`--${name} must be an integer >= ${min}, got ${a[name]}`);
   return v;
+}
+
+async function checkPortFree(host: string, port: number): Promise<void> {
+  if (port === 0) return;
+  await new Promise<void>((resolve, reject) => {
+    const probe = createServer();
+    probe.once("error", (e: NodeJS.ErrnoException) => reject(new UsageError(`cannot listen on ${host}:${port}: ${e.code === "EADDRINUSE" ? `port ${port} is in use` : e.message}`)));
+    probe.listen(port, host, () => probe.close(() => resolve()));
+  });
 }
 
 async function main(argv: string[]): Promise<number> {
@@ -85,6 +95,8 @@ async function main(argv: string[]): Promise<number> {
   if (apiKey !== null && apiKey.length === 0) throw new UsageError("--api-key must not be empty");
   const maxPromptTokens = a["max-prompt-tokens"] === undefined ? info.maxPositions : positiveInt(a, "max-prompt-tokens");
 
+  // a port in use is found before the slow part (tokenizer and weights)
+  await checkPortFree(String(a.host), port);
   let tokenizer;
   try {
     tokenizer = await loadServedTokenizer(a.model);

@@ -9,8 +9,10 @@
 //  - malformed JSON → 400 "Invalid JSON in request body: ...", a non-object body → 400;
 //  - a client that disconnects mid-stream (and one that gives up on a non-streaming request)
 //    stops its generation: the server logs it cancelled well before its max_tokens, and the
-//    next request is served.
+//    next request is served;
+//  - the command's own errors: exit 2 and one line.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { spawn } from "node:child_process";
 import { networkInterfaces } from "node:os";
 import { join } from "node:path";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
@@ -148,6 +150,31 @@ describe("npm run serve: safe by default", () => {
     const line = server.log().match(/completion cmpl-[0-9a-f-]+: \d+ prompt tokens, (\d+) generated, cancelled \(client disconnected\)/);
     expect(line).not.toBeNull();
     expect(Number(line![1])).toBeLessThan(4000);
+  }, CASE);
+
+  it("the command's errors: one line and exit 2 (no checkpoint, an mlx_lm.server flag not ported, a port in use)", async () => {
+    const run = (...args: string[]) =>
+      new Promise<{ status: number | null; stderr: string }>((resolve) => {
+        const p = spawn(process.execPath, ["run", "serve/cli.ts", ...args], { cwd: REPO_ROOT, stdio: ["ignore", "ignore", "pipe"], timeout: CASE });
+        let stderr = "";
+        p.stderr.on("data", (b: Buffer) => void (stderr += b.toString()));
+        p.on("close", (status) => resolve({ status, stderr }));
+      });
+    const cases: [string[], RegExp][] = [
+      [["--model", join(REPO_ROOT, "no-such-checkpoint")], /^error: checkpoint directory not found: /],
+      [["--model", DIR, "--draft-model", DIR], /^error: --draft-model \(an mlx_lm\.server flag\) is not supported by this server yet$/],
+      [["--model", DIR, "--port", String(port)], new RegExp(`^error: cannot listen on 127\\.0\\.0\\.1:${port}: port ${port} is in use$`)],
+    ];
+    let ran = 0;
+    const results = await Promise.all(cases.map(([args]) => run(...args)));
+    for (const [i, [args, want]] of cases.entries()) {
+      const r = results[i]!;
+      expect([args, r.status]).toEqual([args, 2]);
+      expect(r.stderr.trimEnd()).toMatch(want);
+      expect(r.stderr.trimEnd().includes("\n")).toBe(false);
+      ran++;
+    }
+    expect(ran).toBe(cases.length);
   }, CASE);
 
   it("a client that gives up on a non-streaming request stops it too", async () => {
