@@ -15,6 +15,8 @@ import { join } from "node:path";
 import { OracleClient } from "../../oracle/client.ts";
 import { readDump, validateDump } from "../../oracle/conform/dump.ts";
 import { firstDifferingStep, logitMetrics, type LogitMetrics, logSoftmax, tensorMetrics, toFloat64 } from "../../oracle/conform/metrics.ts";
+import { compareTensor } from "../../oracle/conform/tensor_compare.ts";
+import { judge, loadNoiseFloor } from "../../oracle/conform/verdict.ts";
 import type { RawTensor } from "../../oracle/tensor_diff.ts";
 import { llamaDump, resolveCheckpoint } from "./dump.ts";
 import { ConversionRefused, EngineAborted, HERE, optedIn, REPO, WORK } from "./engine.ts";
@@ -77,6 +79,8 @@ export interface VariantResult {
   oracleDtype?: string;
   /** Level 1 (llama_taps, raw logits): relative L2 error ‖llama.cpp − mlx-lm‖/‖mlx-lm‖ of each residual tap, forward. */
   level1?: { relL2: Record<string, number>; maxAbs: Record<string, number>; logits: Distances };
+  /** The level-1 forward judged against the measured noise floor (oracle/conform/noise_floor.json), as npm run conform judges it. */
+  verdict?: { status: string; headline: string; firstLayerOutside: number | null; floorStatus: string; layer0Ratio: number };
   /** The control experiment (gelu_table_check.py): llama.cpp's forward log-probabilities against mlx-lm as it is, and against mlx-lm with ggml's float16 GELU lookup. */
   geluControl?: { stock_gelu: GeluDistance; ggml_table_gelu: GeluDistance };
 }
@@ -150,14 +154,22 @@ export async function measureVariant(oracle: OracleClient, id: string, install: 
   const cap = await oracle.capture(l1.checkpoint, { id: "llama_cpp_l1", kind: "forward", tokens: [prompt] }, { mode: "full", only: names });
   const relL2: Record<string, number> = {};
   const maxAbs: Record<string, number> = {};
+  const comparisons = [];
   for (const n of names) {
     const tap = cap.taps.find((t) => t.name === n);
     if (!tap?.array) throw new Error(`mlx-lm's capture has no ${n}`);
     const m = tensorMetrics(l1d.tensors.read(n), tap.array);
     relL2[n] = m.relL2;
     maxAbs[n] = m.maxAbs;
+    const layer = /^layers\.(\d+)\//.exec(n);
+    comparisons.push(compareTensor(n, { call: "forward", layer: layer ? Number(layer[1]) : null, kind: layer ? "output" : n }, l1d.tensors.read(n), n, tap.array));
   }
+  comparisons.push(compareTensor("logits", { call: "forward", layer: null, kind: "logits" }, l1d.tensors.read("logits"), "logits", onCopy));
   const level1 = { relL2, maxAbs, logits: distances(l1d.tensors.read("logits"), onCopy) };
+  const floor = loadNoiseFloor();
+  const v = judge(comparisons, floor);
+  const l0 = v.tensors.find((t) => t.name === "layers.0/output");
+  const verdict = { status: v.status, headline: v.headline, firstLayerOutside: v.firstLayerOutside, floorStatus: floor.status, layer0Ratio: l0?.ratio ?? Number.NaN };
   const control = spawnSync(join(REPO, ".venv", "bin", "python"), [join(HERE, "gelu_table_check.py"), fwd.checkpoint, join(base, "forward")], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
   if (control.status !== 0) throw new Error(`gelu_table_check.py failed: ${control.stderr}`);
   const geluControl = JSON.parse(control.stdout.trim().split("\n").pop()!) as VariantResult["geluControl"];
@@ -166,6 +178,7 @@ export async function measureVariant(oracle: OracleClient, id: string, install: 
     status: "measured",
     level: l1.manifest.level,
     level1,
+    verdict,
     geluControl,
     files: fwd.prepared.files,
     rewrittenMoeLayout: fwd.prepared.rewrittenMoeLayout,
@@ -203,6 +216,7 @@ async function main(): Promise<number> {
       note: "written by CONFORM_ENGINES=llama_cpp bun engines/llama_cpp/measure.ts; llama.cpp through node-llama-cpp (CPU, float32 GGUF, F32 KV cache, 1 thread) against mlx-lm 0.32.2 on the same prepared checkpoint copy; prompt = 16 seeded ids (tokensFor(vocab, 1)); forward over the prompt, and greedy generation with prefill_step_size 4, max_tokens 8",
       prefill_step_size: PREFILL_STEP_SIZE,
       max_tokens: MAX_TOKENS,
+      noise_floor: { status: loadNoiseFloor().status, measured_when: loadNoiseFloor().measured?.when ?? null },
       results,
     };
     writeFileSync(join(HERE, "results.json"), `${JSON.stringify(out, null, 1)}\n`);

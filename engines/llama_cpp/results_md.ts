@@ -15,6 +15,7 @@ export interface ResultsFile {
   note: string;
   prefill_step_size: number;
   max_tokens: number;
+  noise_floor?: { status: string; measured_when: string | null };
   results: VariantResult[];
 }
 
@@ -24,6 +25,13 @@ export function readResults(path = RESULTS_JSON): ResultsFile {
 
 const e = (x: number | undefined) => (x === undefined ? "–" : x === 0 ? "0" : x.toExponential(2));
 const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
+
+function verdictCell(r: VariantResult): string {
+  const v = r.verdict;
+  if (!v) return "–";
+  if (v.status !== "DIVERGES") return v.status;
+  return `DIVERGES at layer ${v.firstLayerOutside} (layer 0: ${v.layer0Ratio.toFixed(0)}× the floor)`;
+}
 
 function gelu(r: VariantResult): string {
   const c = r.geluControl;
@@ -40,20 +48,20 @@ function lastLayerRelL2(r: VariantResult): number | undefined {
 
 export function renderTable(file: ResultsFile): string {
   const rows = [
-    "| checkpoint | level | mlx-lm dtype | KL mean | KL max | top-1 | top-10 overlap | max \\|Δ log p\\| | first differing greedy step (of " +
+    "| checkpoint | level | verdict (L1 forward vs the measured floor) | mlx-lm dtype | KL mean | KL max | top-1 | top-10 overlap | max \\|Δ log p\\| | first differing greedy step (of " +
       `${file.max_tokens}) | layer 0 / last layer / norm rel L2 (L1) | control: max \\|Δ log p\\| at position 0, then over all positions, against mlx-lm → against mlx-lm with ggml's f16 GELU |`,
-    "|---|---|---|---|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
   ];
   for (const r of file.results) {
     if (r.status !== "measured") {
-      rows.push(`| ${r.checkpoint} | ${r.status} | | | | | | | | | |`);
+      rows.push(`| ${r.checkpoint} | ${r.status} | | | | | | | | | | |`);
       continue;
     }
     const f = r.forward!;
     const g = r.generate!;
     const l1 = r.level1;
     rows.push(
-      `| ${r.checkpoint} | L${r.level} | ${r.oracleDtype} | ${e(f.klMean)} | ${e(f.klMax)} | ${pct(f.top1)} | ${pct(f.topkOverlap)} | ${e(f.maxAbsDLogprob)} | ${g.firstDifferingStep ?? "none"} | ${e(l1?.relL2["layers.0/output"])} / ${e(lastLayerRelL2(r))} / ${e(l1?.relL2.norm)} | ${gelu(r)} |`,
+      `| ${r.checkpoint} | L${r.level} | ${verdictCell(r)} | ${r.oracleDtype} | ${e(f.klMean)} | ${e(f.klMax)} | ${pct(f.top1)} | ${pct(f.topkOverlap)} | ${e(f.maxAbsDLogprob)} | ${g.firstDifferingStep ?? "none"} | ${e(l1?.relL2["layers.0/output"])} / ${e(lastLayerRelL2(r))} / ${e(l1?.relL2.norm)} | ${gelu(r)} |`,
     );
   }
   const refusals = file.results.filter((r) => r.status !== "measured");
