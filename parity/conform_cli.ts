@@ -1,15 +1,16 @@
 // `npm run conform -- --dump DIR --checkpoint DIR`: checks any Gemma 4 implementation's dump
 // (oracle/conform/FORMAT.md) against mlx-lm, tensor by tensor. The dump is validated against the
 // checkpoint the engine loaded (oracle/conform/dump.ts), mlx-lm runs the dump's prompt and
-// schedule through the oracle's capture request (only the names the dump holds are shipped back),
-// and every tensor is compared: the bit-exact count where the dtypes agree, the distribution
-// metrics always (oracle/conform/metrics.ts), judged against the noise floor per tap kind
-// (oracle/conform/verdict.ts). Reports: terminal table, <out>/conform.json, conform.md,
+// schedule through the oracle's streamed capture request (only the taps the dump holds are
+// written), and every tensor is compared: the bit-exact count where the dtypes agree, the
+// distribution metrics always (oracle/conform/metrics.ts), judged against the noise floor per tap
+// kind (oracle/conform/verdict.ts). Conventions of other engines that are not differences are
+// compared as such: a mask given as a kind ("causal") against an array, the MoE router's top-k
+// order (oracle/conform/tensor_compare.ts), logprobs in place of logits (by KL). Reports: terminal table, <out>/conform.json, conform.md,
 // conform.html. Exit 0 conforms, 1 diverges (or the floor is not measured), 2 bad usage or input,
 // 3 the oracle failed (as npm run parity).
-import { mkdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, unlinkSync, writeFileSync } from "node:fs";
 import { isAbsolute, join, resolve } from "node:path";
-import { existsSync, unlinkSync } from "node:fs";
 import { closeSharedOracle, expectReply, OracleClient, OracleError, REPO_ROOT, type ScenarioSpec } from "../oracle/client.ts";
 import { DumpError, splitName, type ValidDump, validateDump } from "../oracle/conform/dump.ts";
 import { firstDifferingStep } from "../oracle/conform/metrics.ts";

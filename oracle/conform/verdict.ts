@@ -1,8 +1,9 @@
 // The conformance verdict: every compared tensor against the noise floor of its tap kind
 // (noise_floor.json: the largest distance between two trusted float32 implementations, mlx-lm
 // and transformers, per kind), the first tensor and layer outside it in execution order, and a
-// per-layer summary for the plot. A bit-exact tensor is within any floor; a floor still marked
-// "placeholder" never lets a run that is not bit-exact be called CONFORMS.
+// per-layer summary for the plot. A tensor equal in value to mlx-lm's (bit-exact, or the same
+// values in another dtype) is within any floor; a floor still marked "placeholder" never lets
+// any other run be called CONFORMS.
 import { existsSync, readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
