@@ -243,8 +243,12 @@ def attach_experts(experts, rec: Recorder, length: int, handles: list) -> None:
             down[token_idx, top_k_pos] = d
         if c != len(calls):
             raise RuntimeError(f"experts: {len(calls)} linear calls, {c} expected (the hook mapping no longer fits)")
-        for tap, t in (("up_proj", up), ("gate_proj", gate), ("activation", act), ("down_proj", down)):
-            rec.put(rec.lp(f"experts/switch_glu/{tap}"), t.reshape(1, length, K, 1, -1))
+        # On mlx-lm's sorted path (B*L*K >= 64) these four taps are in its expert-sorted row order,
+        # which follows its argpartition order: not reproducible here, so not written (the dump
+        # then lacks them and the sort taps, and says so)
+        if rec.lp("experts/switch_glu/sort_x") not in rec.wanted:
+            for tap, t in (("up_proj", up), ("gate_proj", gate), ("activation", act), ("down_proj", down)):
+                rec.put(rec.lp(f"experts/switch_glu/{tap}"), t.reshape(1, length, K, 1, -1))
         rec.put(rec.lp("experts/switch_glu"), down.reshape(1, length, K, -1))
     handles.append(experts.register_forward_pre_hook(pre))
     handles.append(experts.register_forward_hook(post))
