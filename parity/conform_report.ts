@@ -138,7 +138,8 @@ export function renderText(r: ConformReport): string {
   if (r.notCompared.length) out.push(`${r.notCompared.length} tensors not compared: ${r.notCompared[0]!.reason}`);
   if (r.reordered) out.push(REORDERED(r.reordered));
   const bad = r.kinds.filter((k) => k.outside > 0);
-  if (bad.length) out.push(`tap kinds outside the floor: ${bad.map((k) => `${k.kind} (${k.outside}/${k.tensors}, max rel L2 ${fmtErr(k.maxRelL2)})`).join(", ")}`);
+  const shown = bad.slice(0, 6).map((k) => `${k.kind} (${k.outside}/${k.tensors}, max rel L2 ${fmtErr(k.maxRelL2)})`);
+  if (bad.length) out.push(`tap kinds outside the floor: ${shown.join(", ")}${bad.length > shown.length ? ` and ${bad.length - shown.length} more (conform.md lists every kind)` : ""}`);
   out.push(`verdict: ${r.verdict.headline}`);
   return out.join("\n") + "\n";
 }
