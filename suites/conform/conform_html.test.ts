@@ -1,7 +1,8 @@
-// conform.html (parity/conform_report.ts) in a real headless Chromium, on a synthetic report of
-// 14 calls × (in, 6 layers, out) whose error grows from layer 3 on: the per-layer plot has one
-// line per shown call (12) and the floor line, the legend wraps onto rows that overlap neither the
-// title nor the plot area nor each other, and the first layer outside is marked.
+// conform's reports (parity/conform_report.ts) on a synthetic report of 14 calls × (in, 6 layers,
+// out) whose error grows from layer 3 on: the terminal and Markdown text (verdict, layer table,
+// kinds, the tensors outside); conform.html in a real headless Chromium: the per-layer plot has
+// one line per shown call (12) and the floor line, the legend wraps onto rows that overlap
+// neither the title nor the plot area nor each other, and the first layer outside is marked.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -10,7 +11,7 @@ import type { Browser } from "playwright-core";
 import type { TensorComparison } from "../../oracle/conform/tensor_compare.ts";
 import { judge, type NoiseFloor, NOISE_FLOOR_SCHEMA } from "../../oracle/conform/verdict.ts";
 import { CHROMIUM_ARGS, findChromium } from "../../parity/browser.ts";
-import { CONFORM_SCHEMA, type ConformReport, kindSummaries, logitSummary, renderHtml, tensorRows } from "../../parity/conform_report.ts";
+import { CONFORM_SCHEMA, type ConformReport, kindSummaries, logitSummary, renderHtml, renderMarkdown, renderText, tensorRows } from "../../parity/conform_report.ts";
 import { limit } from "../../tests/time_limit.ts";
 
 const FLOOR: NoiseFloor = { schema: NOISE_FLOOR_SCHEMA, status: "placeholder", measured: null, kinds: {}, default: { rel_l2: 1e-4, kl: 1e-6 } };
@@ -45,6 +46,22 @@ function report(): ConformReport {
 
 type Box = { x: number; y: number; width: number; height: number };
 const overlap = (a: Box, b: Box) => a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height;
+
+describe("conform's terminal and Markdown reports", () => {
+  it("carry the verdict, the layer table, the kinds and the tensors outside", () => {
+    const rep = report();
+    const outside = rep.tensors.filter((t) => !t.within).length;
+    expect(outside).toBe(14 * (3 * 2 + 2)); // layers 3..5 × 2 kinds, norm and logits, in 14 calls
+    const text = renderText(rep);
+    expect(text).toContain(`verdict: ${rep.verdict.headline}`);
+    expect(text.split("\n").filter((l) => /^(in|out|\d) /.test(l)).length).toBe(8);
+    expect(text).toContain("tap kinds outside the floor: input_layernorm (42/84");
+    const md = renderMarkdown(rep);
+    expect(md).toContain(`## Tensors outside the floor (${outside}; first 40)`);
+    expect(md.split("\n").filter((l) => l.startsWith("| step") || l.startsWith("| prefill")).length).toBe(40);
+    expect(md).toContain("| logits | 14 | 1.00e-2 | 1.00e-4 | 1.00e-4 / KL 1.00e-6 (default) | 14 |");
+  });
+});
 
 const chromiumPath = findChromium();
 const hasPlaywright = existsSync(join(import.meta.dir, "..", "..", "node_modules", "playwright-core"));
