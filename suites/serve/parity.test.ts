@@ -82,8 +82,10 @@ type Choice = { finish_reason: string; text?: string; message?: { content: strin
 type Body = { choices: Choice[]; usage: { prompt_tokens: number; completion_tokens: number; prompt_tokens_details: { cached_tokens: number } } };
 
 beforeAll(async () => {
-  const oracle = await sharedOracle();
-  await oracle.request("make_checkpoints", { tokenizer_from: SOURCE, out: DIR }, START);
+  const t0 = performance.now();
+  const since = () => `${((performance.now() - t0) / 1000).toFixed(1)} s`;
+  await (await sharedOracle()).request("make_checkpoints", { tokenizer_from: SOURCE, out: DIR }, START);
+  const phases = [`fixture ready ${since()}`];
   const [p1, p2] = [await freePort(), await freePort()];
   const started = await Promise.allSettled([
     startServerProcess("mlx_lm.server", PYTHON, ["-c", LAUNCH, "--model", DIR, "--host", "127.0.0.1", "--port", String(p1), "--prompt-cache-size", "0"], p1, START),
@@ -92,9 +94,12 @@ beforeAll(async () => {
   for (const s of started) if (s.status === "fulfilled") (s.value.name === "mlx_lm.server" ? (ref = s.value) : (ts = s.value));
   const failed = started.find((s) => s.status === "rejected");
   if (failed) throw (failed as PromiseRejectedResult).reason;
-  // mlx_lm.server loads the model on its first request: one throw-away request to each
+  phases.push(`both answer /health ${since()}`);
+  // mlx_lm.server loads the model in its generation thread after /health answers: one throw-away request to each
   await Promise.all([ref, ts].map((s) => post(s, "/v1/completions", JSON.stringify({ prompt: "warm up", max_tokens: 1 }))));
-}, 2 * START);
+  phases.push(`both served a first request ${since()}`);
+  console.log(`serve parity start-up: ${phases.join(", ")}`);
+}, 3 * START);
 
 afterAll(async () => {
   await Promise.all([ref?.stop(), ts?.stop()]);
