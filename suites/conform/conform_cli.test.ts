@@ -4,6 +4,7 @@
 //   - the TS port's dump (engines/ts_port/dump.ts) conforms, bit-exact (exit 0);
 //   - the same dump with every float tensor converted to float32 (the same values, another dtype:
 //     no bit comparison is possible) conforms on its values (exit 0);
+//   - that copy under --strict diverges at its first float tensor (exit 1), --json prints the report;
 //   - planted defects in that float32 copy, found by the METRIC verdict alone (the oracle's taps
 //     are bfloat16, the dump's float32, so no byte comparison exists): layer 3's output scaled by
 //     1.01 is reported first outside the floor at layer 3; layer 1's rope_q with the two halves of
@@ -81,6 +82,18 @@ describe("npm run conform", () => {
     expect(floats.length).toBeGreaterThan(100);
     for (const t of floats) expect(t.mismatches, t.name).toBeNull();
     expect(floats.every((t) => t.metrics?.relL2 === 0)).toBe(true);
+  }, limit(60_000));
+
+  it("--strict wants mlx-lm's bytes: the float32 copy diverges (exit 1); --json prints the report", async () => {
+    const oracle = await sharedOracle();
+    let printed = "";
+    const code = await main(["--dump", asF32, "--checkpoint", CKPT, "--out", join(tmp, "rs"), "--strict", "--json"], { oracle, write: (s) => void (printed += s) });
+    expect(code).toBe(1);
+    const rep = JSON.parse(printed) as ConformReport;
+    expect(rep.verdict.status).toBe("DIVERGES");
+    expect(rep.verdict.strict).toBe(true);
+    expect(rep.verdict.headline).toMatch(/^DIVERGES at embed_tokens: not bit-exact \(--strict\)$/);
+    expect(rep).toEqual(JSON.parse(readFileSync(join(tmp, "rs", "conform.json"), "utf8")));
   }, limit(60_000));
 
   const floor = loadNoiseFloor();
