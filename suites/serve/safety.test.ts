@@ -7,6 +7,7 @@
 //  - limits: a body over --max-body-bytes → 413, max_tokens over --max-tokens-limit → 400, a
 //    prompt over --max-prompt-tokens → 400, a body without Content-Length → 411;
 //  - malformed JSON → 400 "Invalid JSON in request body: ...", a non-object body → 400;
+//  - requests sent at once are served one at a time, each as if alone;
 //  - a client that disconnects mid-stream (and one that gives up on a non-streaming request)
 //    stops its generation: the server logs it cancelled well before its max_tokens, and the
 //    next request is served;
@@ -133,6 +134,18 @@ describe("npm run serve: safe by default", () => {
       ran++;
     }
     expect(ran).toBe(cases.length);
+  }, CASE);
+
+  it("requests sent at once wait their turn: each answer equals the same request's answer alone", async () => {
+    const reqs = ["The first prompt", "A second, different prompt", "third"].map((prompt, i) => ({ prompt, max_tokens: 4 + i, logprobs: true, stream: i === 1 }));
+    const strip = (body: string) => body.replace(/"id": "cmpl-[0-9a-f-]+"/g, "").replace(/"created": \d+/g, "");
+    const alone: string[] = [];
+    for (const r of reqs) alone.push(strip((await call("/v1/completions", { json: r })).body));
+    const together = await Promise.all(reqs.map((r) => call("/v1/completions", { json: r })));
+    expect(together.map((r) => r.status)).toEqual([200, 200, 200]);
+    expect(together.map((r) => strip(r.body))).toEqual(alone);
+    expect(alone[1]).toMatch(/^data: /);
+    expect(alone[0]).toContain('"completion_tokens": 4');
   }, CASE);
 
   it("a client that disconnects mid-stream stops its generation; the next request is served", async () => {
