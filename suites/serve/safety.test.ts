@@ -1,6 +1,7 @@
 // The safety defaults of `npm run serve` (serve/), on the TS server alone (one process for the
 // file, started with an API key and small limits on the tokenizer fixture; no --host):
 //  - it binds to loopback: 127.0.0.1 answers, this machine's other addresses refuse;
+//  - no CORS header by default;
 //  - the bearer key: no header or a wrong key → 401 with {"error": ...} and WWW-Authenticate;
 //    the right key → 200; /health stays open (for health checks);
 //  - only the model named at start: another `model` (a name, a path on disk) → 404, nothing loaded;
@@ -82,6 +83,15 @@ describe("npm run serve: safe by default", () => {
     const ok = await call("/v1/completions", { json: prompt });
     expect(ok.status).toBe(200);
     expect(JSON.parse(ok.body).usage.completion_tokens).toBe(1);
+  }, CASE);
+
+  it("no CORS header unless --allowed-origins is given (mlx_lm.server answers '*')", async () => {
+    const origin = { Origin: "http://evil.example" };
+    const pre = await fetch(`${server.url}/v1/completions`, { method: "OPTIONS", headers: origin });
+    expect(pre.status).toBe(204);
+    const got = await call("/v1/completions", { json: { prompt: "hi", max_tokens: 1 }, headers: origin });
+    expect(got.status).toBe(200);
+    for (const h of [pre.headers, got.headers]) expect(h.get("access-control-allow-origin")).toBeNull();
   }, CASE);
 
   it("only the model named at start: another name or a path on disk → 404, nothing loaded", async () => {
