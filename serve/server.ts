@@ -227,21 +227,26 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
       if (gone) return new Response(null, { status: 499 });
       return json(200, last, cors);
     }
+    // The generation runs to its end whether or not the client reads (chunks are buffered, at most
+    // max_tokens of them): a client that stops reading cannot hold the one generation slot.
     const enc = new TextEncoder();
     const stream = new ReadableStream<Uint8Array>({
-      async pull(controller) {
-        try {
-          const { value, done } = await respond.next();
-          if (done) controller.close();
-          else controller.enqueue(enc.encode(value));
-        } catch (e) {
-          cfg.log(`error: ${(e as Error).stack ?? e}`);
-          controller.error(e);
-        }
+      start(controller) {
+        void (async () => {
+          try {
+            for await (const chunk of respond) {
+              if (gone) break;
+              controller.enqueue(enc.encode(chunk));
+            }
+            if (!gone) controller.close();
+          } catch (e) {
+            cfg.log(`error: ${(e as Error).stack ?? e}`);
+            if (!gone) controller.error(e);
+          }
+        })();
       },
-      async cancel() {
+      cancel() {
         gone = true;
-        await respond.return(undefined);
       },
     });
     return new Response(stream, { status: 200, headers: { "Content-type": "text/event-stream", "Cache-Control": "no-cache", ...cors } });
