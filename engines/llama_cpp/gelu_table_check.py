@@ -1,6 +1,6 @@
 """Is llama.cpp's float16 GELU table the cause of its distance from mlx-lm? A control experiment.
 
-Usage: python gelu_table_check.py CHECKPOINT_DIR DUMP_DIR   (the oracle venv: mlx, mlx-lm)
+Usage: python gelu_table_check.py CHECKPOINT_DIR DUMP_DIR [L1_DUMP_DIR]   (the oracle venv: mlx, mlx-lm)
 Prints one JSON line.
 
 llama.cpp's CPU backend (ggml-cpu/vec.h, GGML_GELU_FP16 defined) computes GELU, and the GELU of
@@ -12,6 +12,12 @@ This script runs mlx-lm's forward (float32) on the dump's prompt twice: as it is
 GELU replaced by that lookup (written here from the description above, in numpy/MLX), and
 reports how far llama.cpp's log-probabilities (the dump's `logprobs`) are from each. If the
 lookup accounts for the distance, the second is far smaller than the first.
+
+With a level-1 dump of the same forward (L1_DUMP_DIR) it also reports, per position, the
+relative L2 error of layer 0's output (llama.cpp against mlx-lm with the lookup) beside the
+smallest relative distance of any of layer 0's GELU inputs from a float16 rounding midpoint:
+where an input lies within float32 noise of a midpoint, the two engines' float32 rounding
+differences can round it to different float16 values, one table step apart.
 """
 
 import json
@@ -75,9 +81,61 @@ def distances(engine: np.ndarray, ref_logits: np.ndarray) -> dict:
     }
 
 
+def midpoint_margin(x: np.ndarray) -> np.ndarray:
+    """|x − the nearest float16 rounding midpoint| / |x|, element-wise (float32 x)."""
+    h = x.astype(np.float16)
+    lo = np.nextafter(h, np.float16(-np.inf)).astype(np.float64)
+    hi = np.nextafter(h, np.float16(np.inf)).astype(np.float64)
+    c = h.astype(np.float64)
+    d = np.minimum(np.abs((c + lo) / 2 - x), np.abs((c + hi) / 2 - x))
+    return d / np.maximum(np.abs(x.astype(np.float64)), 1e-30)
+
+
+def layer0_report(model, tokens: mx.array, l1_dump: Path) -> dict:
+    """Per position: layer 0's output error against llama.cpp and its GELU inputs' midpoint margin."""
+    inner = model.language_model.model if hasattr(model, "language_model") else model.model
+    first = inner.layers[0]
+    cls = type(first)
+    original_call = cls.__call__
+    state = {"in_layer0": False, "out": None}
+    margins: list[np.ndarray] = []
+
+    def recording_lookup(x: mx.array) -> mx.array:
+        if state["in_layer0"]:
+            a = np.array(x.astype(mx.float32))
+            # every GELU input of layer 0, reduced to its smallest margin per position (axis 1)
+            m = midpoint_margin(a).reshape(a.shape[0], a.shape[1], -1).min(axis=-1)[0]
+            margins.append(m)
+        return gelu_lookup(x)
+
+    def call(self, *args, **kwargs):
+        state["in_layer0"] = self is first
+        out = original_call(self, *args, **kwargs)
+        if self is first:
+            h = out[0] if isinstance(out, tuple) else out
+            state["out"] = np.array(h.astype(mx.float32))[0]
+        state["in_layer0"] = False
+        return out
+
+    original_geglu, original_gelu = gemma4_text.geglu, nn.gelu_approx
+    gemma4_text.geglu = lambda gate, x: recording_lookup(gate) * x
+    nn.gelu_approx = recording_lookup
+    cls.__call__ = call
+    try:
+        model(tokens)
+    finally:
+        gemma4_text.geglu, nn.gelu_approx = original_geglu, original_gelu
+        cls.__call__ = original_call
+    engine = np.array(mx.load(str(l1_dump / "tensors.safetensors"))["layers.0/output"].astype(mx.float32))[0].astype(np.float64)
+    ref = state["out"].astype(np.float64)
+    rel = np.linalg.norm(engine - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+    margin = np.min(np.stack(margins), axis=0)
+    return {"layer0_rel_l2_per_position": [float(v) for v in rel], "layer0_gelu_input_midpoint_margin_per_position": [float(v) for v in margin]}
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        sys.stderr.write("usage: gelu_table_check.py CHECKPOINT_DIR DUMP_DIR\n")
+    if len(argv) not in (3, 4):
+        sys.stderr.write("usage: gelu_table_check.py CHECKPOINT_DIR DUMP_DIR [L1_DUMP_DIR]\n")
         return 2
     ckpt, dump = Path(argv[1]), Path(argv[2])
     manifest = json.loads((dump / "manifest.json").read_text())
@@ -96,7 +154,10 @@ def main(argv: list[str]) -> int:
         lookup = np.array(model(tokens).astype(mx.float32))
     finally:
         gemma4_text.geglu, nn.gelu_approx = original_geglu, original_gelu
-    print(json.dumps({"stock_gelu": distances(engine, stock), "ggml_table_gelu": distances(engine, lookup)}))
+    out = {"stock_gelu": distances(engine, stock), "ggml_table_gelu": distances(engine, lookup)}
+    if len(argv) == 4:
+        out.update(layer0_report(model, tokens, Path(argv[3])))
+    print(json.dumps(out))
     return 0
 
 

@@ -82,7 +82,14 @@ export interface VariantResult {
   /** The level-1 forward judged against the measured noise floor (oracle/conform/noise_floor.json), as npm run conform judges it. */
   verdict?: { status: string; headline: string; firstLayerOutside: number | null; floorStatus: string; layer0Ratio: number };
   /** The control experiment (gelu_table_check.py): llama.cpp's forward log-probabilities against mlx-lm as it is, and against mlx-lm with ggml's float16 GELU lookup. */
-  geluControl?: { stock_gelu: GeluDistance; ggml_table_gelu: GeluDistance };
+  geluControl?: {
+    stock_gelu: GeluDistance;
+    ggml_table_gelu: GeluDistance;
+    /** Per position: layer 0's output, llama.cpp against mlx-lm with the lookup (relative L2). */
+    layer0_rel_l2_per_position: number[];
+    /** Per position: the smallest |x − nearest float16 rounding midpoint| / |x| over layer 0's GELU inputs (mlx-lm's). */
+    layer0_gelu_input_midpoint_margin_per_position: number[];
+  };
 }
 
 interface GeluDistance {
@@ -170,7 +177,7 @@ export async function measureVariant(oracle: OracleClient, id: string, install: 
   const v = judge(comparisons, floor);
   const l0 = v.tensors.find((t) => t.name === "layers.0/output");
   const verdict = { status: v.status, headline: v.headline, firstLayerOutside: v.firstLayerOutside, floorStatus: floor.status, layer0Ratio: l0?.ratio ?? Number.NaN };
-  const control = spawnSync(join(REPO, ".venv", "bin", "python"), [join(HERE, "gelu_table_check.py"), fwd.checkpoint, join(base, "forward")], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+  const control = spawnSync(join(REPO, ".venv", "bin", "python"), [join(HERE, "gelu_table_check.py"), fwd.checkpoint, join(base, "forward"), join(base, "forward_l1")], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
   if (control.status !== 0) throw new Error(`gelu_table_check.py failed: ${control.stderr}`);
   const geluControl = JSON.parse(control.stdout.trim().split("\n").pop()!) as VariantResult["geluControl"];
   return {

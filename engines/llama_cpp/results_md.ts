@@ -36,7 +36,11 @@ function verdictCell(r: VariantResult): string {
 function gelu(r: VariantResult): string {
   const c = r.geluControl;
   if (!c) return "–";
-  return `${e(c.stock_gelu.row_max_abs_dlogprob[0])} → ${e(c.ggml_table_gelu.row_max_abs_dlogprob[0])}; ${e(c.stock_gelu.max_abs_dlogprob)} → ${e(c.ggml_table_gelu.max_abs_dlogprob)}`;
+  const rel = c.layer0_rel_l2_per_position ?? [];
+  const off = rel.map((v, i) => [v, i] as const).filter(([v]) => v > 1e-5);
+  const margins = off.map(([, i]) => e(c.layer0_gelu_input_midpoint_margin_per_position[i])).join(", ");
+  const layer0 = `layer 0 with the lookup: ${off.length ? `positions ${off.map(([, i]) => i).join(", ")} above 1e-5 (their GELU-input midpoint margin ${margins})` : "every position within 1e-5"}, worst ${e(Math.max(...rel))}`;
+  return `${e(c.stock_gelu.row_max_abs_dlogprob[0])} → ${e(c.ggml_table_gelu.row_max_abs_dlogprob[0])}; ${e(c.stock_gelu.max_abs_dlogprob)} → ${e(c.ggml_table_gelu.max_abs_dlogprob)}; ${layer0}`;
 }
 
 /** The last layer's output relative L2 error of the level-1 forward. */
@@ -49,7 +53,7 @@ function lastLayerRelL2(r: VariantResult): number | undefined {
 export function renderTable(file: ResultsFile): string {
   const rows = [
     "| checkpoint | level | verdict (L1 forward vs the measured floor) | mlx-lm dtype | KL mean | KL max | top-1 | top-10 overlap | max \\|Δ log p\\| | first differing greedy step (of " +
-      `${file.max_tokens}) | layer 0 / last layer / norm rel L2 (L1) | control: max \\|Δ log p\\| at position 0, then over all positions, against mlx-lm → against mlx-lm with ggml's f16 GELU |`,
+      `${file.max_tokens}) | layer 0 / last layer / norm rel L2 (L1) | control: max \\|Δ log p\\| at position 0, then over all positions, against mlx-lm → against mlx-lm with ggml's f16 GELU lookup; layer 0's output against the latter |`,
     "|---|---|---|---|---|---|---|---|---|---|---|---|",
   ];
   for (const r of file.results) {
