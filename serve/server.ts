@@ -306,8 +306,11 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
     const top: TokenResponse["topTokens"][] = [];
     let currentState = built.initialState;
     let finished = false;
+    const t0 = performance.now();
+    let tFirst = 0;
     try {
       for await (const g of gen) {
+        if (tokens.length === 0) tFirst = performance.now();
         let segments: [string, string][];
         if (g.finishReason === "stop") {
           st = sm.discard(st);
@@ -339,7 +342,9 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
     } finally {
       await gen.return(undefined);
     }
-    const what = `${ctx.objectType.startsWith("chat") ? "chat" : "completion"} ${ctx.id}: ${built.prompt.length} prompt tokens, ${tokens.length} generated`;
+    const decodeS = (performance.now() - tFirst) / 1000;
+    const timing = tokens.length === 0 ? "" : ` (first token after ${((tFirst - t0) / 1000).toFixed(3)} s incl. queue, then ${tokens.length > 1 && decodeS > 0 ? ((tokens.length - 1) / decodeS).toFixed(1) : "-"} tok/s)`;
+    const what = `${ctx.objectType.startsWith("chat") ? "chat" : "completion"} ${ctx.id}: ${built.prompt.length} prompt tokens, ${tokens.length} generated${timing}`;
     if (!finished) {
       // the client went away: nothing more is sent
       cfg.log(`${what}, cancelled (client disconnected)`);
