@@ -15,14 +15,14 @@
 // was made from (oracle/python/make_checkpoints.py: the bf16 variants are cast from the f32
 // weights, the bf16-based quantizations quantize the bf16 cast, MoE has no bf16 variant so its
 // quantizations are scored against f32), plus the cast-only and layout-only variants against
-// f32 as baselines; and a full-width random E2B (bench/python/quant_e2b.py) in bfloat16 against
+// f32 as baselines; and a full-width random E2B (bench/python/quant_e2b.py), float32 by default (--e2b-dtype), against
 // its quantizations by mlx-lm's quantize_model.
 // Results: bench/QUANT-SCORES.md and bench/quant_scores.json.
 import { existsSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { join, relative } from "node:path";
 import { spawnSync } from "node:child_process";
 import { DEFAULT_PYTHON, expectReply, type NpyRef, OracleClient, OracleError } from "../oracle/client.ts";
-import { logitMetricsOf, type RawTensor, tensorMetrics, toFloat64 } from "../oracle/conform/metrics.ts";
+import { logitMetricsOf, logSoftmax, type RawTensor, tensorMetrics, toFloat64 } from "../oracle/conform/metrics.ts";
 import { helpText, parseArgs, runMain, type FlagSpec, UsageError } from "../parity/args.ts";
 
 const ROOT = join(import.meta.dir, "..");
@@ -37,6 +37,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "tokens", kind: "int", help: "prompt length for the tiny fixtures (their max_position_embeddings is 4096, sliding window 8)", default: 256 },
   { name: "e2b-layers", kind: "int", help: "layers of the full-width random E2B (35 = the real model)", default: 4 },
   { name: "e2b-tokens", kind: "int", help: "prompt length for the full-width E2B", default: 256 },
+  { name: "e2b-dtype", kind: "string", valueName: "dtype", help: "dtype of the E2B source, hence of the quantizations' scales and of the activations: float32 (default: libmlx's CPU matmuls, quantized ones too, are many times faster in float32 than in bfloat16) or bfloat16 (as released)", default: "float32" },
   { name: "match", kind: "string", valueName: "globs", help: "score only checkpoint ids matching these comma-separated globs (e.g. 'c5_moe/*,*/q8g64'); rows of the others are kept from the previous results" },
   { name: "seed", kind: "int", help: "prompt seed", default: 24 },
   { name: "help", kind: "bool", help: "show this help" },
@@ -97,6 +98,8 @@ export interface LogitScore {
   topkOverlap: number;
   dpTopMean: number;
   dpTopMax: number;
+  /** Context, not a distance: the source's own top-token probability, mean over positions (a flat distribution makes top-1 fragile). */
+  sourceTopP: number;
 }
 
 export interface Score {
@@ -134,9 +137,11 @@ export function scoreLogits(q: RawTensor, s: RawTensor, k = 10): LogitScore {
   const rows = s.shape.reduce((a, b) => a * b, 1) / V;
   if ((q.shape.at(-1) ?? 1) !== V || q.shape.reduce((a, b) => a * b, 1) !== rows * V) throw new Error(`logits [${q.shape}] vs the source's [${s.shape}]`);
   const kls: number[] = [];
-  let top1 = 0, overlap = 0, dpSum = 0, dpMax = 0, kk = 0;
+  let top1 = 0, overlap = 0, dpSum = 0, dpMax = 0, kk = 0, topP = 0;
   for (let r = 0; r < rows; r++) {
-    const m = logitMetricsOf(row(q, r, V), row(s, r, V), V, k);
+    const sr = row(s, r, V);
+    const m = logitMetricsOf(row(q, r, V), sr, V, k);
+    topP += Math.exp(logSoftmax(sr).reduce((a, b) => Math.max(a, b), -Infinity));
     kls.push(m.klMean);
     top1 += m.top1;
     overlap += m.topkOverlap;
@@ -149,7 +154,7 @@ export function scoreLogits(q: RawTensor, s: RawTensor, k = 10): LogitScore {
   const sorted = [...kls].sort((a, b) => a - b);
   return {
     rows, vocab: V, klMean: klSum / n, klMedian: percentile(sorted, 50), klP99: percentile(sorted, 99), klMax: sorted.at(-1) ?? 0,
-    top1: top1 / n, k: kk, topkOverlap: overlap / n, dpTopMean: dpSum / n, dpTopMax: dpMax,
+    top1: top1 / n, k: kk, topkOverlap: overlap / n, dpTopMean: dpSum / n, dpTopMax: dpMax, sourceTopP: topP / n,
   };
 }
 
@@ -229,16 +234,23 @@ export function fixturePairs(indexFile = join(CKPT_ROOT, "index.json")): Pair[] 
 }
 
 const E2B_VARIANTS: [string, string][] = [
-  ["q4g64", "affine 4-bit g64, bfloat16 scales"],
-  ["q4g32", "affine 4-bit g32, bfloat16 scales"],
-  ["q8g64", "affine 8-bit g64, bfloat16 scales"],
+  ["q4g64", "affine 4-bit g64"],
+  ["q4g32", "affine 4-bit g32"],
+  ["q8g64", "affine 8-bit g64"],
   ["mxfp4", "mxfp4 g32"],
 ];
+const SOURCE_NAME: Record<string, string> = { float32: "f32", bfloat16: "bf16" };
 
-export function e2bPairs(layers: number): Pair[] {
+/** The E2B build's folder under .cache/quant (bench/python/quant_e2b.py writes it). */
+export function e2bDir(layers: number, dtype: string): string {
+  return join(ROOT, ".cache", "quant", `e2b-${layers}l-${SOURCE_NAME[dtype]}`);
+}
+
+export function e2bPairs(layers: number, dtype: string): Pair[] {
+  const dir = e2bDir(layers, dtype);
   const name = `e2b-${layers}l`;
-  const dir = join(ROOT, ".cache", "quant", name);
-  return E2B_VARIANTS.map(([v, what]) => ({ id: `${name}/${v}`, source: `${name}/bf16`, quantDir: join(dir, v), sourceDir: join(dir, "bf16"), what, baseline: false }));
+  const src = SOURCE_NAME[dtype]!;
+  return E2B_VARIANTS.map(([v, what]) => ({ id: `${name}/${v}`, source: `${name}/${src}`, quantDir: join(dir, v), sourceDir: join(dir, src), what: v === "mxfp4" ? what : `${what}, ${dtype} scales`, baseline: false }));
 }
 
 // ------------------------------------------------------------------ report
@@ -252,7 +264,7 @@ export interface PairResult extends Pair {
 interface Results {
   schema: "gemma4-quant-scores/1";
   versions: Record<string, string>;
-  sets: Record<string, { date: string; e2bLayers?: number; pairs: Omit<PairResult, "quantDir" | "sourceDir">[] }>;
+  sets: Record<string, { date: string; e2bLayers?: number; e2bDtype?: string; pairs: Omit<PairResult, "quantDir" | "sourceDir">[] }>;
 }
 
 const sci = (x: number) => (x === 0 ? "0" : Math.abs(x) >= 0.01 && Math.abs(x) < 100 ? x.toFixed(4) : x.toExponential(2));
@@ -273,18 +285,19 @@ export function renderMarkdown(r: Results): string {
     "- **KL** = KL(source ‖ quant) of the softmaxes at each prompt position, in nats: mean, median, 99th percentile (linear between ranks, numpy's default) and max over positions.",
     "- **top-1** = positions whose argmax agrees (llama-perplexity's \"Same top p\"); **top-10** = mean overlap of the ten most likely tokens.",
     "- **|Δp|** = |p_quant(t) − p_source(t)| for t = the source's top token: mean and max over positions (llama-perplexity's Δp is of the next token of a real text; with a random prompt the source's top token is the one that matters).",
+    "- **source p(top)** = the source's own probability of its top token, mean over positions: context for top-1 (the random fixtures' distributions are nearly flat, so a small logit error flips the argmax).",
     "- **rel L2** = ‖q − s‖₂ / ‖s‖₂ of the logits, and per layer of `embed_scaled` (first) and each `layers.{i}/output` (`=` where bit-identical).",
     "",
   ];
   for (const [set, s] of Object.entries(r.sets)) {
-    const title = set === "e2b" ? `Full-width random E2B (${s.e2bLayers} layers of 35, bfloat16, random MLX init; 262,144-token vocabulary)` : "Tiny fixtures (vocabulary 256, hidden 64, 6-8 layers)";
+    const title = set === "e2b" ? `Full-width random E2B (${s.e2bLayers} layers of 35, ${s.e2bDtype}, random MLX init; 262,144-token vocabulary)` : "Tiny fixtures (vocabulary 256, hidden 64, 6-8 layers)";
     const first = s.pairs[0];
     out.push(`## ${title}`, "", `Run ${s.date}; prompt: ${first ? `${first.prompt.tokens} seeded tokens (seed ${first.prompt.seed})` : "-"}.`, "");
-    out.push("| checkpoint | source | what | KL mean | KL median | KL p99 | KL max | top-1 | top-10 | \\|Δp\\| mean | \\|Δp\\| max | logits rel L2 | rel L2 per layer (embed · layers 0…) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    out.push("| checkpoint | source | what | KL mean | KL median | KL p99 | KL max | top-1 | top-10 | \\|Δp\\| mean | \\|Δp\\| max | source p(top) | logits rel L2 | rel L2 per layer (embed · layers 0…) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (const p of s.pairs) {
       const l = p.score.logits;
       const lg = p.score.taps.find((t) => t.tap === "logits")!;
-      out.push(`| ${p.id}${p.baseline ? " (baseline)" : ""} | ${p.source} | ${p.what} | ${sci(l.klMean)} | ${sci(l.klMedian)} | ${sci(l.klP99)} | ${sci(l.klMax)} | ${pct(l.top1)} | ${pct(l.topkOverlap)} | ${sci(l.dpTopMean)} | ${sci(l.dpTopMax)} | ${lg.identical ? "=" : sci(lg.relL2)} | ${layerCell(p)} |`);
+      out.push(`| ${p.id}${p.baseline ? " (baseline)" : ""} | ${p.source} | ${p.what} | ${sci(l.klMean)} | ${sci(l.klMedian)} | ${sci(l.klP99)} | ${sci(l.klMax)} | ${pct(l.top1)} | ${pct(l.topkOverlap)} | ${sci(l.dpTopMean)} | ${sci(l.dpTopMax)} | ${sci(l.sourceTopP)} | ${lg.identical ? "=" : sci(lg.relL2)} | ${layerCell(p)} |`);
     }
     out.push("");
   }
@@ -320,8 +333,13 @@ async function scorePairs(oracle: OracleClient, pairs: Pair[], tokens: number, s
     const prompt = seededPrompt(tokens, vocab, seed);
     log(`${i + 1}/${pairs.length} ${p.id} against ${p.source}: mlx-lm forward over ${tokens} tokens, both sides`);
     // a source shared by consecutive pairs is captured once
-    if (cached === null || cached.dir !== p.sourceDir || cached.prompt.length !== prompt.length) cached = { dir: p.sourceDir, prompt, cap: await captureL1(oracle, p.sourceDir, prompt) };
+    const since = () => `${((performance.now() - t0) / 1000).toFixed(0)} s`;
+    if (cached === null || cached.dir !== p.sourceDir || cached.prompt.length !== prompt.length) {
+      cached = { dir: p.sourceDir, prompt, cap: await captureL1(oracle, p.sourceDir, prompt) };
+      log(`  ${p.source} captured (${since()})`);
+    }
     const q = await captureL1(oracle, p.quantDir, prompt);
+    log(`  ${p.id} captured (${since()}); scoring ${tokens} positions`);
     const score = scoreCaptures(q, cached.cap);
     const seconds = (performance.now() - t0) / 1000;
     log(`${i + 1}/${pairs.length} ${p.id}: KL mean ${sci(score.logits.klMean)} p99 ${sci(score.logits.klP99)} max ${sci(score.logits.klMax)}, top-1 ${pct(score.logits.top1)} (${seconds.toFixed(1)} s)`);
@@ -330,10 +348,10 @@ async function scorePairs(oracle: OracleClient, pairs: Pair[], tokens: number, s
   return out;
 }
 
-function buildE2b(layers: number): void {
-  const dir = join(ROOT, ".cache", "quant", `e2b-${layers}l`);
-  log(`building the full-width E2B (${layers} layers) and its quantizations in ${relative(ROOT, dir)} (skipped when up to date)`);
-  const r = spawnSync(DEFAULT_PYTHON, [join(ROOT, "bench", "python", "quant_e2b.py"), "--out", dir, "--layers", String(layers)], { stdio: ["ignore", "inherit", "inherit"] });
+function buildE2b(layers: number, dtype: string): void {
+  const dir = e2bDir(layers, dtype);
+  log(`building the full-width E2B (${layers} layers, ${dtype}) and its quantizations in ${relative(ROOT, dir)} (skipped when up to date)`);
+  const r = spawnSync(DEFAULT_PYTHON, [join(ROOT, "bench", "python", "quant_e2b.py"), "--out", dir, "--layers", String(layers), "--dtype", dtype], { stdio: ["ignore", "inherit", "inherit"] });
   if (r.status !== 0) throw new Error(`bench/python/quant_e2b.py failed (exit ${r.status})`);
 }
 
@@ -351,23 +369,25 @@ async function main(argv: string[]): Promise<number> {
   const picked = (p: Pair) => globs === null || globs.some((g) => g.test(p.id));
   const prev: Results | null = existsSync(OUT_JSON) ? (JSON.parse(readFileSync(OUT_JSON, "utf8")) as Results) : null;
   const results: Results = { schema: "gemma4-quant-scores/1", versions: prev?.versions ?? {}, sets: { ...(prev?.sets ?? {}) } };
-  if (sets.includes("e2b")) buildE2b(a["e2b-layers"] as number);
+  const e2bDtype = String(a["e2b-dtype"]);
+  if (!(e2bDtype in SOURCE_NAME)) throw new UsageError("--e2b-dtype must be float32 or bfloat16");
+  if (sets.includes("e2b")) buildE2b(a["e2b-layers"] as number, e2bDtype);
   const oracle = await OracleClient.start();
   try {
     results.versions = { ...(oracle.versions ?? {}), bun: Bun.version };
     const strip = (r: PairResult[]) => r.map(({ quantDir: _q, sourceDir: _s, ...rest }) => rest);
     const date = new Date().toISOString().slice(0, 10);
-    const run = async (set: "fixtures" | "e2b", all: Pair[], tokens: number, extra: { e2bLayers?: number }) => {
+    const run = async (set: "fixtures" | "e2b", all: Pair[], tokens: number, extra: { e2bLayers?: number; e2bDtype?: string }) => {
       const pairs = all.filter(picked);
       if (pairs.length === 0) return;
       const old = results.sets[set];
       // a partial run keeps the other rows only when they were scored on the same prompt
-      const keep = old && old.pairs.every((r) => r.prompt.tokens === tokens && r.prompt.seed === seed) && old.e2bLayers === extra.e2bLayers ? old.pairs : [];
+      const keep = old && old.pairs.every((r) => r.prompt.tokens === tokens && r.prompt.seed === seed) && old.e2bLayers === extra.e2bLayers && old.e2bDtype === extra.e2bDtype ? old.pairs : [];
       const fresh = strip(await scorePairs(oracle, pairs, tokens, seed));
       results.sets[set] = { date, ...extra, pairs: mergeRows(keep, fresh, all.map((p) => p.id)) };
     };
     if (sets.includes("fixtures")) await run("fixtures", fixturePairs(), a.tokens as number, {});
-    if (sets.includes("e2b")) await run("e2b", e2bPairs(a["e2b-layers"] as number), a["e2b-tokens"] as number, { e2bLayers: a["e2b-layers"] as number });
+    if (sets.includes("e2b")) await run("e2b", e2bPairs(a["e2b-layers"] as number, e2bDtype), a["e2b-tokens"] as number, { e2bLayers: a["e2b-layers"] as number, e2bDtype });
   } finally {
     await oracle.close();
   }

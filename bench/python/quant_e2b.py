@@ -1,13 +1,14 @@
 #!/usr/bin/env python
-"""A full-width random E2B (fewer layers) in bfloat16 and its quantizations, for bench/quant_score.ts.
+"""A full-width random E2B (fewer layers) and its quantizations, for bench/quant_score.ts.
 
 The source is built exactly as make_checkpoints.py --shape e2b builds a bench checkpoint (same
-config from shape_config, MLX's default random init under mx.random.seed(seed), cast to the
-dtype), but saved unquantized: <out>/bf16. Each variant is that same source quantized with
-mlx-lm's own quantize_model and the model's own predicate, as the fixtures are (default: q4g64,
-q4g32, q8g64 affine and mxfp4 g32): <out>/<variant>. A stamp file skips an up-to-date build.
+config from shape_config, MLX's default random init under mx.random.seed(seed), cast to --dtype),
+but saved unquantized: <out>/bf16 or <out>/f32. Each variant is that same source quantized with
+mlx-lm's own quantize_model and the model's own predicate, as the fixtures are (q4g64, q4g32,
+q8g64 affine and mxfp4 g32; scales in the source's dtype): <out>/<variant>. A stamp file skips
+an up-to-date build.
 
-  quant_e2b.py --out DIR [--layers N] [--seed S]
+  quant_e2b.py --out DIR [--layers N] [--seed S] [--dtype bfloat16|float32]
 """
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ VARIANTS = {
 }
 
 
-def stamp_of(layers: int, seed: int) -> str:
+SOURCE_NAME = {"bfloat16": "bf16", "float32": "f32"}
+
+
+def stamp_of(layers: int, seed: int, dtype: str) -> str:
     h = hashlib.sha256(Path(__file__).read_bytes())
     h.update(Path(mkc.__file__).read_bytes())
-    h.update(f"{layers}:{seed}:{mx.__version__}".encode())
+    h.update(f"{layers}:{seed}:{dtype}:{mx.__version__}".encode())
     return h.hexdigest()
 
 
@@ -60,10 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=mkc.DEFAULT_SEED)
+    ap.add_argument("--dtype", choices=sorted(SOURCE_NAME), default="bfloat16")
     a = ap.parse_args(argv)
     out: Path = a.out.resolve()
-    stamp = stamp_of(a.layers, a.seed)
-    if (out / ".stamp").exists() and (out / ".stamp").read_text() == stamp and all((out / v).is_dir() for v in ["bf16", *VARIANTS]):
+    src_name = SOURCE_NAME[a.dtype]
+    stamp = stamp_of(a.layers, a.seed, a.dtype)
+    if (out / ".stamp").exists() and (out / ".stamp").read_text() == stamp and all((out / v).is_dir() for v in [src_name, *VARIANTS]):
         print(f"[quant_e2b] {out}: up to date", flush=True)
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -71,15 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = mkc.shape_config("e2b", a.layers)
     args = gemma4_text.ModelArgs.from_dict(cfg)
     print(f"[quant_e2b] e2b: {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
-          f"shared {cfg['num_kv_shared_layers']}, bfloat16 -> {out}", flush=True)
-    # as make_checkpoints.build_shape: MLX's default init under the seed, cast to bfloat16
+          f"shared {cfg['num_kv_shared_layers']}, {a.dtype} -> {out}", flush=True)
+    # as make_checkpoints.build_shape: MLX's default init under the seed, cast to the dtype
     mx.random.seed(a.seed)
     model = gemma4_text.Model(args)
-    model.update(tree_map(lambda v: v.astype(mx.bfloat16), model.parameters()))
+    dt = getattr(mx, a.dtype)
+    model.update(tree_map(lambda v: v.astype(dt), model.parameters()))
     mx.eval(model.parameters())
     source = tree_flatten(model.parameters())
-    save(out, "bf16", model, cfg)
-    print("[quant_e2b] bf16 saved", flush=True)
+    save(out, src_name, model, cfg)
+    print(f"[quant_e2b] {src_name} saved", flush=True)
     for name, q in VARIANTS.items():
         m = gemma4_text.Model(args)
         m.update(tree_unflatten(source))
