@@ -5,6 +5,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { REPO_ROOT } from "./client.ts";
 import { type NpyRecord, parseNpy } from "./npy.ts";
+import type { ScenarioDigests } from "./tap_digest.ts";
 
 export const GOLDEN_DIR = join(REPO_ROOT, "golden");
 
@@ -97,6 +98,12 @@ export interface IndexScenario {
   tap_count: number;
   stored: number;
   calls?: Record<string, unknown>[];
+  /**
+   * Logits-only multimodal entries: a digest of every tap recorded, per call (oracle/tap_digest.ts
+   * for the form). Kept per call, not per IndexTap: a logits entry lists only its stored taps, and
+   * naming all 51,928 unstored ones would cost megabytes of the 40 MB budget.
+   */
+  digests?: ScenarioDigests;
 }
 
 export interface GoldenIndex {
@@ -169,7 +176,7 @@ export function readNpzTaps(npzPath: string, index?: GoldenIndex): Map<string, N
 export function loadGolden(
   entryId: string,
   dir = GOLDEN_DIR,
-): { entry: GoldenEntry; scenario: IndexScenario; taps: IndexTap[]; arrays: Map<string, NpyRecord> } {
+): { entry: GoldenEntry; scenario: IndexScenario; taps: IndexTap[]; arrays: Map<string, NpyRecord>; digests?: ScenarioDigests } {
   const m = readManifest(dir);
   const entry = m?.entries[entryId];
   if (!entry) throw new Error(`no golden entry ${entryId} in ${join(dir, "manifest.json")}`);
@@ -180,5 +187,7 @@ export function loadGolden(
   const taps = index.taps.filter((t) => t.name.startsWith(entry.prefix)).map((t) => ({ ...t, name: strip(t.name) }));
   const arrays = new Map<string, NpyRecord>();
   for (const [name, rec] of readNpzTaps(join(dir, entry.npz), index)) if (name.startsWith(entry.prefix)) arrays.set(strip(name), rec);
-  return { entry, scenario, taps, arrays };
+  // an entry the same as another is stored once, its digests with the other
+  const digests = scenario.digests ?? (entry.same_as ? index.scenarios.find((s) => s.scenario === entry.same_as)?.digests : undefined);
+  return { entry, scenario, taps, arrays, ...(digests ? { digests } : {}) };
 }

@@ -5,16 +5,38 @@ scenarios of a checkpoint share one `logits.npz`, entries named `<scenario>/<tap
 (np.load(...)[name] works for both). Zip entries carry a
 fixed timestamp and no compression, so identical tensors give byte-identical files. bfloat16
 tensors are stored as uint16 .npy; the manifest's per-tap "dtype" says "bfloat16".
+
+Tap digests (`call_digests`, form DIGEST_FORM; oracle/tap_digest.ts computes the same on the TS
+side): a logits-only multimodal entry stores, besides its few taps, a digest of EVERY tap it
+recorded, so a suite can check every tap bit for bit without storing it. One tap's digest is the
+sha256 of
+  b"gemma4-parity tap v1\n" + kind + "\n" + name + "\n"
+  + for an array: dtype + "\n" + shape joined by "," + "\n" + ("python_int\n" when the value was
+    a Python int, meta python_int true) + its raw bytes: C order, little-endian, bfloat16 as its
+    uint16 bit patterns, bool one byte per element
+  + for a str (mask "causal"): value + "\n"
+(the header text UTF-8; name with its call prefix, "step3/logits"; the rest of meta is not
+covered). Per call: {"call": prefix, "taps": n, "sha256": sha256 of the n tap digests (32 bytes
+each) concatenated in order, "short": the first 6 bytes of each tap digest, base64, 8 characters
+per tap, in order}. The call hash is the full-strength check; the short ones name the first tap
+that differs (a 48-bit prefix: a missed difference there still fails on the call hash).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from common import npy_bytes
+
+DIGEST_FORM = "tap-sha256-v1"
+SHORT_BYTES = 6
 
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -35,6 +57,40 @@ def tap_records(calls: list[Any], prefix: str = "") -> list[dict]:
                 r["meta"] = t.meta
             out.append(r)
     return out
+
+
+def tap_digest(t: Any) -> bytes:
+    """sha256 of one tap's canonical form (module docstring); an array tap needs its data."""
+    head = f"gemma4-parity tap v1\n{t.kind}\n{t.name}\n"
+    data = None
+    if t.kind == "array":
+        if t.data is None:
+            raise ValueError(f"tap {t.name}: no data to digest (capture in full mode)")
+        head += f"{t.dtype}\n{','.join(str(int(d)) for d in t.shape)}\n"
+        if (t.meta or {}).get("python_int") is True:
+            head += "python_int\n"
+        a = np.ascontiguousarray(t.data).reshape(np.shape(t.data))  # (ascontiguousarray makes 0-d 1-d)
+        if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and np.little_endian is False):
+            a = a.astype(a.dtype.newbyteorder("<"))
+        if list(a.shape) != [int(d) for d in t.shape]:
+            raise ValueError(f"tap {t.name}: data shape {list(a.shape)} is not the tap's {t.shape}")
+        data = a.tobytes(order="C")
+    elif t.kind == "str":
+        head += f"{t.value}\n"
+    h = hashlib.sha256(head.encode("utf-8"))
+    if data is not None:
+        h.update(data)
+    return h.digest()
+
+
+def call_digests(calls: list[Any]) -> dict:
+    """Digests of every tap of every call (module docstring), for a scenario's index entry."""
+    out = []
+    for c in calls:
+        ds = [tap_digest(t) for t in c.taps.values()]
+        out.append({"call": c.prefix, "taps": len(ds), "sha256": hashlib.sha256(b"".join(ds)).hexdigest(),
+                    "short": "".join(base64.b64encode(d[:SHORT_BYTES]).decode("ascii") for d in ds)})
+    return {"form": DIGEST_FORM, "calls": out}
 
 
 def call_records(calls: list[Any]) -> list[dict]:

@@ -246,16 +246,33 @@ class Server:
             key = json.dumps([mode, same_work_key(scn)])
             if prefixed and key in seen:  # identical computation (e.g. P=1 for any prefill size)
                 orig = next(e for e in scenarios if e["scenario"] == seen[key])
-                scenarios.append({**{k: v for k, v in orig.items() if k != "calls"}, "scenario": scn["id"],
+                # (calls and digests are read from the entry it is the same as)
+                scenarios.append({**{k: v for k, v in orig.items() if k not in ("calls", "digests")}, "scenario": scn["id"],
                                   "same_as": orig["scenario"], "stored": 0})
                 continue
             seen[key] = scn["id"]
-            calls, meta = self.run_capture(req["checkpoint"], scn, mode)
+            digests = None
+            if mode == "logits" and self.is_mm(scn):
+                # every tap's data is kept for its digest (golden_io.call_digests), then only the
+                # logits-mode taps stay stored: the same taps as a logits capture, plus the digests
+                import capture_mm
+
+                calls, meta = self.run_capture(req["checkpoint"], scn, "full")
+                digests = golden_io.call_digests(calls)
+                for c in calls:
+                    for short, t in c.taps.items():
+                        if not capture_mm.logits_only(c, short):
+                            t.data = None
+                meta["mode"] = mode
+            else:
+                calls, meta = self.run_capture(req["checkpoint"], scn, mode)
             pre = f"{scn['id']}/" if prefixed else ""
             groups.append((pre, calls))
             recs = golden_io.tap_records(calls, pre)
             entry = {"scenario": scn["id"], "mode": mode, "meta": meta, "tap_count": len(recs),
                      "stored": sum(1 for r in recs if r.get("stored"))}
+            if digests is not None:
+                entry["digests"] = digests
             if mode == "full":
                 entry["calls"] = golden_io.call_records(calls)
                 taps += recs
