@@ -51,9 +51,10 @@ def _vlm():
     from mlx_vlm.models.gemma4 import gemma4 as vgemma4
     from mlx_vlm.models.gemma4 import language as vlang
     from mlx_vlm.models.gemma4 import vision as vvision
+    from mlx_vlm.models.gemma4_unified import gemma4_unified as vunified
 
     return SimpleNamespace(base=vbase, cache=vcache, switch=vswitch, audio=vaudio, gemma4=vgemma4, lang=vlang,
-                           vision=vvision, generate=importlib.import_module("mlx_vlm.generate"))
+                           vision=vvision, unified=vunified, generate=importlib.import_module("mlx_vlm.generate"))
 
 
 # -------------------------------------------------------------------- scenarios and media
@@ -121,7 +122,7 @@ def file_processor(model_dir: str | Path | None) -> SimpleNamespace:
                            ms=got["audio_ms_per_token"], seq=got["audio_seq_length"])
 
 
-def build_media(spec: dict, proc: SimpleNamespace | None = None) -> dict:
+def build_media(spec: dict, proc: SimpleNamespace | None = None, unified: bool = False) -> dict:
     """One image or audio clip, through mlx-vlm's own processor classes: a fixture spec (seeded
     pattern image, seeded tone; default processor settings), or a file (`path`:
     mlx_vlm.utils.load_image / load_audio, then the checkpoint's processor `proc`). Audio gives
@@ -131,6 +132,14 @@ def build_media(spec: dict, proc: SimpleNamespace | None = None) -> dict:
     from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4ImageProcessor, Gemma4Processor
     from mlx_vlm.utils import load_audio, load_image
 
+    if spec["kind"] == "image" and unified:
+        # gemma4_unified: Gemma4UnifiedImageProcessor's model patches and 2-D positions (-1 = padding)
+        from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedImageProcessor
+
+        img = load_image(spec["path"]) if "path" in spec else pattern_image(spec["seed"], spec["height"], spec["width"])
+        kw = {"max_soft_tokens": spec["max_soft_tokens"]} if spec.get("max_soft_tokens") is not None else {}
+        data, n = Gemma4UnifiedImageProcessor()(img, **kw)
+        return {"kind": "image", "pixels": data["pixel_values"][0], "positions": data["image_position_ids"][0], "n": int(n[0])}
     if spec["kind"] == "image":
         if "path" in spec:
             img, ip = load_image(spec["path"]), (proc.image if proc else Gemma4ImageProcessor())
@@ -156,9 +165,12 @@ def build_media(spec: dict, proc: SimpleNamespace | None = None) -> dict:
     raise ValueError(f"unknown media kind {spec['kind']!r}")
 
 
-def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None) -> dict:
+def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None, unified: bool = False) -> dict:
     """input_ids, mm_token_type_ids and the processor outputs of a scenario prompt, as mx arrays.
-    Media files (`path`) go through the processor of `model_dir` (mlx-vlm's load_processor)."""
+    Media files (`path`) go through the processor of `model_dir` (mlx-vlm's load_processor).
+    `unified` (gemma4_unified): images through Gemma4UnifiedImageProcessor (default settings; the
+    scenario's max_soft_tokens), stacked as the processor stacks them (pixel_values (B, N, p*p*3)
+    float32 and image_position_ids (B, N, 2) int64); every image of a prompt needs the same N."""
     media_specs = {**load_mm_scenarios()["media"], **scn.get("media", {})}
     proc = None
     if any("path" in media_specs[i] for i in scn["prompt"] if isinstance(i, str)):
@@ -169,9 +181,9 @@ def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None) -
         if isinstance(item, int):
             ids.append(item)
             continue
-        m = build_media(media_specs[item], proc)
+        m = build_media(media_specs[item], proc, unified)
         if m["kind"] == "image":
-            images.append(m["pixels"])
+            images.append(m if unified else m["pixels"])
             ids += [config["boi_token_id"]] + [config["image_token_id"]] * m["n"] + [config["eoi_token_id"]]
         else:
             audios.append(m)
@@ -181,7 +193,12 @@ def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None) -
     tt[arr == config["image_token_id"]] = 1
     tt[arr == config["audio_token_id"]] = 3
     out: dict[str, Any] = {"input_ids": mx.array([ids], dtype=mx.int32), "mm_token_type_ids": mx.array(tt[None])}
-    if images:
+    if images and unified:
+        if len({im["pixels"].shape for im in images}) != 1:
+            raise ValueError("gemma4_unified scenario: every image of a prompt needs the same max_soft_tokens (one stacked batch)")
+        out["pixel_values"] = mx.array(np.stack([im["pixels"] for im in images]))
+        out["image_position_ids"] = mx.array(np.stack([im["positions"] for im in images]))
+    elif images:
         if len({im.shape for im in images}) == 1:
             out["pixel_values"] = mx.array(np.stack(images))
         else:
@@ -233,6 +250,9 @@ class MMRecorder(cap.Recorder):
         self._patch_module_classes()
         self._patch(v.gemma4.Model, "get_input_embeddings", self._wrap_embed(v.gemma4.Model.__dict__["get_input_embeddings"]))
         self._patch(v.gemma4, "masked_scatter", self._wrap_scatter(v.gemma4.masked_scatter))
+        # gemma4_unified: its own get_input_embeddings, and masked_scatter imported into its module
+        self._patch(v.unified.Model, "get_input_embeddings", self._wrap_embed(v.unified.Model.__dict__["get_input_embeddings"]))
+        self._patch(v.unified, "masked_scatter", self._wrap_scatter(v.unified.masked_scatter))
         self._patch(v.lang, "scaled_dot_product_attention", self._wrap_sdpa(v.lang.scaled_dot_product_attention))
         self._patch(v.lang, "geglu", self._wrap_geglu(v.lang.geglu))
         self._patch(nn, "gelu_approx", self._wrap_gelu(nn.gelu_approx))
@@ -272,7 +292,8 @@ class MMRecorder(cap.Recorder):
             f = self._meta[k]
             if call.kind == "embed":
                 want = tapspec.expand_media(cfg.text_config, cfg.vision_config, cfg.audio_config,
-                                            image=f["image"], with_audio=f["audio"], image_list=f["image_list"])
+                                            image=f["image"], with_audio=f["audio"], image_list=f["image_list"],
+                                            unified=f["unified"])
             else:
                 want = tapspec.expand(self.args, batch=call.batch, length=call.length, cache=call.cache,
                                       step=call.kind == "step", ids=f["ids"], embed=f["embed"], embeds=f["embeds"],
@@ -286,10 +307,12 @@ class MMRecorder(cap.Recorder):
         rec = self
 
         def wrapper(model, input_ids=None, pixel_values=None, *args, **kwargs):
-            has_img = pixel_values is not None and model.vision_tower is not None
-            has_aud = (kwargs.get("input_features") is not None or kwargs.get("audio_features") is not None) and model.audio_tower is not None
+            unified = isinstance(model, rec.v.unified.Model)
+            tower = model.vision_embedder if unified else model.vision_tower
+            has_img = pixel_values is not None and tower is not None
+            has_aud = (kwargs.get("input_features") is not None or kwargs.get("audio_features") is not None) and getattr(model, "audio_tower", None) is not None
             rec.begin("embed/", "embed", 0, input_ids, int(input_ids.shape[1]), int(input_ids.shape[0]), None,
-                      {"image": has_img, "audio": has_aud, "image_list": isinstance(pixel_values, list)})
+                      {"image": has_img, "audio": has_aud, "image_list": isinstance(pixel_values, list), "unified": unified})
             rec.record("inputs", input_ids)
             out = orig(model, input_ids, pixel_values, *args, **kwargs)
             if "embed_scaled" not in rec.call.taps:
@@ -335,7 +358,7 @@ class MMRecorder(cap.Recorder):
 
     def _on_module(self, mod, name: str, orig: Callable, args: tuple, kwargs: dict):
         v = self.v
-        if isinstance(mod, v.gemma4.Model):
+        if isinstance(mod, (v.gemma4.Model, v.unified.Model)):
             return orig(mod, *args, **kwargs)
         if isinstance(mod, v.lang.LanguageModel):
             return self._lm_call(mod, orig, args, kwargs)
@@ -380,6 +403,14 @@ class MMRecorder(cap.Recorder):
                 self.record("vision_tower/pixel_values", x)
                 out = orig(mod, *args, **kwargs)
             self.record("vision_tower", out)
+            self._last_media = "image"
+            return out
+        if isinstance(mod, v.unified.VisionEmbedder):
+            # gemma4_unified: the processor's patches and positions are the embedder's inputs; its
+            # LayerNorms and Linear are leaf taps, the position sum the input of pos_norm
+            self.record("vision_embedder/pixel_values", x)
+            self.record("vision_embedder/image_position_ids", args[1] if len(args) > 1 else kwargs["image_position_ids"])
+            out = orig(mod, *args, **kwargs)
             self._last_media = "image"
             return out
         if isinstance(mod, v.vision.VisionPatchEmbedder):
@@ -434,6 +465,8 @@ class MMRecorder(cap.Recorder):
         parent = name.rsplit("/", 1)[0]
         if name == "embed_tokens_per_layer":
             self.record("per_layer_input_ids", x)
+        elif name == "vision_embedder/pos_norm":
+            self.record("vision_embedder/position_added", x)
         elif name == "vision_tower/patch_embedder/input_proj":
             self.record("vision_tower/patch_embedder/patches", x)
         elif name.startswith("vision_tower/encoder/") and leaf == "pre_feedforward_layernorm":
@@ -544,11 +577,11 @@ def mm_capture(model, scn: dict, mode: str = "full",
     v = _vlm()
     cfg = {k: getattr(model.config, k) for k in ("image_token_id", "audio_token_id", "boi_token_id", "eoi_token_id",
                                                  "boa_token_id", "eoa_token_id")}
-    inputs = build_inputs(scn, cfg, model_dir)
+    inputs = build_inputs(scn, cfg, model_dir, unified=isinstance(model, v.unified.Model))
     keep = (lambda c, n: True) if mode == "full" else logits_only
     rec = MMRecorder(model, keep, spill, kind=scn["kind"])
     meta: dict[str, Any] = {"scenario": scn["id"], "kind": scn["kind"], "mode": mode}
-    kw = {k: inputs[k] for k in ("mm_token_type_ids", "input_features", "input_features_mask") if k in inputs}
+    kw = {k: inputs[k] for k in ("mm_token_type_ids", "input_features", "input_features_mask", "image_position_ids") if k in inputs}
     with rec:
         if scn["kind"] == "forward":
             out = model(inputs["input_ids"], pixel_values=inputs.get("pixel_values"), **kw)

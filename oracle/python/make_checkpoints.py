@@ -302,7 +302,7 @@ def stamp_for(ckpt_id: str, seed: int) -> str:
     h = hashlib.sha256()
     h.update(Path(__file__).read_bytes())
     fixture = ckpt_id.split("/")[0]
-    if fixture in mmc.mm_fixture_names():
+    if fixture in mmc.mm_fixture_names() or fixture in mmc.unified_fixture_names():
         for b in mmc.mm_stamp_inputs(fixture):
             h.update(b)
     else:
@@ -313,14 +313,14 @@ def stamp_for(ckpt_id: str, seed: int) -> str:
 
 def all_ids() -> list[str]:
     """Every checkpoint id this builder knows: the text matrix, then the multimodal one."""
-    return [t[0] for t in matrix_ids()] + [t[0] for t in mmc.mm_matrix_ids()]
+    return [t[0] for t in matrix_ids()] + [t[0] for t in mmc.all_mm_matrix_ids()]
 
 
 def build_by_id(ckpt_id: str, out_root: Path, seed: int) -> Path:
     for cid, fixture, variant, layout, dtype, quant in matrix_ids():
         if cid == ckpt_id:
             return build_one(cid, fixture, variant, layout, dtype, quant, out_root, seed)
-    for cid, fixture, variant, dtype, quant in mmc.mm_matrix_ids():
+    for cid, fixture, variant, dtype, quant in mmc.all_mm_matrix_ids():
         if cid == ckpt_id:
             return mmc.build_mm_one(fixture, variant, dtype, quant, out_root, seed)
     raise KeyError(ckpt_id)
@@ -364,7 +364,7 @@ def write_index(out_root: Path, built: list[str], seed: int) -> None:
         e = describe(fixture, variant, layout, dtype, quant)
         e["files"] = {p.name: sha256_file(p) for p in sorted(d.iterdir()) if p.is_file() and p.name != ".stamp"}
         entries[ckpt_id] = e
-    for ckpt_id, fixture, variant, dtype, quant in mmc.mm_matrix_ids():
+    for ckpt_id, fixture, variant, dtype, quant in mmc.all_mm_matrix_ids():
         d = out_root / ckpt_id
         if not d.exists():
             continue
@@ -526,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         ids = [t for t in ids if any(fnmatch.fnmatch(t, g) for g in args.only)]
     if args.list:
-        rows = [(t[0], describe(*t[1:])) for t in matrix_ids()] + [(t[0], mmc.describe_mm(*t[1:])) for t in mmc.mm_matrix_ids()]
+        rows = [(t[0], describe(*t[1:])) for t in matrix_ids()] + [(t[0], mmc.describe_mm(*t[1:])) for t in mmc.all_mm_matrix_ids()]
         for ckpt_id, d in rows:
             if ckpt_id in ids:
                 print(f"{ckpt_id:28s} {d['layout']:8s} {d['dtype']:9s} {json.dumps(d['quantization'])}  {','.join(d['features'])}")

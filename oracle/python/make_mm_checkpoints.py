@@ -18,6 +18,16 @@ them (language_model.model.*, vision_tower.*, embed_vision.*, audio_tower.*, emb
 
 (*) MoE unquantized only in float32 (MLX's CPU GatherMM), as in the text matrix.
 
+The gemma4_unified fixtures (fixtures/unified_configs/, mlx-vlm's models/gemma4_unified classes:
+encoder-free vision, `vision_embedder.*` + `embed_vision.*` + `embed_audio.*` keys) are built by
+the same functions (UNIFIED_MATRIX below; ids u1_dense/f32 etc.). They are listed apart
+(unified_matrix_ids) so that the gemma4 multimodal plan (server `plan`) stays as it is.
+
+  f32      float32                                                       u1_dense u2_e2b
+  bf16     bfloat16                                                      u1_dense
+  q4g64    affine 4-bit g64 from bf16, the same convert predicate        u1_dense
+           (vision_embedder and embed_vision stay unquantized; embed_audio is quantized)
+
 Weights: every parameter seeded on its name (make_checkpoints._init_value), the text model's
 keyed on its flat-layout name so it equals the text fixture's; ClippableLinear bounds are ±inf
 (mlx-vlm's init) except under the fixture's `finite_clip_bounds` prefixes, where they are
@@ -39,6 +49,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from common import FIXTURES, atomic_replace_dir, load_fixture
 
 MM_CONFIGS = FIXTURES / "mm_configs"
+UNIFIED_CONFIGS = FIXTURES / "unified_configs"
 
 # (variant, dtype, quant spec or None, fixtures)
 MM_MATRIX: list[tuple[str, str, dict | None, list[str]]] = [
@@ -48,12 +59,28 @@ MM_MATRIX: list[tuple[str, str, dict | None, list[str]]] = [
 ]
 
 
+UNIFIED_MATRIX: list[tuple[str, str, dict | None, list[str]]] = [
+    ("f32", "float32", None, ["u1_dense", "u2_e2b"]),
+    ("bf16", "bfloat16", None, ["u1_dense"]),
+    ("q4g64", "bfloat16", {"group_size": 64, "bits": 4, "mode": "affine"}, ["u1_dense"]),
+]
+
+
 def mm_fixture_names() -> list[str]:
     return sorted(p.stem for p in MM_CONFIGS.glob("*.json"))
 
 
+def unified_fixture_names() -> list[str]:
+    return sorted(p.stem for p in UNIFIED_CONFIGS.glob("*.json"))
+
+
+def _spec_file(name: str) -> Path:
+    u = UNIFIED_CONFIGS / f"{name}.json"
+    return u if u.exists() else MM_CONFIGS / f"{name}.json"
+
+
 def mm_fixture_spec(name: str) -> dict:
-    spec = json.loads((MM_CONFIGS / f"{name}.json").read_text())
+    spec = json.loads(_spec_file(name).read_text())
     spec.pop("_comment", None)
     return spec
 
@@ -63,7 +90,7 @@ def mm_config(name: str) -> dict:
     spec = mm_fixture_spec(name)
     text = load_fixture(spec["text"])
     text.update(spec.get("text_overrides", {}))
-    cfg = {"model_type": "gemma4", "text_config": text, "vision_config": spec["vision_config"],
+    cfg = {"model_type": spec.get("model_type", "gemma4"), "text_config": text, "vision_config": spec["vision_config"],
            "audio_config": spec["audio_config"], "vocab_size": text["vocab_size"]}
     cfg.update(spec["tokens"])
     return cfg
@@ -80,17 +107,36 @@ def mm_matrix_ids() -> list[tuple[str, str, str, str, dict | None]]:
     return out
 
 
+def unified_matrix_ids() -> list[tuple[str, str, str, str, dict | None]]:
+    """[(id, fixture, variant, dtype, quant)] of the gemma4_unified fixtures, in build order."""
+    out = []
+    names = unified_fixture_names()
+    for variant, dtype, quant, which in UNIFIED_MATRIX:
+        for fx in names:
+            if fx in which:
+                out.append((f"{fx}/{variant}", fx, variant, dtype, quant))
+    return out
+
+
+def all_mm_matrix_ids() -> list[tuple[str, str, str, str, dict | None]]:
+    """Both multimodal matrices (the builder's view: make_checkpoints.py builds and indexes both)."""
+    return mm_matrix_ids() + unified_matrix_ids()
+
+
 def mm_stamp_inputs(fixture: str) -> list[bytes]:
     """Files whose bytes decide a multimodal checkpoint (besides the builders themselves)."""
     spec = mm_fixture_spec(fixture)
-    return [(MM_CONFIGS / f"{fixture}.json").read_bytes(), (FIXTURES / "configs" / f"{spec['text']}.json").read_bytes(),
+    return [_spec_file(fixture).read_bytes(), (FIXTURES / "configs" / f"{spec['text']}.json").read_bytes(),
             Path(__file__).read_bytes()]
 
 
 def build_mm_model(fixture: str):
-    from mlx_vlm.models.gemma4 import AudioConfig, Model, ModelConfig, TextConfig, VisionConfig
-
     full = mm_config(fixture)
+    if full["model_type"] == "gemma4_unified":
+        from mlx_vlm.models.gemma4_unified import AudioConfig, Model, ModelConfig, TextConfig, VisionConfig
+    else:
+        from mlx_vlm.models.gemma4 import AudioConfig, Model, ModelConfig, TextConfig, VisionConfig
+
     cfg = ModelConfig.from_dict(copy.deepcopy(full))
     cfg.text_config = TextConfig.from_dict(full["text_config"])
     cfg.vision_config = VisionConfig.from_dict(full["vision_config"])
@@ -115,7 +161,8 @@ def init_mm_weights(model, fixture: str, seed: int) -> None:
             continue
         canonical = name[len("language_model."):] if name.startswith("language_model.") else name
         v = _init_value(seed, canonical, tuple(p.shape))
-        if leaf == "std_scale":
+        if leaf == "std_scale" or (name.startswith("vision_embedder.") and "_ln" in name and leaf == "weight"):
+            # non-trivial multipliers (the unified embedder's LayerNorm scales as well)
             v = _param_rng(seed, name).uniform(0.5, 1.5, size=p.shape).astype(np.float32)
         new.append((name, mx.array(v)))
     model.update(tree_unflatten(new))
@@ -166,11 +213,14 @@ def describe_mm(fixture: str, variant: str, dtype: str, quant: dict | None) -> d
     feats = ["vision"]
     if cfg["audio_config"] is not None:
         feats.append("audio")
-    if cfg["text_config"].get("use_bidirectional_attention") == "vision":
+    unified = cfg["model_type"] == "gemma4_unified"  # its TextConfig defaults to "vision"
+    if cfg["text_config"].get("use_bidirectional_attention", "vision" if unified else None) == "vision":
         feats.append("bidirectional_vision")
     for k, f in (("hidden_size_per_layer_input", "ple"), ("num_kv_shared_layers", "kv_shared"),
                  ("attention_k_eq_v", "k_eq_v"), ("enable_moe_block", "moe")):
         if cfg["text_config"].get(k):
             feats.append(f)
+    if unified:
+        feats.insert(0, "unified")
     return {"fixture": fixture, "variant": variant, "layout": "gemma4_multimodal", "dtype": dtype,
             "quantization": quant, "features": feats}

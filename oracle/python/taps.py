@@ -106,12 +106,16 @@ def observed_as_input() -> set[str]:
 
 
 def media_conditions(text: Any, vision: Any, audio: Any, *, image: bool, with_audio: bool,
-                     image_list: bool = False) -> set[str]:
-    """Conditions of one get_input_embeddings call (mlx-vlm's config objects or dicts)."""
+                     image_list: bool = False, unified: bool = False) -> set[str]:
+    """Conditions of one get_input_embeddings call (mlx-vlm's config objects or dicts).
+    `unified`: a gemma4_unified model, whose images go through its encoder-free VisionEmbedder
+    (condition "unified" instead of "image")."""
     conds: set[str] = set()
     if _get(text, "hidden_size_per_layer_input", 0):
         conds.add("ple")
-    if image:
+    if image and unified:
+        conds.add("unified")
+    elif image:
         conds.add("image")
         if not image_list:
             conds.add("image_batch")
@@ -127,10 +131,11 @@ def media_conditions(text: Any, vision: Any, audio: Any, *, image: bool, with_au
 
 
 def expand_media(text: Any, vision: Any, audio: Any, *, image: bool, with_audio: bool,
-                 image_list: bool = False) -> list[str]:
+                 image_list: bool = False, unified: bool = False) -> list[str]:
     """Ordered tap names (without the "embed/" prefix) of one get_input_embeddings call."""
-    conds = media_conditions(text, vision, audio, image=image, with_audio=with_audio, image_list=image_list)
-    layers = {"vision_layer": _get(vision, "num_hidden_layers", 0) if image and not image_list else 0,
+    conds = media_conditions(text, vision, audio, image=image, with_audio=with_audio, image_list=image_list,
+                             unified=unified)
+    layers = {"vision_layer": _get(vision, "num_hidden_layers", 0) if image and not image_list and not unified else 0,
               "audio_layer": _get(audio, "num_hidden_layers", 0) if with_audio else 0}
     entries = spec()["media_taps"]
     out: list[str] = []
