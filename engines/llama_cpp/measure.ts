@@ -18,6 +18,7 @@ import { firstDifferingStep, logitMetrics, type LogitMetrics, logSoftmax, tensor
 import { compareTensor } from "../../oracle/conform/tensor_compare.ts";
 import { judge, loadNoiseFloor } from "../../oracle/conform/verdict.ts";
 import type { RawTensor } from "../../oracle/tensor_diff.ts";
+import { ensureVenv } from "../../oracle/reference_export.ts";
 import { llamaDump, resolveCheckpoint } from "./dump.ts";
 import { ConversionRefused, EngineAborted, HERE, optedIn, REPO, WORK } from "./engine.ts";
 
@@ -77,6 +78,12 @@ export interface VariantResult {
   };
   /** mlx-lm's dtype on this checkpoint (bf16 checkpoints run in bf16 in mlx-lm, in f32 in the GGUF). */
   oracleDtype?: string;
+  /**
+   * bfloat16/float16 checkpoints: the level-0 forward against mlx-lm in float32 on a float32 copy of
+   * the same values (prepare_checkpoint.py --upcast), the weights the float32 GGUF holds: what
+   * separates llama.cpp from mlx-lm once mlx-lm's own bfloat16/float16 arithmetic is taken out.
+   */
+  f32Reference?: Distances;
   /** Level 1 (llama_taps, raw logits): relative L2 error ‖llama.cpp − mlx-lm‖/‖mlx-lm‖ of each residual tap, forward. */
   level1?: { relL2: Record<string, number>; maxAbs: Record<string, number>; logits: Distances };
   /** The level-1 forward judged against the measured noise floor (oracle/conform/noise_floor.json), as npm run conform judges it. */
@@ -177,6 +184,15 @@ export async function measureVariant(oracle: OracleClient, id: string, install: 
   const v = judge(comparisons, floor);
   const l0 = v.tensors.find((t) => t.name === "layers.0/output");
   const verdict = { status: v.status, headline: v.headline, firstLayerOutside: v.firstLayerOutside, floorStatus: floor.status, layer0Ratio: l0?.ratio ?? Number.NaN };
+  let f32Reference: Distances | undefined;
+  if (onCopy.dtype !== "float32") {
+    const up = join(WORK, "upcast", id.replace("/", "_"));
+    const r = spawnSync(ensureVenv(), [join(HERE, "prepare_checkpoint.py"), "--upcast", fwd.checkpoint, up], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+    if (r.status !== 0) throw new Error(`prepare_checkpoint.py --upcast failed: ${r.stderr}`);
+    const ref = await oracle.forward(up, [prompt]);
+    if (ref.dtype !== "float32") throw new Error(`mlx-lm ran the float32 copy of ${id} in ${ref.dtype}`);
+    f32Reference = distances(fd.tensors.read("logprobs"), ref);
+  }
   const control = spawnSync(join(REPO, ".venv", "bin", "python"), [join(HERE, "gelu_table_check.py"), fwd.checkpoint, join(base, "forward"), join(base, "forward_l1")], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
   if (control.status !== 0) throw new Error(`gelu_table_check.py failed: ${control.stderr}`);
   const geluControl = JSON.parse(control.stdout.trim().split("\n").pop()!) as VariantResult["geluControl"];
@@ -193,6 +209,7 @@ export async function measureVariant(oracle: OracleClient, id: string, install: 
     samplerAgreesWithArgmax: fwd.samplerAgreesWithArgmax && gen.samplerAgreesWithArgmax,
     prompt,
     oracleDtype: onCopy.dtype,
+    ...(f32Reference ? { f32Reference } : {}),
     forward,
     generate: { ...distances(eng, orc), stepsCompared: steps, firstDifferingStep: first, llamaTokens, mlxTokens: og.tokens },
   };

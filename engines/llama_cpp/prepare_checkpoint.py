@@ -1,6 +1,10 @@
 """Make a copy of a fixture checkpoint that llama.cpp's HF->GGUF converter accepts.
 
 Usage: python prepare_checkpoint.py SRC_DIR DEST_DIR   (prints one JSON line: what was done)
+       python prepare_checkpoint.py --upcast SRC_DIR DEST_DIR
+         (a float32 copy: every bfloat16/float16 tensor widened exactly, config.json unchanged;
+          the reference for a GGUF made with --outtype f32 from a bfloat16/float16 checkpoint,
+          whose weights are those same float32 values)
 
 Runs in the on-demand reference venv (.venv-reference: numpy, safetensors). The copy holds the
 same weights as SRC_DIR; only what the converter needs is added (facts from reading the
@@ -170,7 +174,45 @@ def prepare(src: Path, dest: Path) -> dict:
     return {"dest": str(dest), "rewritten_moe_layout": rewritten, "files": files}
 
 
+def upcast(src: Path, dest: Path) -> dict:
+    """config.json as it is; every *.safetensors with its bfloat16/float16 tensors widened to float32."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / "config.json", dest / "config.json")
+    widened = 0
+    for f in sorted(src.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+            data = fh.read()
+        out = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            a, b = info["data_offsets"]
+            raw = data[a:b]
+            shape = info["shape"]
+            if info["dtype"] == "BF16":
+                # a bfloat16 is the high half of the float32 with the same value
+                bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+                out[name] = bits.view(np.float32).reshape(shape)
+                widened += 1
+            elif info["dtype"] == "F16":
+                out[name] = np.frombuffer(raw, dtype="<f2").astype(np.float32).reshape(shape)
+                widened += 1
+            else:
+                dt = {"F32": "<f4", "I32": "<i4", "U32": "<u4", "I64": "<i8", "U8": "u1", "BOOL": "?"}[info["dtype"]]
+                out[name] = np.frombuffer(raw, dtype=dt).reshape(shape).copy()
+        save_file(out, str(dest / f.name), metadata={"format": "pt"})
+    return {"dest": str(dest), "widened_tensors": widened}
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 4 and argv[1] == "--upcast":
+        print(json.dumps(upcast(Path(argv[2]), Path(argv[3]))))
+        return 0
     if len(argv) != 3:
         sys.stderr.write("usage: prepare_checkpoint.py SRC_DIR DEST_DIR\n")
         return 2

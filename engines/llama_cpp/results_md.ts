@@ -26,6 +26,12 @@ export function readResults(path = RESULTS_JSON): ResultsFile {
 const e = (x: number | undefined) => (x === undefined ? "–" : x === 0 ? "0" : x.toExponential(2));
 const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
 
+function dtypeCell(r: VariantResult): string {
+  const f = r.f32Reference;
+  if (!f) return `${r.oracleDtype}`;
+  return `${r.oracleDtype} (mlx-lm in float32 on the same values instead: KL mean ${e(f.klMean)}, top-1 ${pct(f.top1)}, max \\|Δ log p\\| ${e(f.maxAbsDLogprob)})`;
+}
+
 function verdictCell(r: VariantResult): string {
   const v = r.verdict;
   if (!v) return "–";
@@ -65,7 +71,7 @@ export function renderTable(file: ResultsFile): string {
     const g = r.generate!;
     const l1 = r.level1;
     rows.push(
-      `| ${r.checkpoint} | L${r.level} | ${verdictCell(r)} | ${r.oracleDtype} | ${e(f.klMean)} | ${e(f.klMax)} | ${pct(f.top1)} | ${pct(f.topkOverlap)} | ${e(f.maxAbsDLogprob)} | ${g.firstDifferingStep ?? "none"} | ${e(l1?.relL2["layers.0/output"])} / ${e(lastLayerRelL2(r))} / ${e(l1?.relL2.norm)} | ${gelu(r)} |`,
+      `| ${r.checkpoint} | L${r.level} | ${verdictCell(r)} | ${dtypeCell(r)} | ${e(f.klMean)} | ${e(f.klMax)} | ${pct(f.top1)} | ${pct(f.topkOverlap)} | ${e(f.maxAbsDLogprob)} | ${g.firstDifferingStep ?? "none"} | ${e(l1?.relL2["layers.0/output"])} / ${e(lastLayerRelL2(r))} / ${e(l1?.relL2.norm)} | ${gelu(r)} |`,
     );
   }
   const refusals = file.results.filter((r) => r.status !== "measured");

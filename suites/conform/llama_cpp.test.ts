@@ -33,6 +33,8 @@ describe("llama.cpp results (checked in)", () => {
         expect(r.forward!.rows).toBe(r.prompt!.length);
         expect(r.generate!.llamaTokens.length).toBe(results.max_tokens);
         expect(r.oracleSameOnPrepared).toBe(true);
+        // a bfloat16/float16 checkpoint also has the float32 reference on the GGUF's own values
+        if (r.oracleDtype !== "float32") expect(Number.isFinite(r.f32Reference?.klMean)).toBe(true);
       } else {
         expect(["refused", "load_refused", "aborted"]).toContain(r.status);
         expect(r.refusal?.length).toBeGreaterThan(0);
