@@ -42,10 +42,12 @@ function verdictCell(r: VariantResult): string {
 function gelu(r: VariantResult): string {
   const c = r.geluControl;
   if (!c) return "–";
+  // the lookup experiment swaps one float32 function for another: meaningless where mlx-lm computes in bfloat16/float16
+  if (r.oracleDtype !== "float32") return `n/a (mlx-lm computes in ${r.oracleDtype})`;
   const rel = c.layer0_rel_l2_per_position ?? [];
   const off = rel.map((v, i) => [v, i] as const).filter(([v]) => v > 1e-5);
   const margins = off.map(([, i]) => e(c.layer0_gelu_input_midpoint_margin_per_position[i])).join(", ");
-  const layer0 = `layer 0 with the lookup: ${off.length ? `positions ${off.map(([, i]) => i).join(", ")} above 1e-5 (their GELU-input midpoint margin ${margins})` : "every position within 1e-5"}, worst ${e(Math.max(...rel))}`;
+  const layer0 = `layer 0 with the lookup: ${off.length ? `position${off.length > 1 ? "s" : ""} ${off.map(([, i]) => i).join(", ")} above 1e-5 (their GELU-input midpoint margin ${margins})` : "every position within 1e-5"}, worst ${e(Math.max(...rel))}`;
   return `${e(c.stock_gelu.row_max_abs_dlogprob[0])} → ${e(c.ggml_table_gelu.row_max_abs_dlogprob[0])}; ${e(c.stock_gelu.max_abs_dlogprob)} → ${e(c.ggml_table_gelu.max_abs_dlogprob)}; ${layer0}`;
 }
 
