@@ -1,0 +1,141 @@
+"""Oracle side of KV-cache quantization (mlx-vlm 0.7.10's kv_quant.py / turboquant.py, CPU path).
+
+Commands (one JSON job on argv[1] or stdin, one JSON reply on stdout):
+- codebooks {dims, bits}: mlx_vlm.turboquant._codebook(dim, bits) for each pair (float32 bits as
+  hex), with the numpy build and CPU features they were computed under (numpy float32 SIMD
+  paths move some entries by a few ULP between CPUs: the data is this machine's).
+- signs {dims, seeds}: _rht_sign_vector(dim, seed) (numpy's PCG64 choice).
+- policy {cases}: kv_quant.from_legacy(...) per case: the policy or the error (type, message).
+- generate {checkpoint, prompt, max_tokens, kv_bits, kv_quant_scheme, kv_group_size,
+  quantized_kv_start, prefill_step_size}: mlx-vlm's own generate_step (greedy) on a text fixture
+  held by mlx-vlm's gemma4 Model (oracle/python/speculative.py vlm_target); per step the token,
+  the sha256 of its logprobs (float32 bytes) and of every cache array (type, offset, sha256 of
+  each state leaf in order), the first logprobs row's values for diagnostics; or the error.
+
+Nothing in mlx-vlm is edited; quantize_cache_fn runs as generate_step calls it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def sha(a) -> str:
+    a = np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a)
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def leaves(x):
+    if x is None:
+        return []
+    if isinstance(x, mx.array):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        out = []
+        for y in x:
+            out += leaves(y)
+        return out
+    raise TypeError(type(x))
+
+
+def cache_record(c) -> dict:
+    from mlx_vlm.turboquant import TurboQuantKVCache
+    d = {"type": type(c).__name__, "offset": int(c.offset)}
+    if isinstance(c, TurboQuantKVCache):
+        ks, vs = c.state
+        d["keys"] = [{"shape": list(a.shape), "dtype": str(a.dtype).replace("mlx.core.", ""), "sha256": sha(a)} for a in leaves(ks)]
+        d["values"] = [{"shape": list(a.shape), "dtype": str(a.dtype).replace("mlx.core.", ""), "sha256": sha(a)} for a in leaves(vs)]
+        d["meta_state"] = list(c.meta_state)
+    else:
+        k, v = c.state[0], c.state[1]
+        d["keys"] = [] if k is None else [{"shape": list(k.shape), "dtype": str(k.dtype).replace("mlx.core.", ""), "sha256": sha(k)}]
+        d["values"] = [] if v is None else [{"shape": list(v.shape), "dtype": str(v.dtype).replace("mlx.core.", ""), "sha256": sha(v)}]
+    return d
+
+
+def cpu_features() -> list[str]:
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as f  # numpy >= 2
+    except ImportError:
+        from numpy.core._multiarray_umath import __cpu_features__ as f
+    return sorted(k for k, v in f.items() if v)
+
+
+def cmd_codebooks(job: dict) -> dict:
+    from mlx_vlm.turboquant import _codebook
+    out = {}
+    for d in job["dims"]:
+        for b in job["bits"]:
+            cb = np.array(_codebook(int(d), int(b))).astype(np.float32)
+            out[f"{d}:{b}"] = [f"{int(x):08x}" for x in cb.view(np.uint32)]
+    import mlx_vlm
+    return {"provenance": {"computed_by": "mlx_vlm.turboquant._codebook (numpy float32)", "mlx_vlm": mlx_vlm.__version__,
+                           "numpy": np.__version__, "machine": platform.machine(), "numpy_cpu_features": cpu_features()},
+            "codebooks": out}
+
+
+def cmd_signs(job: dict) -> dict:
+    from mlx_vlm.turboquant import _rht_sign_vector
+    return {f"{d}:{s}": [int(x) for x in np.array(_rht_sign_vector(int(d), int(s)))] for d in job["dims"] for s in job["seeds"]}
+
+
+def cmd_policy(job: dict) -> dict:
+    from mlx_vlm.kv_quant import from_legacy
+    res = []
+    for c in job["cases"]:
+        try:
+            p = from_legacy(c.get("kv_bits"), c.get("kv_quant_scheme"), c.get("kv_group_size", 64), c.get("kv_key_bits"),
+                            c.get("kv_value_bits"), c.get("kv_key_scheme"), c.get("kv_value_scheme"))
+            res.append(None if p is None else {"bits": p.bits, "key": [p.key.scheme, p.key.bits, p.key.group_size],
+                                                "value": [p.value.scheme, p.value.bits, p.value.group_size],
+                                                "split_override": p.has_split_override})
+        except Exception as e:  # noqa: BLE001 - the error is the answer
+            res.append({"error": type(e).__name__, "message": str(e)})
+    return {"results": res}
+
+
+def cmd_generate(job: dict) -> dict:
+    from mlx_vlm.generate.ar import generate_step
+    from speculative import vlm_target
+
+    model = vlm_target(Path(job["checkpoint"]))
+    prompt = mx.array([job["prompt"]], dtype=mx.int32)
+    from mlx_vlm.models import cache as vcache
+    cache = vcache.make_prompt_cache(model.language_model)
+    steps = []
+    error = None
+    try:
+        gen = generate_step(prompt, model, None, None, max_tokens=job["max_tokens"], kv_bits=job["kv_bits"],
+                            kv_quant_scheme=job.get("kv_quant_scheme", "uniform"), kv_group_size=job.get("kv_group_size", 64),
+                            quantized_kv_start=job["quantized_kv_start"], prefill_step_size=job.get("prefill_step_size", 2048),
+                            prompt_cache=cache)
+        for tok, lp in gen:
+            lp32 = np.array(lp.astype(mx.float32))
+            steps.append({"token": int(tok), "logprobs_sha256": hashlib.sha256(lp32.tobytes()).hexdigest(),
+                          "logprobs_head": [float(x) for x in lp32[:4]],
+                          "cache": [cache_record(c) for c in cache]})
+    except Exception as e:  # noqa: BLE001 - mlx-vlm's failure is part of the reference
+        error = {"type": type(e).__name__, "message": str(e).splitlines()[0] if str(e) else ""}
+    return {"steps": steps, "error": error}
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text() if len(sys.argv) > 1 else sys.stdin.read())
+    fn = {"codebooks": cmd_codebooks, "signs": cmd_signs, "policy": cmd_policy, "generate": cmd_generate}.get(job.get("command"))
+    if fn is None:
+        print(json.dumps({"error": {"type": "UsageError", "message": f"unknown command {job.get('command')!r}"}}))
+        sys.exit(2)
+    print(json.dumps(fn(job)))
+
+
+if __name__ == "__main__":
+    main()
