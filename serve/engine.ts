@@ -46,17 +46,12 @@ export interface EngineRequest {
 /** A FIFO mutex: generation runs one request at a time. */
 class Lock {
   private tail: Promise<void> = Promise.resolve();
-  waiting = 0;
   acquire(): Promise<() => void> {
     let release!: () => void;
     const held = new Promise<void>((r) => (release = r));
     const prev = this.tail;
     this.tail = prev.then(() => held);
-    this.waiting++;
-    return prev.then(() => {
-      this.waiting--;
-      return release;
-    });
+    return prev.then(() => release);
   }
 }
 
@@ -85,9 +80,6 @@ const SAMPLER_CACHE_SIZE = 16;
 export class Engine {
   private readonly lock = new Lock();
   private readonly samplers = new Map<string, Sampler>();
-  /** Requests started and finished (or cancelled), for tests and logs. */
-  readonly stats = { started: 0, finished: 0, cancelled: 0 };
-  busy = false;
 
   constructor(
     private readonly model: GenerateModel,
@@ -112,21 +104,12 @@ export class Engine {
     return s;
   }
 
-  get queued(): number {
-    return this.lock.waiting;
-  }
-
   /** The request's tokens, in order; ends after the finishing token or on cancellation. */
   async *run(req: EngineRequest): AsyncGenerator<TokenResponse> {
     const release = await this.lock.acquire();
     let steps: AsyncGenerator<{ token: number; logprobs: MlxArray; n: number }> | null = null;
     try {
-      if (req.cancelled()) {
-        this.stats.cancelled++;
-        return;
-      }
-      this.busy = true;
-      this.stats.started++;
+      if (req.cancelled()) return;
       steps = generateStep(this.model, req.prompt, {
         maxTokens: req.maxTokens,
         sampler: this.sampler(req.sampler),
@@ -146,19 +129,12 @@ export class Engine {
           text = detok.lastSegment();
         }
         yield { text, token: g.token, logprob: valueAt(g.logprobs, g.token), finishReason, topTokens: topTokens(g.logprobs, req.topLogprobs, this.tokenizer) };
-        if (finishReason !== null) {
-          this.stats.finished++;
-          return;
-        }
+        if (finishReason !== null) return;
         await tick();
-        if (req.cancelled()) {
-          this.stats.cancelled++;
-          return;
-        }
+        if (req.cancelled()) return;
       }
     } finally {
       await steps?.return(undefined);
-      this.busy = false;
       release();
     }
   }
