@@ -8,6 +8,7 @@ import { REPO_ROOT } from "../../oracle/client.ts";
 import { CROSS_PLATFORM_NOTE, GOLDEN_DIR, goldenRule, loadGolden, type Manifest, readIndex, readManifest, readZipStored, sha256 } from "../../oracle/golden.ts";
 import { callPrefix, expandMediaTaps, expandTaps, mediaTapConfig, mmCallShape, tapConfig } from "../../oracle/taps.ts";
 import { mmFixtureConfig, mmScenario, scenarioMedia } from "../../oracle/mm_fixtures.ts";
+import { DIGEST_FORM, tapDigest } from "../../oracle/tap_digest.ts";
 
 const manifest = readManifest();
 
@@ -106,6 +107,32 @@ describe("golden integrity", () => {
       checked += want.length;
     }
     expect(checked).toBeGreaterThan(1000);
+  });
+
+  it("every logits-only multimodal entry holds a digest of each recorded tap, and its stored taps' bytes give those digests", () => {
+    const m = manifest as NonNullable<typeof manifest>;
+    let entries = 0;
+    let storedChecked = 0;
+    for (const [id, e] of Object.entries(m.entries)) {
+      if (e.mode !== "logits" || !e.scenario.startsWith("mm_")) continue;
+      const g = loadGolden(id);
+      const d = g.digests;
+      expect({ id, form: d?.form }).toEqual({ id, form: DIGEST_FORM });
+      // one digest per recorded tap, call by call
+      expect({ id, taps: d!.calls.reduce((a, c) => a + c.taps, 0) }).toEqual({ id, taps: e.taps });
+      for (const c of d!.calls) expect({ id, call: c.call, chars: c.short.length, sha: /^[0-9a-f]{64}$/.test(c.sha256) }).toEqual({ id, call: c.call, chars: c.taps * 8, sha: true });
+      // the TS digest of each stored tap (its golden bytes) is one of its call's digests
+      for (const t of g.taps) {
+        const rec = g.arrays.get(t.name);
+        const call = d!.calls.filter((c) => t.name.startsWith(c.call)).sort((a, b) => b.call.length - a.call.length)[0];
+        const short = tapDigest({ name: t.name, kind: "array", dtype: rec?.dtype, shape: rec?.shape, data: rec?.data }).subarray(0, 6).toString("base64");
+        const shorts = call ? call.short.match(/.{8}/g) ?? [] : [];
+        expect({ id, tap: t.name, found: shorts.includes(short) }).toEqual({ id, tap: t.name, found: true });
+        storedChecked++;
+      }
+      entries++;
+    }
+    expect({ entries, storedChecked }).toEqual({ entries: 41, storedChecked: 268 });
   });
 
   it("loads an entry as records, bf16 re-tagged from the index", () => {
