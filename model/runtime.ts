@@ -53,9 +53,9 @@ export interface MediaPrompt {
   media: MediaInputs;
 }
 
-/** Gemma4Processor's mm_token_type_ids: 1 on image placeholders, 3 on audio placeholders, else 0. */
+/** Gemma4Processor's mm_token_type_ids: 1 on image, 2 on video (when the config has a video token), 3 on audio placeholders, else 0. */
 export function mmTokenTypes(ids: readonly number[], config: MultimodalConfig): number[] {
-  return ids.map((t) => (t === config.image_token_id ? 1 : t === config.audio_token_id ? 3 : 0));
+  return ids.map((t) => (t === config.image_token_id ? 1 : t === config.video_token_id ? 2 : t === config.audio_token_id ? 3 : 0));
 }
 
 /**

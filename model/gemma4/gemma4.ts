@@ -134,6 +134,10 @@ export interface MediaInputs {
   input_features?: MlxArray | null;
   /** (B, T) bool, True = a valid frame (the processor's convention). */
   input_features_mask?: MlxArray | null;
+  /** float32 (N videos, frames, max_patches, p*p*3) patches (Gemma4VideoProcessor), or one per video. */
+  pixel_values_videos?: MlxArray | readonly MlxArray[] | null;
+  /** int64 (N videos, frames, max_patches, 2) patch positions, -1 = padding; a list with a list of videos. */
+  video_position_ids?: MlxArray | readonly MlxArray[] | null;
 }
 
 /** Disposes the arrays of a MediaInputs. */
@@ -143,6 +147,10 @@ export function disposeMediaInputs(m: MediaInputs): void {
   else (pv as MlxArray | null | undefined)?.dispose();
   m.input_features?.dispose();
   m.input_features_mask?.dispose();
+  for (const v of [m.pixel_values_videos, m.video_position_ids]) {
+    if (Array.isArray(v)) for (const a of v) a.dispose();
+    else (v as MlxArray | null | undefined)?.dispose();
+  }
 }
 
 export interface InputEmbeddings {
@@ -181,6 +189,30 @@ export function audioFeatureRows(input_features: MlxArray): number {
 export interface MediaShapes {
   pixel_values?: MlxArray | readonly MlxArray[] | null;
   input_features?: MlxArray | null;
+  video_position_ids?: MlxArray | readonly MlxArray[] | null;
+}
+
+/**
+ * How many feature rows the vision tower makes for these videos: per frame, its real
+ * (non-padding) patches // pool² (the pooler's valid rows for a processor-made frame, whose
+ * patch grid is a multiple of the pooling kernel).
+ */
+export function videoFeatureRows(video_position_ids: MlxArray | readonly MlxArray[], vc: VisionConfig): number {
+  const all = Array.isArray(video_position_ids) ? (video_position_ids as readonly MlxArray[]) : [video_position_ids as MlxArray];
+  let n = 0;
+  for (const pos of all) {
+    const L = pos.shape.at(-2)!;
+    const frames = pos.size / (L * 2);
+    using neg = mx.equal(pos, -1);
+    using pad = mx.all(neg, -1);
+    using real = mx.logicalNot(pad);
+    using r = mx.astype(real, "int32");
+    using per = mx.sum(r, -1);
+    const counts = per.toNumbers() as number[];
+    if (counts.length !== frames) throw new MediaError(`video_position_ids of shape [${pos.shape.join(", ")}] is not (.., frames, patches, 2)`);
+    for (const c of counts) n += Math.floor(c / vc.pooling_kernel_size ** 2);
+  }
+  return n;
 }
 
 /**
@@ -204,6 +236,17 @@ export function checkMediaInputs(config: MultimodalConfig, towers: { vision: boo
     check("image", config.image_token_id, imageFeatureRows(media.pixel_values, config.vision));
   } else if (towers.vision) {
     check("image", config.image_token_id, 0);
+  }
+  const videos = media.video_position_ids;
+  if (videos) {
+    if (!towers.vision || !config.vision) throw new MediaError("video input given, but this checkpoint has no vision tower (no vision_tower weights)");
+    if (config.video_token_id === null)
+      throw new MediaError(
+        "video input given, but this checkpoint's config.json has no video_token_id (null): mlx-vlm would silently drop the video from the prompt; set video_token_id to the tokenizer's <|video|> id",
+      );
+    check("video", config.video_token_id, videoFeatureRows(videos, config.vision));
+  } else if (towers.vision && config.video_token_id !== null) {
+    check("video", config.video_token_id, 0);
   }
   if (media.input_features) {
     if (!towers.audio) throw new MediaError("audio input given, but this checkpoint has no audio tower (no audio_tower weights, or audio_config null)");
@@ -273,7 +316,7 @@ export class MultimodalModel extends Module {
       per_layer_inputs = this.language_model.get_per_layer_inputs(tokens, taps);
     }
     try {
-      const scatter = (features0: MlxArray, token_id: number, kind: "image" | "audio") => {
+      const scatter = (features0: MlxArray, token_id: number, kind: "image" | "video" | "audio") => {
         using features = mx.astype(features0, inputs_embeds.dtype);
         if (taps) taps(`${kind}_features`, features);
         using e = mx.equal(input_ids, token_id);
@@ -286,6 +329,13 @@ export class MultimodalModel extends Module {
         using vis = this.vision_tower.call(media.pixel_values, taps);
         using f = this.embed_vision!.call(vis, taps, "embed_vision/");
         scatter(f, this.config.image_token_id, "image");
+      }
+      if (media.pixel_values_videos && this.vision_tower) {
+        // _encode_video: the same tower and embed_vision, on the frames' patches and positions
+        if (!media.video_position_ids) throw new MediaError("pixel_values_videos given without video_position_ids");
+        using vis = this.vision_tower.callWithPositions(media.pixel_values_videos, media.video_position_ids, taps);
+        using f = this.embed_vision!.call(vis, taps, "embed_vision/");
+        scatter(f, this.config.video_token_id!, "video");
       }
       if (media.input_features && this.audio_tower) {
         let mask: MlxArray;

@@ -386,6 +386,20 @@ export class VisionPatchEmbedder extends Module {
     return y;
   }
 
+  /** embed_patches: already-patchified pixels (video frames, [N, L, p*p*C]): 2*(x-0.5), input_proj, + positions. */
+  embed_patches(pixel_values: MlxArray, patch_positions: MlxArray, padding_positions: MlxArray, taps?: TapSink, tp = ""): MlxArray {
+    using stack = new DisposableStack();
+    const c = stack.use(mx.subtract(pixel_values, mx.pyFloat(0.5)));
+    const s = stack.use(mx.multiply(c, 2));
+    const x = stack.use(mx.astype(s, this.input_proj.weight.dtype));
+    if (taps) taps(`${tp}patches`, x);
+    const hidden_states = stack.use(this.input_proj.call(x));
+    if (taps) taps(`${tp}input_proj`, hidden_states);
+    const position_embeddings = stack.use(this._position_embeddings(patch_positions, padding_positions));
+    if (taps) taps(`${tp}position_embeddings`, position_embeddings);
+    return mx.add(hidden_states, position_embeddings);
+  }
+
   call(pixel_values: MlxArray, patch_positions: MlxArray, padding_positions: MlxArray, taps?: TapSink, tp = ""): MlxArray {
     using hidden_states = this._patchify(pixel_values, taps, tp);
     using position_embeddings = this._position_embeddings(patch_positions, padding_positions);
@@ -541,13 +555,30 @@ export class VisionModel extends Module {
    * (1, sum of valid pooled rows, hidden). Caller-supplied patch positions (video) are not ported.
    */
   call(pixel_values: MlxArray | readonly MlxArray[], taps?: TapSink, tp = "vision_tower/"): MlxArray {
+    return this.callWithPositions(pixel_values, null, taps, tp);
+  }
+
+  /**
+   * VisionModel.__call__(pixel_values, pixel_position_ids): with positions (video), the pixels
+   * are patches [B, frames, L, p*p*C] or [frames, L, p*p*C] with [.., L, 2] positions (-1 =
+   * padding), every frame one row of the tower (output_length = L // pool²); a list: one call
+   * per video. Without positions: the image path.
+   */
+  callWithPositions(
+    pixel_values: MlxArray | readonly MlxArray[],
+    pixel_position_ids: MlxArray | readonly MlxArray[] | null,
+    taps?: TapSink,
+    tp = "vision_tower/",
+  ): MlxArray {
     if (Array.isArray(pixel_values)) {
       // one image at a time (the taps inside are not the batch's: only the output is one)
       const rows: MlxArray[] = [];
       try {
-        for (const img of pixel_values as readonly MlxArray[]) {
-          using one = img.ndim === 3 ? mx.expandDims(img, 0) : mx.alias(img);
-          using r = this.call(one, undefined, tp);
+        const pos = Array.isArray(pixel_position_ids) ? (pixel_position_ids as readonly MlxArray[]) : null;
+        for (const [i, img] of (pixel_values as readonly MlxArray[]).entries()) {
+          const p = pos ? pos[i]! : null;
+          using one = p === null && img.ndim === 3 ? mx.expandDims(img, 0) : mx.alias(img);
+          using r = this.callWithPositions(one, p, undefined, tp);
           rows.push(mx.squeeze(r, 0));
         }
         using cat = mx.concatenate(rows, 0);
@@ -558,14 +589,32 @@ export class VisionModel extends Module {
         for (const r of rows) r.dispose();
       }
     }
-    const pv = pixel_values as MlxArray;
+    let pv = pixel_values as MlxArray;
     if (taps) taps(`${tp}pixel_values`, pv);
-    const [B, , H, W] = pv.shape as [number, number, number, number];
     const pool_sq = this.pooling_kernel_size ** 2;
+    using stack = new DisposableStack();
+    if (pixel_position_ids !== null) {
+      let pp = pixel_position_ids as MlxArray;
+      if (pv.ndim === 2) pv = stack.use(mx.expandDims(pv, 0));
+      if (pp.ndim === 2) pp = stack.use(mx.expandDims(pp, 0));
+      if (pv.ndim === 4) {
+        const [bsz, frames, seq_len, patch_dim] = pv.shape as [number, number, number, number];
+        pv = stack.use(mx.reshape(pv, [bsz * frames, seq_len, patch_dim]));
+        pp = stack.use(mx.reshape(pp, [bsz * frames, seq_len, 2]));
+      }
+      const patch_positions = pp;
+      const neg = stack.use(mx.equal(patch_positions, -1));
+      const padding_positions = stack.use(mx.all(neg, -1));
+      if (taps) taps(`${tp}patch_positions`, patch_positions);
+      const output_length = Math.floor(pv.shape[1]! / pool_sq);
+      const inputs_embeds = stack.use(this.patch_embedder.embed_patches(pv, patch_positions, padding_positions, taps, `${tp}patch_embedder/`));
+      if (taps) taps(`${tp}patch_embedder`, inputs_embeds);
+      return this._encode(inputs_embeds, patch_positions, padding_positions, output_length, pv.shape[0]!, taps, tp);
+    }
+    const [B, , H, W] = pv.shape as [number, number, number, number];
     const num_real = Math.floor(H / this.patch_size) * Math.floor(W / this.patch_size);
     const output_length = Math.floor(num_real / pool_sq);
     const one = patch_positions_single(H, W, this.patch_size, num_real);
-    using stack = new DisposableStack();
     const tile = <T extends Int32Array | Uint8Array>(src: T, make: (n: number) => T): T => {
       const out = make(src.length * B);
       for (let b = 0; b < B; b++) out.set(src, b * src.length);
@@ -576,7 +625,12 @@ export class VisionModel extends Module {
     if (taps) taps(`${tp}patch_positions`, patch_positions);
     const inputs_embeds = stack.use(this.patch_embedder.call(pv, patch_positions, padding_positions, taps, `${tp}patch_embedder/`));
     if (taps) taps(`${tp}patch_embedder`, inputs_embeds);
+    return this._encode(inputs_embeds, patch_positions, padding_positions, output_length, B, taps, tp);
+  }
 
+  /** The rest of __call__ after the patch embedder: encoder, pooler, valid rows, standardize. */
+  _encode(inputs_embeds: MlxArray, patch_positions: MlxArray, padding_positions: MlxArray, output_length: number, B: number, taps?: TapSink, tp = "vision_tower/"): MlxArray {
+    using stack = new DisposableStack();
     // Bidirectional additive mask [B, 1, L, L] (-1e4 on padded keys; none on the image path)
     const valid_mask = stack.use(mx.logicalNot(padding_positions));
     const v1 = stack.use(mx.expandDims(valid_mask, 1));

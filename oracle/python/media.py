@@ -148,3 +148,8 @@ def tables() -> dict:
 
 
 FUNCTIONS = {f.__name__: f for f in (decode_image, image, pil_resize, target_sizes, load_audio, audio, prepare, processor_info, rfft, tables)}
+
+# the video path (video_media.py), served by the same command
+from video_media import FUNCTIONS as _VIDEO_FUNCTIONS  # noqa: E402
+
+FUNCTIONS.update(_VIDEO_FUNCTIONS)
