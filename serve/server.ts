@@ -51,7 +51,7 @@ interface Ctx {
   args: GenerationArgs;
 }
 
-function corsHeaders(cfg: ServerConfig, origin: string | null): Record<string, string> {
+export function corsHeaders(cfg: Pick<ServerConfig, "allowedOrigins">, origin: string | null): Record<string, string> {
   const h: Record<string, string> = {};
   if (cfg.allowedOrigins.includes("*")) h["Access-Control-Allow-Origin"] = "*";
   else if (origin !== null && cfg.allowedOrigins.includes(origin)) {

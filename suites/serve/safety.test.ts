@@ -19,6 +19,7 @@ import { networkInterfaces } from "node:os";
 import { join } from "node:path";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { corsHeaders } from "../../serve/server.ts";
 import { freePort, type ServerProcess, startServerProcess } from "./processes.ts";
 
 const DIR = join(REPO_ROOT, ".cache", "tokenizer-fixture");
@@ -92,6 +93,11 @@ describe("npm run serve: safe by default", () => {
     const got = await call("/v1/completions", { json: { prompt: "hi", max_tokens: 1 }, headers: origin });
     expect(got.status).toBe(200);
     for (const h of [pre.headers, got.headers]) expect(h.get("access-control-allow-origin")).toBeNull();
+    // with --allowed-origins: mlx_lm.server's rule ("*" for any; a listed origin echoed, with Vary)
+    expect(corsHeaders({ allowedOrigins: ["*"] }, "http://a.example")["Access-Control-Allow-Origin"]).toBe("*");
+    expect(corsHeaders({ allowedOrigins: ["http://a.example"] }, "http://a.example")).toEqual({ "Access-Control-Allow-Origin": "http://a.example", Vary: "Origin", "Access-Control-Allow-Methods": "*", "Access-Control-Allow-Headers": "*" });
+    expect(corsHeaders({ allowedOrigins: ["http://a.example"] }, "http://evil.example")).toEqual({});
+    expect(corsHeaders({ allowedOrigins: [] }, "http://a.example")).toEqual({});
   }, CASE);
 
   it("only the model named at start: another name or a path on disk → 404, nothing loaded", async () => {
