@@ -68,6 +68,12 @@ export interface GenerateStepOptions {
   onStep?: (info: StepInfo) => void;
   /** Seed the global MLX random state first (mx.random.seed). */
   seed?: number;
+  /**
+   * Called on the cache list after every model call (each prefill chunk before its eval, each
+   * _step after the forward), where generate_step calls quantize_cache_fn (mlx-lm's and
+   * mlx-vlm's); it may replace entries (cache/kv_quantize.ts makeKvQuantizer).
+   */
+  quantizeCache?: (cache: KVCacheLike[]) => void;
 }
 
 export interface GeneratedToken {
@@ -121,6 +127,7 @@ async function* run(model: GenerateModel, prompt: readonly number[], opts: Gener
     const call: CallInfo = { kind: "step", index: stepIndex++ };
     using inp = Array.isArray(tokens) ? tokensArray(tokens) : mx.expandDims(tokens as MlxArray, 0);
     using all = model.forward(inp, cache, call);
+    opts.quantizeCache?.(cache);
     const [B, L, V] = all.shape as [number, number, number];
     using last = mx.slice(all, [0, L - 1, 0], [B, L, V]);
     using logits = mx.squeeze(last, 1); // logits[:, -1, :]
@@ -160,6 +167,7 @@ async function* run(model: GenerateModel, prompt: readonly number[], opts: Gener
         const logits = model.forward(inp, cache, call);
         logits.dispose(); // never evaluated, as in Python
       }
+      opts.quantizeCache?.(cache);
       const states = cache.flatMap((c) => c.state);
       try {
         mx.evaluate(states);

@@ -19,6 +19,7 @@ import type { MlxArray } from "@mlx-bun/mlx";
 import { KVCache, type KVCacheLike, RotatingKVCache } from "../cache/index.ts";
 import type { BatchCacheLike } from "../cache/batch.ts";
 import { createAttentionMask, disposeMask, type Mask } from "../mask.ts";
+import { isQuantizedAttentionCache } from "../cache/turboquant.ts";
 import type { LayerType, ModelArgs } from "./config.ts";
 import { mutated } from "./mutations.ts";
 import {
@@ -530,7 +531,9 @@ export class Attention extends Module {
       }
     }
     try {
-      const out = mx.fast.scaledDotProductAttention(queries, keys, values, { scale: mutated("sdpa_scale_rsqrt") ? 1 / Math.sqrt(this.head_dim) : this.scale, mask });
+      const scale = mutated("sdpa_scale_rsqrt") ? 1 / Math.sqrt(this.head_dim) : this.scale;
+      // a quantized cache (cache/turboquant.ts) attends over its own state (mlx-vlm's base.scaled_dot_product_attention)
+      const out = isQuantizedAttentionCache(cache) ? cache.quantizedAttention(queries, scale, mask) : mx.fast.scaledDotProductAttention(queries, keys, values, { scale, mask });
       if (taps) taps(`${tp}sdpa`, out);
       return [out, [keys, values]];
     } catch (e) {

@@ -11,6 +11,7 @@ Commands (one JSON job on argv[1] or stdin, one JSON reply on stdout):
   held by mlx-vlm's gemma4 Model (oracle/python/speculative.py vlm_target); per step the token,
   the sha256 of its logprobs (float32 bytes) and of every cache array (type, offset, sha256 of
   each state leaf in order), the first logprobs row's values for diagnostics; or the error.
+- generate_many {cases}: generate for each case, one process.
 
 Nothing in mlx-vlm is edited; quantize_cache_fn runs as generate_step calls it.
 """
@@ -103,11 +104,21 @@ def cmd_policy(job: dict) -> dict:
     return {"results": res}
 
 
+_MODELS: dict = {}
+
+
+def cmd_generate_many(job: dict) -> dict:
+    """generate for each of job["cases"] in one process (models loaded once per checkpoint)."""
+    return {"results": [cmd_generate(c) for c in job["cases"]]}
+
+
 def cmd_generate(job: dict) -> dict:
     from mlx_vlm.generate.ar import generate_step
     from speculative import vlm_target
 
-    model = vlm_target(Path(job["checkpoint"]))
+    if job["checkpoint"] not in _MODELS:
+        _MODELS[job["checkpoint"]] = vlm_target(Path(job["checkpoint"]))
+    model = _MODELS[job["checkpoint"]]
     prompt = mx.array([job["prompt"]], dtype=mx.int32)
     from mlx_vlm.models import cache as vcache
     cache = vcache.make_prompt_cache(model.language_model)
@@ -130,7 +141,7 @@ def cmd_generate(job: dict) -> dict:
 
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text() if len(sys.argv) > 1 else sys.stdin.read())
-    fn = {"codebooks": cmd_codebooks, "signs": cmd_signs, "policy": cmd_policy, "generate": cmd_generate}.get(job.get("command"))
+    fn = {"codebooks": cmd_codebooks, "signs": cmd_signs, "policy": cmd_policy, "generate": cmd_generate, "generate_many": cmd_generate_many}.get(job.get("command"))
     if fn is None:
         print(json.dumps({"error": {"type": "UsageError", "message": f"unknown command {job.get('command')!r}"}}))
         sys.exit(2)

@@ -1,0 +1,103 @@
+// mlx_vlm/generate/common.py maybe_quantize_kv_cache (mlx-vlm 0.7.10): which caches are converted
+// and when. generate_step calls it after every model call (each prefill chunk, each _step).
+//
+// - TurboQuant (fractional bits or scheme "turboquant"): every entry but the last one (when there
+//   are more than two) that is a KVCache becomes a TurboQuantKVCache: an empty one (offset 0) at
+//   once, a filled one once its offset reaches quantized_kv_start (from_cache); RotatingKVCache
+//   (sliding layers) and caches already converted stay as they are.
+// - Uniform: every cache with to_quantized and offset >= quantized_kv_start, in layer order, the
+//   last one included. RotatingKVCache.to_quantized raises NotImplementedError("RotatingKVCache
+//   Quantization NYI"), and every Gemma 4 shape starts with a sliding layer, so mlx-vlm stops
+//   there (after the tokens generated before); the port raises the same error at the same call.
+//   KVCache.to_quantized (QuantizedKVCache) is not ported: an all-full-attention shape gets a
+//   clear error instead.
+// - Mixed key/value schemes (HybridQuantKVCache) are not ported: refused.
+//
+// KV sharing: a KV-shared layer attends over what its donor layer (the last non-shared layer of
+// its type) returned from update_and_fetch. When that donor's cache is converted, mlx-vlm hands
+// the shared layer quantized-state proxies and fails inside attention (TypeError in
+// mx.fast.scaled_dot_product_attention; bench/kvquant/kv_shared_repro.py reproduces it). The port
+// refuses such a model up front (kvSharedDonorConflict) and again at conversion time.
+import { fromLegacy, KVQuantError, type LegacyKVQuantArgs, turboquantEnabled } from "../kv_quant.ts";
+import { KVCache, type KVCacheLike, RotatingKVCache } from "./index.ts";
+import { TurboQuantKVCache, type TurboQuantOptions } from "./turboquant.ts";
+
+export interface KVQuantConfig extends LegacyKVQuantArgs {
+  quantizedKvStart: number;
+  /** Cache indices read by KV-shared layers (their donors): converting one is refused. */
+  sharedDonors?: ReadonlySet<number>;
+  /** TurboQuant codec options (rotation matrices for non-power-of-two head dims). */
+  turbo?: Pick<TurboQuantOptions, "rotation" | "seed">;
+}
+
+/** The layers whose caches KV-shared layers read (Gemma4TextModel.previous_kvs), by type. */
+export function sharedDonors(layerTypes: readonly string[], numKvShared: number): Map<number, number[]> {
+  const donors = new Map<number, number[]>();
+  const M = layerTypes.length - numKvShared;
+  if (numKvShared <= 0 || M <= 0) return donors;
+  const byType = new Map<string, number>();
+  for (let i = 0; i < M; i++) byType.set(layerTypes[i]!, i);
+  for (let j = M; j < layerTypes.length; j++) {
+    const d = byType.get(layerTypes[j]!);
+    if (d === undefined) continue;
+    donors.set(d, [...(donors.get(d) ?? []), j]);
+  }
+  return donors;
+}
+
+/**
+ * With TurboQuant: the first donor layer whose (full-attention) cache mlx-vlm would convert,
+ * i.e. a full-attention donor that is not the last cache entry; null when none. The caches are
+ * make_cache's: one per non-shared layer.
+ */
+export function kvSharedDonorConflict(layerTypes: readonly string[], numKvShared: number): { donor: number; readers: number[] } | null {
+  const nCaches = layerTypes.length - numKvShared;
+  const last = nCaches > 2 ? nCaches - 1 : -1;
+  for (const [d, readers] of sharedDonors(layerTypes, numKvShared)) {
+    if (d !== last && layerTypes[d] === "full_attention") return { donor: d, readers };
+  }
+  return null;
+}
+
+export function kvSharedRefusal(c: { donor: number; readers: number[] }): string {
+  return (
+    `--kv-bits with TurboQuant on this model: KV-shared layer(s) ${c.readers.join(", ")} read layer ${c.donor}'s cache, which would be quantized; ` +
+    `mlx-vlm 0.7.10 then fails inside attention (TypeError from scaled_dot_product_attention), so the port refuses (use a model whose last non-shared layer is full attention, or no --kv-bits)`
+  );
+}
+
+/**
+ * maybe_quantize_kv_cache on `cache` in place (replaced entries are disposed). Returns the
+ * function generate_step calls after each model call; throws a KVQuantError for a bad policy at
+ * once (from_legacy runs first in mlx-vlm too).
+ */
+export function makeKvQuantizer(cfg: KVQuantConfig): ((cache: KVCacheLike[]) => void) | null {
+  const policy = fromLegacy(cfg);
+  if (policy === null) return null;
+  if (!policy.isHomogeneous) throw new KVQuantError("mixed key/value quantization schemes (mlx-vlm's HybridQuantKVCache) are not ported");
+  const start = cfg.quantizedKvStart;
+  if (turboquantEnabled(cfg.kvBits, cfg.kvQuantScheme ?? null)) {
+    const opts: TurboQuantOptions = { ...cfg.turbo, keyBits: cfg.kvKeyBits ?? null, valueBits: cfg.kvValueBits ?? null };
+    // constructing once validates the bits (and refuses the split codec) before generation
+    new TurboQuantKVCache(cfg.kvBits!, opts).dispose();
+    return (cache) => {
+      const last = cache.length > 2 ? cache.length - 1 : -1;
+      for (let i = 0; i < cache.length; i++) {
+        if (i === last) continue;
+        const e = cache[i]!;
+        if (!(e instanceof KVCache)) continue; // RotatingKVCache, TurboQuantKVCache, others
+        if (e.offset !== 0 && e.offset < start) continue;
+        if (cfg.sharedDonors?.has(i)) throw new KVQuantError(`cache ${i} is read by KV-shared layers; quantizing it fails in mlx-vlm (see kvSharedRefusal)`);
+        cache[i] = e.offset === 0 ? new TurboQuantKVCache(cfg.kvBits!, opts) : TurboQuantKVCache.fromCache(e, cfg.kvBits!, opts);
+        e.dispose();
+      }
+    };
+  }
+  return (cache) => {
+    for (const e of cache) {
+      if (e.offset < start) continue;
+      if (e instanceof RotatingKVCache) throw new KVQuantError("RotatingKVCache Quantization NYI");
+      if (e instanceof KVCache) throw new KVQuantError("uniform KV quantization of a full-attention KVCache (mlx-vlm's QuantizedKVCache) is not ported");
+    }
+  };
+}
