@@ -144,6 +144,8 @@ export interface MediaTapConfig {
   audio_layers: number;
   audio_clip: boolean;
   audio_proj: boolean;
+  /** A gemma4_unified model: images go through its encoder-free VisionEmbedder (condition "unified"). */
+  unified: boolean;
 }
 
 /** From a gemma4 config.json object with vision_config / audio_config (mlx-vlm's defaults). */
@@ -158,6 +160,7 @@ export function mediaTapConfig(config: Record<string, unknown>): MediaTapConfig 
     audio_layers: a ? Number(a.num_hidden_layers ?? 12) : 0,
     audio_clip: a ? Boolean(a.use_clipped_linears ?? true) : false,
     audio_proj: a ? (a.output_proj_dims === undefined ? true : a.output_proj_dims !== null) : false,
+    unified: config.model_type === "gemma4_unified",
   };
 }
 
@@ -165,7 +168,9 @@ export function mediaTapConfig(config: Record<string, unknown>): MediaTapConfig 
 export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; audio: boolean; imageList?: boolean }): string[] {
   const conds = new Set<string>();
   if (cfg.ple) conds.add("ple");
-  if (media.image) {
+  if (media.image && cfg.unified) {
+    conds.add("unified");
+  } else if (media.image) {
     conds.add("image");
     if (!media.imageList) conds.add("image_batch");
     if (cfg.vision_clip) conds.add("vision_clip");
@@ -175,7 +180,7 @@ export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; au
     if (cfg.audio_clip) conds.add("audio_clip");
     if (cfg.audio_proj) conds.add("audio_proj");
   }
-  const layers: Record<string, number> = { vision_layer: media.image && !media.imageList ? cfg.vision_layers : 0, audio_layer: media.audio ? cfg.audio_layers : 0 };
+  const layers: Record<string, number> = { vision_layer: media.image && !media.imageList && !cfg.unified ? cfg.vision_layers : 0, audio_layer: media.audio ? cfg.audio_layers : 0 };
   const out: string[] = [];
   const entries = TAP_SPEC.media_taps;
   for (let k = 0; k < entries.length; ) {
