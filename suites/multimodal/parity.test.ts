@@ -216,7 +216,7 @@ const atMlxBugs: string[] = [];
  * only when the live run diverges at a recorded MLX bug (then recorded apart, as the value path).
  */
 async function digestFailureAtMlxBug(ckpt: string, scn: MmScenario, key: string, gid: string, dv: DigestVerdict): Promise<true> {
-  const msg = formatDigestVerdict(`${gid} (golden digests)`, dv);
+  const msg = formatDigestVerdict(`${gid} (golden digests; positions count every recorded tap, the fed ones too)`, dv);
   const before = atMlxBugs.length;
   let live: string;
   try {
