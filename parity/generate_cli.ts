@@ -13,6 +13,8 @@ import { applyDeviceFlag, DEVICE_FLAG } from "./device.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 import { checkSpeculativeFlags, faceLoadPromptCache, modelDirOf, SPECULATIVE_FLAGS, speculativeFaceStream } from "./speculative_face.ts";
 import { BATCH_FLAGS, batchPlan, isBatch, runBatch } from "./generate_batch.ts";
+import { KV_QUANT_FLAGS, kvQuantPlan } from "./kv_quant_flags.ts";
+import { makeKvQuantizer } from "../model/cache/kv_quantize.ts";
 
 export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "a local Gemma 4 checkpoint (required)" },
@@ -30,6 +32,7 @@ export const FLAGS: FlagSpec[] = [
   DEVICE_FLAG,
   ...SPECULATIVE_FLAGS,
   ...BATCH_FLAGS,
+  ...KV_QUANT_FLAGS,
   { name: "verbose", kind: "bool", help: "stack traces on errors" },
   { name: "help", kind: "bool", help: "show this help" },
 ];
@@ -69,6 +72,7 @@ export async function generatePlan(argv: readonly string[]) {
   const dir = modelDirOf(a);
   const info = inspectCheckpoint(dir);
   if (batch && wantsMedia(a)) throw new UsageError("--image / --audio do not apply to a batch (several prompts)");
+  if (batch && a["kv-bits"] !== undefined) throw new UsageError("--kv-bits does not apply to a batch (several prompts) (not ported)");
   if (batch) return { a, dev, dir, info, batch: await batchPlan(dir, a, info), media: null };
   for (const k of ["prompt", "tokens"]) if (Array.isArray(a[k])) a[k] = (a[k] as string[])[0];
   // --image / --audio: the TS Gemma4Processor (mlx-vlm's, ported) gives the expanded prompt and
@@ -88,9 +92,11 @@ export async function generatePlan(argv: readonly string[]) {
   const bad = prompt.find((t) => t >= vocab);
   if (bad !== undefined) throw new UsageError(`token id ${bad} is outside the vocabulary (vocab_size ${vocab})`);
   checkPromptLength(prompt, maxTokens, info);
+  const otherMode = media ? "--image / --audio runs" : a["draft-model"] !== undefined ? "--draft-model" : a["prompt-cache-file"] !== undefined ? "--prompt-cache-file" : null;
+  const kvQuant = kvQuantPlan(a, info.text, { prompt: prompt.length, maxTokens, otherMode });
   if (media) checkMediaCheckpoint(dir);
   else checkCheckpoint(dir);
-  return { a, dev, dir, info, prompt, maxTokens, temp, media, batch: null };
+  return { a, dev, dir, info, prompt, maxTokens, temp, media, batch: null, kvQuant };
 }
 
 /** The multimodal model on the prepared media: mlx-vlm's generate_step from the merged embeddings. */
@@ -122,7 +128,7 @@ async function main(argv: string[]): Promise<number> {
     const rootCfg = JSON.parse(readFileSync(join(plan.dir, "config.json"), "utf8")) as Record<string, unknown>;
     return runBatch(plan.batch, plan.dev, { loadTokenizer, eosIds: (d) => eosIds(d, { ...plan.info.text, ...rootCfg }) });
   }
-  const { a, dev, dir, info, prompt, maxTokens, temp, media } = plan;
+  const { a, dev, dir, info, prompt, maxTokens, temp, media, kvQuant } = plan;
 
   const tokenizer = typeof a.prompt === "string" ? await loadTokenizer(dir) : null;
   const mm = media ? mediaModel(dir, media) : null;
@@ -145,10 +151,21 @@ async function main(argv: string[]): Promise<number> {
     samplerOptions: { temp, topP: Number(a["top-p"]), topK: Number(a["top-k"]), minP: Number(a["min-p"]) },
     seed: typeof a.seed === "number" ? a.seed : undefined,
     promptCache,
+    quantizeCache: kvQuant ? (makeKvQuantizer(kvQuant) ?? undefined) : undefined,
   };
   const face = loaded ? speculativeFaceStream(a, dir, loaded.loaded, model, prompt, opts) : null;
   process.stdout.write("==========\n");
-  for await (const t of face ? face.tokens : generate(model, prompt, { ...opts, chunkedPrefill: mm?.chunked ?? true })) {
+  const stream = face ? face.tokens : generate(model, prompt, { ...opts, chunkedPrefill: mm?.chunked ?? true });
+  // a KV quantization error mid-run (mlx-vlm's own failure point) is bad input: exit 2 after the tokens so far
+  const guarded = (async function* () {
+    try {
+      yield* stream;
+    } catch (e) {
+      if (e instanceof Error && e.name === "KVQuantError") throw new UsageError(e.message);
+      throw e;
+    }
+  })();
+  for await (const t of guarded) {
     if (t.n === 0) {
       promptTps = prompt.length / ((performance.now() - tic) / 1000);
       tic = performance.now();

@@ -1,0 +1,68 @@
+// --kv-bits, --kv-quant-scheme, --kv-group-size, --quantized-kv-start (mlx-vlm 0.7.10's flag names
+// and defaults) for `npm run generate`: checked before the model loads, each bad input one clear
+// UsageError (exit 2):
+// - a scheme other than uniform / turboquant (argparse's choices), bits TurboQuant refuses
+//   (below 1, not integer or .5), fractional bits with --kv-quant-scheme uniform given per key/value
+//   (from_legacy's messages);
+// - uniform: on a model with sliding layers (every Gemma 4 shape), mlx-vlm raises
+//   NotImplementedError("RotatingKVCache Quantization NYI") once a sliding cache reaches
+//   --quantized-kv-start: refused up front when the run gets there (prompt + max tokens >= start);
+//   then a group size / bits mx.quantize refuses for the full-attention head dim (checked even
+//   when the run would not reach the start, where mlx-vlm would never call mx.quantize);
+// - TurboQuant on a model whose KV-shared layers read a cache that would be converted (mlx-vlm
+//   fails inside attention: bench/kvquant/kv_shared_repro.py);
+// - with --draft-model, --prompt-cache-file, media or a batch: not ported.
+import { kvSharedDonorConflict, kvSharedRefusal, type KVQuantConfig } from "../model/cache/kv_quantize.ts";
+import { modelArgsFromDict } from "../model/gemma4/config.ts";
+import { DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, fromLegacy, KVQuantError, TURBOQUANT_SCHEME, turboquantEnabled, UNIFORM_SCHEME, validateUniformGroup } from "../model/kv_quant.ts";
+import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
+
+export const KV_QUANT_FLAGS: FlagSpec[] = [
+  { name: "kv-bits", kind: "number", valueName: "B", help: "quantize the KV cache to B bits (mlx-vlm's; fractional B such as 3.5 uses TurboQuant)" },
+  { name: "kv-quant-scheme", kind: "string", valueName: "S", help: "uniform or turboquant (mlx-vlm's KV quantization backend)", default: UNIFORM_SCHEME },
+  { name: "kv-group-size", kind: "int", valueName: "G", help: "group size of the uniform scheme", default: DEFAULT_KV_GROUP_SIZE },
+  { name: "quantized-kv-start", kind: "int", valueName: "N", help: "quantize a cache once it holds N tokens", default: DEFAULT_QUANTIZED_KV_START },
+];
+
+export interface KvQuantRun {
+  prompt: number;
+  maxTokens: number;
+  /** Why the run cannot take --kv-bits (another mode), or null. */
+  otherMode: string | null;
+}
+
+/** The checked KV quantization config of a generate run, or null without --kv-bits. */
+export function kvQuantPlan(a: Parsed, text: Record<string, unknown>, run: KvQuantRun): KVQuantConfig | null {
+  const scheme = String(a["kv-quant-scheme"] ?? UNIFORM_SCHEME);
+  if (scheme !== UNIFORM_SCHEME && scheme !== TURBOQUANT_SCHEME) throw new UsageError(`argument --kv-quant-scheme: invalid choice: '${scheme}' (choose from 'uniform', 'turboquant')`);
+  const start = Number(a["quantized-kv-start"]);
+  if (!Number.isSafeInteger(start) || start < 0) throw new UsageError("--quantized-kv-start must be a non-negative integer");
+  if (a["kv-bits"] === undefined) return null;
+  const bits = Number(a["kv-bits"]);
+  if (run.otherMode) throw new UsageError(`--kv-bits does not apply to ${run.otherMode} (not ported)`);
+  const groupSize = Number(a["kv-group-size"]);
+  const cfg: KVQuantConfig = { kvBits: bits, kvQuantScheme: scheme, kvGroupSize: groupSize, quantizedKvStart: start };
+  try {
+    fromLegacy(cfg);
+    const args = modelArgsFromDict(text);
+    if (turboquantEnabled(bits, scheme)) {
+      const conflict = kvSharedDonorConflict(args.layer_types, args.num_kv_shared_layers);
+      if (conflict) throw new UsageError(kvSharedRefusal(conflict));
+      for (const d of new Set([args.head_dim, args.global_head_dim || args.head_dim])) {
+        if ((d & (d - 1)) !== 0) throw new UsageError(`TurboQuant on head dim ${d} (not a power of two) needs mlx-vlm's numpy-QR rotation matrix, which the generate face does not take`);
+      }
+      return cfg;
+    }
+    if (args.layer_types.includes("sliding_attention") && run.prompt + run.maxTokens >= start) {
+      throw new UsageError(
+        `--kv-quant-scheme uniform on a model with sliding-window layers: mlx-vlm 0.7.10 raises NotImplementedError: RotatingKVCache Quantization NYI once a sliding layer's cache reaches --quantized-kv-start (${start}); use --kv-quant-scheme turboquant (sliding layers stay unquantized) or a larger --quantized-kv-start`,
+      );
+    }
+    // the dim mlx-vlm would hand mx.quantize (sliding caches never get there)
+    validateUniformGroup(bits, groupSize, args.layer_types.includes("full_attention") ? args.global_head_dim || args.head_dim : args.head_dim);
+    return cfg;
+  } catch (e) {
+    if (e instanceof KVQuantError) throw new UsageError(e.message);
+    throw e;
+  }
+}
