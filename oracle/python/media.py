@@ -153,3 +153,8 @@ FUNCTIONS = {f.__name__: f for f in (decode_image, image, pil_resize, target_siz
 from video_media import FUNCTIONS as _VIDEO_FUNCTIONS  # noqa: E402
 
 FUNCTIONS.update(_VIDEO_FUNCTIONS)
+
+# the gemma4_unified processor (unified_media.py), served by the same command
+from unified_media import FUNCTIONS as _UNIFIED_FUNCTIONS  # noqa: E402
+
+FUNCTIONS.update(_UNIFIED_FUNCTIONS)

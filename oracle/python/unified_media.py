@@ -1,0 +1,73 @@
+"""mlx-vlm 0.7.10's gemma4_unified preprocessing, as the oracle of model/gemma4_unified/
+processing_gemma4_unified.ts (served by server.py's `media` command through media.FUNCTIONS).
+
+Every function returns a dict whose numpy arrays the server writes as .npy files. The classes are
+mlx-vlm's own (Gemma4UnifiedImageProcessor, Gemma4UnifiedAudioFeatureExtractor); the processor
+configuration is read by Gemma4UnifiedProcessor.from_pretrained's own body (the tokenizer stubbed,
+as capture_mm.file_processor does for gemma4), not by mlx_vlm.load(), which replaces a unified
+checkpoint's image processor with one built from defaults.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+
+def unified_image(pixels: np.ndarray, kwargs: dict | None = None, config: dict | None = None) -> dict:
+    """Gemma4UnifiedImageProcessor(**config)(Image.fromarray(pixels), **kwargs) on uint8 HWC pixels."""
+    from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedImageProcessor
+    from PIL import Image
+
+    data, n = Gemma4UnifiedImageProcessor(**(config or {}))(Image.fromarray(pixels), **(kwargs or {}))
+    return {"pixel_values": np.ascontiguousarray(data["pixel_values"]),
+            "image_position_ids": np.ascontiguousarray(data["image_position_ids"]),
+            "num_soft_tokens": [int(k) for k in n]}
+
+
+def unified_audio(waveform: np.ndarray, config: dict | None = None, max_length: int | None = None) -> dict:
+    """Gemma4UnifiedAudioFeatureExtractor(**config)([waveform], max_length=max_length)."""
+    from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedAudioFeatureExtractor
+
+    out = Gemma4UnifiedAudioFeatureExtractor(**(config or {}))([waveform], max_length=max_length)
+    return {"input_features": np.ascontiguousarray(out["input_features"]),
+            "input_features_mask": np.ascontiguousarray(out["input_features_mask"])}
+
+
+def unified_processor_config(model_dir: str) -> dict:
+    """What Gemma4UnifiedProcessor.from_pretrained(model_dir) reads: the image processor's settings
+    and the sequence lengths (the tokenizer stubbed out; the config files read by mlx-vlm's code)."""
+    import transformers
+    from mlx_vlm.models.gemma4_unified import processing_gemma4_unified as pu
+
+    got: dict = {}
+
+    class Capture:
+        def __init__(self, **kw):
+            got.update(kw)
+
+    saved = (transformers.AutoTokenizer.from_pretrained, pu.load_chat_template)
+    transformers.AutoTokenizer.from_pretrained = lambda *a, **k: SimpleNamespace(chat_template=None)
+    pu.load_chat_template = lambda *a, **k: None
+    try:
+        pu.Gemma4UnifiedProcessor.from_pretrained.__func__(Capture, model_dir)
+    finally:
+        transformers.AutoTokenizer.from_pretrained, pu.load_chat_template = saved
+    ip = got["image_processor"]
+    fe = got["feature_extractor"]
+    return {
+        "image_processor": {k: (list(map(float, v)) if isinstance(v, (list, tuple)) else v) for k, v in (
+            ("do_resize", bool(ip.do_resize)), ("do_rescale", bool(ip.do_rescale)), ("rescale_factor", float(ip.rescale_factor)),
+            ("do_normalize", bool(ip.do_normalize)), ("image_mean", ip.image_mean), ("image_std", ip.image_std),
+            ("patch_size", int(ip.patch_size)), ("max_soft_tokens", int(ip.max_soft_tokens)),
+            ("pooling_kernel_size", int(ip.pooling_kernel_size)), ("model_patch_size", int(ip.model_patch_size)),
+            ("mm_posemb_size", ip.mm_posemb_size))},
+        "audio_samples_per_token": int(fe.audio_samples_per_token),
+        "image_seq_length": got["image_seq_length"],
+        "audio_seq_length": got["audio_seq_length"],
+        "audio_ms_per_token": got["audio_ms_per_token"],
+    }
+
+
+FUNCTIONS = {f.__name__: f for f in (unified_image, unified_audio, unified_processor_config)}
