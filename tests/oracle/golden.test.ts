@@ -126,7 +126,7 @@ describe("golden integrity", () => {
         const rec = g.arrays.get(t.name);
         const call = d!.calls.filter((c) => t.name.startsWith(c.call)).sort((a, b) => b.call.length - a.call.length)[0];
         const short = tapDigest({ name: t.name, kind: "array", dtype: rec?.dtype, shape: rec?.shape, data: rec?.data }).subarray(0, 6).toString("base64");
-        const shorts = call ? call.short.match(/.{8}/g) ?? [] : [];
+        const shorts: string[] = call ? (call.short.match(/.{8}/g) ?? []) : [];
         expect({ id, tap: t.name, found: shorts.includes(short) }).toEqual({ id, tap: t.name, found: true });
         storedChecked++;
       }

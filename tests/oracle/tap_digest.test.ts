@@ -61,13 +61,13 @@ describe("tap digests", () => {
   it("a 1-ULP change in one tap fails, naming that tap", () => {
     const bf = TAPS.map((t) => ({ ...t, data: t.data?.slice() }));
     const logits = bf[5]!;
-    logits.data![0] ^= 1; // bfloat16 0x3f80 -> 0x3f81: one ULP
+    logits.data![0]! ^= 1; // bfloat16 0x3f80 -> 0x3f81: one ULP
     const v = checkDigests(bf, py);
     expect(v.ok).toBe(false);
     expect(v.first).toMatchObject({ index: 5, name: "step0/logits", call: "step0/", reason: "digest" });
     expect(formatDigestVerdict("x", v)).toMatch(/^x: first tap whose digest differs #5 "step0\/logits" \(digest, call "step0\/"\): TS bfloat16\[1,1,3\]/);
     const f32 = TAPS.map((t) => ({ ...t, data: t.data?.slice() }));
-    f32[1]!.data![0] ^= 1;
+    f32[1]!.data![0]! ^= 1;
     expect(checkDigests(f32, py).first).toMatchObject({ index: 1, name: "prefill0/layers.0/input_layernorm" });
   });
 
