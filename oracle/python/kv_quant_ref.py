@@ -12,6 +12,7 @@ Commands (one JSON job on argv[1] or stdin, one JSON reply on stdout):
   the sha256 of its logprobs (float32 bytes) and of every cache array (type, offset, sha256 of
   each state leaf in order), the first logprobs row's values for diagnostics; or the error.
 - generate_many {cases}: generate for each case, one process.
+- many {jobs}: any of the above, one process.
 
 Nothing in mlx-vlm is edited; quantize_cache_fn runs as generate_step calls it.
 """
@@ -139,14 +140,22 @@ def cmd_generate(job: dict) -> dict:
     return {"steps": steps, "error": error}
 
 
+def cmd_many(job: dict) -> dict:
+    """Several jobs in one process: {"jobs": [...]} -> {"results": [...]}."""
+    return {"results": [COMMANDS[j["command"]](j) for j in job["jobs"]]}
+
+
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text() if len(sys.argv) > 1 else sys.stdin.read())
-    fn = {"codebooks": cmd_codebooks, "signs": cmd_signs, "policy": cmd_policy, "generate": cmd_generate, "generate_many": cmd_generate_many}.get(job.get("command"))
+    fn = COMMANDS.get(job.get("command"))
     if fn is None:
         print(json.dumps({"error": {"type": "UsageError", "message": f"unknown command {job.get('command')!r}"}}))
         sys.exit(2)
     print(json.dumps(fn(job)))
 
+
+COMMANDS = {"codebooks": cmd_codebooks, "signs": cmd_signs, "policy": cmd_policy, "generate": cmd_generate,
+            "generate_many": cmd_generate_many, "many": cmd_many}
 
 if __name__ == "__main__":
     main()
