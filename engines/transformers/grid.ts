@@ -1,11 +1,11 @@
 // The opt-in results grid of the two PyTorch engines (issue 24): for each fixture checkpoint and
-// dtype, the engine writes a forward dump (16 seeded tokens, the noise floor's prompts) and the
+// dtype, the engine writes a forward dump (transformers float32 also a generate_step dump) (16 seeded tokens, the noise floor's prompts) and the
 // conformance command (`npm run conform`, run as a child process: engines never import the face)
 // judges it against mlx-lm with the measured noise floor. Results go to
 // engines/transformers/results.json and engines/gemma4_pt_claude/results.json (checked in; the
 // tables in engines/RESULTS.md are made from them). Needs .venv-reference (ensureVenv).
 //
-//   CONFORM_ENGINES=1 bun engines/transformers/grid.ts [--engine transformers|gemma4-pt-claude] [--only c1_dense]
+//   CONFORM_ENGINES=1 bun engines/transformers/grid.ts [--engine transformers|gemma4-pt-claude] [--only c1_dense] [--schedule forward|generate]
 import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -14,8 +14,11 @@ import { REPO_ROOT } from "../../oracle/client.ts";
 import { tokensFor } from "../../oracle/reference_export.ts";
 import { portDump } from "../gemma4_pt_claude/dump.ts";
 import { type TorchDtype, transformersDump } from "./dump.ts";
+import type { DumpSchedule } from "../../oracle/conform/dump.ts";
 
 const CKPT = join(REPO_ROOT, ".cache", "checkpoints");
+/** The generate case: mlx-lm's generate_step schedule on transformers' own cache (as the floor measures it). */
+const GENERATE: DumpSchedule = { kind: "generate", prefill_step_size: 4, max_tokens: 6 };
 
 /** One grid cell: engine, checkpoint, the dtype the engine computed in. */
 export interface GridCase {
@@ -24,6 +27,8 @@ export interface GridCase {
   dtype: TorchDtype;
   /** The tokensFor seed: 1 + the index of the fixture's f32 checkpoint among c*\/f32 (as the floor). */
   seed: number;
+  /** Absent: a forward. */
+  schedule?: DumpSchedule;
 }
 
 export interface GridResult extends GridCase {
@@ -41,6 +46,8 @@ export interface GridResult extends GridCase {
   logitsRelL2: number | null;
   klMax: number | null;
   top1: number | null;
+  /** generate: the first step whose greedy token differs from mlx-lm's (null: none). */
+  firstTokenDiff?: number | null;
   /** Per layer: the worst relative L2 of that layer's tensors (the plot's values). */
   layers: { slot: string; maxRelL2: number; within: boolean }[];
   notes: string;
@@ -62,6 +69,7 @@ export function gridCases(only?: string): GridCase[] {
     if (only && fx !== only) continue;
     const seed = 1 + k;
     out.push({ engine: "transformers", checkpoint: id, dtype: "float32", seed });
+    out.push({ engine: "transformers", checkpoint: id, dtype: "float32", seed, schedule: GENERATE });
     out.push({ engine: "transformers", checkpoint: `${fx}/bf16` in index.checkpoints ? `${fx}/bf16` : id, dtype: "bfloat16", seed });
     out.push({ engine: "gemma4-pt-claude", checkpoint: id, dtype: "float32", seed });
   }
@@ -79,11 +87,11 @@ interface ReportRow {
 function runCase(c: GridCase, work: string): GridResult {
   const dir = join(CKPT, c.checkpoint);
   const prompt = tokensFor(loadConfig(dir).args.vocab_size, c.seed);
-  const dump = join(work, `${c.engine}-${c.checkpoint.replace("/", "-")}-${c.dtype}`);
+  const dump = join(work, `${c.engine}-${c.checkpoint.replace("/", "-")}-${c.dtype}-${c.schedule?.kind ?? "forward"}`);
   const base = { ...c, level: null, compared: 0, exact: 0, residualRelL2: null, l2RelL2: null, logitsRelL2: null, klMax: null, top1: null, layers: [], firstOutside: null, firstLayerOutside: null };
   let notes: string;
   try {
-    const r = c.engine === "transformers" ? transformersDump({ checkpoint: dir, out: dump, dtype: c.dtype, prompt }) : portDump({ checkpoint: dir, out: dump, dtype: c.dtype, prompt });
+    const r = c.engine === "transformers" ? transformersDump({ checkpoint: dir, out: dump, dtype: c.dtype, prompt, schedule: c.schedule }) : portDump({ checkpoint: dir, out: dump, dtype: c.dtype, prompt });
     notes = r.manifest.notes ?? "";
   } catch (e) {
     const msg = (e as Error).message;
@@ -94,7 +102,7 @@ function runCase(c: GridCase, work: string): GridResult {
   if (r.status !== 0 && r.status !== 1) throw new Error(`npm run conform on ${dump} exited ${r.status}: ${(r.stderr ?? "").trim().split("\n").slice(-3).join(" ")}`);
   const rep = JSON.parse(r.stdout) as {
     dump: { level: number };
-    verdict: { status: string; headline: string; firstOutside: string | null; firstLayerOutside: number | null };
+    verdict: { status: string; headline: string; firstOutside: string | null; firstLayerOutside: number | null; firstTokenDiff: number | null };
     compared: number;
     exact: number;
     logits: { klMax: number; top1: number } | null;
@@ -114,6 +122,7 @@ function runCase(c: GridCase, work: string): GridResult {
     headline: rep.verdict.headline,
     firstOutside: rep.verdict.firstOutside,
     firstLayerOutside: rep.verdict.firstLayerOutside,
+    ...(c.schedule ? { firstTokenDiff: rep.verdict.firstTokenDiff } : {}),
     compared: rep.compared,
     exact: rep.exact,
     residualRelL2: rel(residual),
@@ -133,7 +142,8 @@ function main(argv: string[]): number {
   }
   const flag = (n: string) => (argv.includes(n) ? argv[argv.indexOf(n) + 1] : undefined);
   const engine = flag("--engine");
-  const cases = gridCases(flag("--only")).filter((c) => !engine || c.engine === engine);
+  const sched = flag("--schedule");
+  const cases = gridCases(flag("--only")).filter((c) => (!engine || c.engine === engine) && (!sched || (c.schedule?.kind ?? "forward") === sched));
   const work = join(REPO_ROOT, ".cache", `engine-grid-${process.pid}`);
   mkdirSync(work, { recursive: true });
   const results: GridResult[] = [];
@@ -142,7 +152,7 @@ function main(argv: string[]): number {
       const t0 = performance.now();
       const res = runCase(c, work);
       results.push(res);
-      process.stderr.write(`[grid] ${c.engine} ${c.checkpoint} ${c.dtype}: L${res.level ?? "-"} ${res.headline} (${((performance.now() - t0) / 1000).toFixed(0)} s)\n`);
+      process.stderr.write(`[grid] ${c.engine} ${c.checkpoint} ${c.dtype}${c.schedule ? ` ${c.schedule.kind}` : ""}: L${res.level ?? "-"} ${res.headline} (${((performance.now() - t0) / 1000).toFixed(0)} s)\n`);
     }
   } finally {
     rmSync(work, { recursive: true, force: true });
@@ -154,7 +164,7 @@ function main(argv: string[]): number {
     const file = join(REPO_ROOT, "engines", folder, "results.json");
     // a partial run (--only) keeps the other cases of the file
     const old = existsSync(file) ? ((JSON.parse(readFileSync(file, "utf8")) as { results: GridResult[] }).results ?? []) : [];
-    const key = (r: GridCase) => `${r.checkpoint}|${r.dtype}`;
+    const key = (r: GridCase) => `${r.checkpoint}|${r.dtype}|${r.schedule?.kind ?? "forward"}`;
     const merged = [...old.filter((o) => !mine.some((m) => key(m) === key(o))), ...mine].sort((a, b) => key(a).localeCompare(key(b)));
     writeFileSync(file, `${JSON.stringify({ schema: "gemma4-engine-grid/1", engine: name, ...stamp, results: merged }, null, 2)}\n`);
     process.stderr.write(`[grid] wrote ${file}\n`);

@@ -45,8 +45,12 @@ class Recorder:
         self.layer: int | None = None  # the decoder layer running now
         self.rope_calls = 0  # apply_rotary_pos_emb calls in this layer's attention (q, then k)
         self.ple_gelu_next = False  # the next GELU of this layer is the PLE gate's
+        self.prefix = ""  # the call prefix: "" (forward), "prefill{k}/", "step{n}/"
+        self.length = 0  # tokens of the running call
+        self.masks = True  # read the masks (forward only: with a cache their layouts are the engine's own)
 
     def put(self, name: str, t: torch.Tensor) -> None:
+        name = self.prefix + name
         if name in self.taps:
             raise RuntimeError(f"tap {name} read twice (the hook mapping no longer fits this transformers)")
         self.taps[name] = t.detach().clone().contiguous()
@@ -55,7 +59,7 @@ class Recorder:
         return f"layers.{self.layer}/{tail}"
 
 
-def attach(model, rec: Recorder, args: dict, length: int):
+def attach(model, rec: Recorder, args: dict):
     """Registers the hooks; returns a function that removes them all."""
     import transformers.models.gemma4.modeling_gemma4 as mg
 
@@ -76,7 +80,7 @@ def attach(model, rec: Recorder, args: dict, length: int):
 
     fixed = lambda n: (lambda: n)  # noqa: E731
     per_layer = lambda tail: (lambda: rec.lp(tail))  # noqa: E731
-    as_blh = lambda t: t.reshape(1, length, -1)  # noqa: E731  the MoE branch's (B*L, X) as (B, L, X)
+    as_blh = lambda t: t.reshape(1, rec.length, -1)  # noqa: E731  the MoE branch's (B*L, X) as (B, L, X)
 
     # model head
     out_hook(tm.embed_tokens, fixed("embed_scaled"))
@@ -104,7 +108,7 @@ def attach(model, rec: Recorder, args: dict, length: int):
             if args["hidden_size_per_layer_input"]:
                 rec.put(rec.lp("per_layer_input"), a[1] if len(a) > 1 else k["per_layer_input"])
             typ = args["layer_types"][_i]
-            if first_of_type[typ] == _i:
+            if rec.masks and first_of_type[typ] == _i:
                 m = k["attention_mask"]
                 # eager masks are additive floats (0 = attend); the tap is mlx-lm's boolean (L, kL)
                 if m is None:
@@ -125,7 +129,7 @@ def attach(model, rec: Recorder, args: dict, length: int):
             out_hook(at.k_norm, per_layer("self_attn/k_norm"))
             out_hook(at.v_norm, per_layer("self_attn/v_norm"))
         nh, hd = args["num_attention_heads"], at.head_dim
-        in_hook(at.o_proj, per_layer("self_attn/sdpa"), lambda t, nh=nh, hd=hd: t.reshape(1, length, nh, hd).transpose(1, 2))
+        in_hook(at.o_proj, per_layer("self_attn/sdpa"), lambda t, nh=nh, hd=hd: t.reshape(1, rec.length, nh, hd).transpose(1, 2))
         out_hook(at.o_proj, per_layer("self_attn/o_proj"))
         out_hook(layer.post_attention_layernorm, per_layer("post_attention_layernorm"))
         in_hook(layer.pre_feedforward_layernorm, per_layer("attn_residual"))
@@ -142,11 +146,11 @@ def attach(model, rec: Recorder, args: dict, length: int):
             def router_out(_m, _inp, out):
                 _probs, weights, index = out
                 # transformers' top-k order (descending probability), not mlx-lm's argpartition order
-                rec.put(rec.lp("router/indices"), index.to(torch.int32).reshape(1, length, -1))
-                rec.put(rec.lp("router/weights"), weights.reshape(1, length, -1))
+                rec.put(rec.lp("router/indices"), index.to(torch.int32).reshape(1, rec.length, -1))
+                rec.put(rec.lp("router/weights"), weights.reshape(1, rec.length, -1))
             handles.append(layer.router.register_forward_hook(router_out))
             out_hook(layer.pre_feedforward_layernorm_2, per_layer("pre_feedforward_layernorm_2"), as_blh)
-            attach_experts(layer.experts, rec, length, handles)
+            attach_experts(layer.experts, rec, handles)
             out_hook(layer.experts, per_layer("experts"), as_blh)
             out_hook(layer.post_feedforward_layernorm_2, per_layer("post_feedforward_layernorm_2"))
             in_hook(layer.post_feedforward_layernorm, per_layer("ffw_sum"))
@@ -192,7 +196,7 @@ def attach(model, rec: Recorder, args: dict, length: int):
     return detach_all
 
 
-def attach_experts(experts, rec: Recorder, length: int, handles: list) -> None:
+def attach_experts(experts, rec: Recorder, handles: list) -> None:
     """Gemma4TextExperts (eager) loops over the experts hit, in ascending order; per expert one
     fused gate_up linear (gate = first half, up = second half), GELU(gate) * up, the down linear.
     The F.linear calls are read while the experts module runs and scattered back to mlx-lm's
@@ -222,6 +226,7 @@ def attach_experts(experts, rec: Recorder, length: int, handles: list) -> None:
         hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
         calls = state.pop("calls")
         im = experts.intermediate_dim
+        length = rec.length
         up = gate = act = down = None
         c = 0
         for e in hit:
@@ -246,7 +251,7 @@ def attach_experts(experts, rec: Recorder, length: int, handles: list) -> None:
         # On mlx-lm's sorted path (B*L*K >= 64) these four taps are in its expert-sorted row order,
         # which follows its argpartition order: not reproducible here, so not written (the dump
         # then lacks them and the sort taps, and says so)
-        if rec.lp("experts/switch_glu/sort_x") not in rec.wanted:
+        if rec.prefix + rec.lp("experts/switch_glu/sort_x") not in rec.wanted:
             for tap, t in (("up_proj", up), ("gate_proj", gate), ("activation", act), ("down_proj", down)):
                 rec.put(rec.lp(f"experts/switch_glu/{tap}"), t.reshape(1, length, K, 1, -1))
         rec.put(rec.lp("experts/switch_glu"), down.reshape(1, length, K, -1))
@@ -261,22 +266,57 @@ def dump_one(job: dict, out: Path) -> dict:
     dtype = DTYPES[job["dtype"]]
     model, info = ref.build_model(job, dtype)
     args = job["args"]
-    ids = torch.tensor([job["tokens"]])
-    L = ids.shape[1]
     rec = Recorder(job["taps"])
-    detach = attach(model, rec, args, L)
-    try:
+    detach = attach(model, rec, args)
+    schedule = job.get("schedule", {"kind": "forward"})
+    generated: list[int] = []
+
+    def call(prefix: str, ids: list[int], cache=None, step: bool = False):
+        """One model call with its taps under `prefix`; returns the greedy token of its last row."""
+        t = torch.tensor([ids])
+        rec.prefix, rec.length = prefix, len(ids)
         with torch.no_grad():
-            r = model(ids, use_cache=False)
+            r = model(t, use_cache=cache is not None, cache=cache) if cache is not None else model(t, use_cache=False)
+        rec.put("logits", r.logits)
+        rec.put("inputs", t.to(torch.int32))
+        # the lookups before any scaling (mlx-lm's embed_tokens / embed_tokens_per_layer taps): the
+        # rows transformers' scaled embeddings read, taken from the same weights
+        rec.put("embed_tokens", model.model.embed_tokens.weight[t])
+        if args["hidden_size_per_layer_input"]:
+            rec.put("embed_tokens_per_layer", model.model.embed_tokens_per_layer.weight[t])
+        last = r.logits[:, -1, :]
+        if step:  # generate_step's greedy sampler input and output, in the logits' dtype
+            logprobs = last - torch.logsumexp(last, dim=-1, keepdim=True)
+            rec.put("logprobs", logprobs)
+            token = torch.argmax(logprobs, dim=-1)
+            rec.put("token", token.to(torch.int32))
+            return int(token[0])
+        return int(torch.argmax(last[0]))
+
+    try:
+        if schedule["kind"] == "forward":
+            call("", job["tokens"])
+        else:
+            # mlx-lm's generate_step: the prompt but its last token in chunks, then one call per
+            # step fed the greedy token of the step before (max_tokens + 1 calls, the last one's
+            # token never yielded); transformers' own cache (DynamicCache) carries the state
+            from transformers import DynamicCache
+
+            rec.masks = False
+            cache = DynamicCache(config=model.config)
+            prompt = job["tokens"]
+            done, k = 0, 0
+            while len(prompt) - done > 1:
+                n = min(schedule["prefill_step_size"], len(prompt) - done - 1)
+                call(f"prefill{k}/", prompt[done:done + n], cache)
+                done, k = done + n, k + 1
+            tok = prompt[-1]
+            for n in range(schedule["max_tokens"] + 1):
+                tok = call(f"step{n}/", [tok], cache, step=True)
+                if n < schedule["max_tokens"]:
+                    generated.append(tok)
     finally:
         detach()
-    rec.put("logits", r.logits)
-    rec.put("inputs", ids.to(torch.int32))
-    # the lookups before any scaling (mlx-lm's embed_tokens / embed_tokens_per_layer taps): the
-    # rows transformers' scaled embeddings read, taken from the same weights
-    rec.put("embed_tokens", model.model.embed_tokens.weight[ids])
-    if args["hidden_size_per_layer_input"]:
-        rec.put("embed_tokens_per_layer", model.model.embed_tokens_per_layer.weight[ids])
     unknown = sorted(set(rec.taps) - rec.wanted)
     if unknown:
         raise RuntimeError(f"read taps the scheme does not name for this call: {unknown[:8]}")
@@ -285,7 +325,7 @@ def dump_one(job: dict, out: Path) -> dict:
     # safetensors, so float64 values travel as their uint64 bit patterns, as in reference_export
     stored = {n: (rec.taps[n].view(torch.uint64) if rec.taps[n].dtype == torch.float64 else rec.taps[n]) for n in names}
     save_file(stored, str(out / "tensors.safetensors"))
-    return {"written": names, "not_read": [n for n in job["taps"] if n not in rec.taps],
+    return {"written": names, "not_read": [n for n in job["taps"] if n not in rec.taps], "generated": generated,
             "missing_unused": sorted(info.missing_keys), "np": np.__version__}
 
 

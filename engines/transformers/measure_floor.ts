@@ -30,11 +30,19 @@ import { OracleClient, REPO_ROOT } from "../../oracle/client.ts";
 import { rawOf, rawOfNpy } from "../../oracle/compare.ts";
 import { logitMetricsOf, logSoftmax, toFloat64 } from "../../oracle/conform/metrics.ts";
 import { NOISE_FLOOR_SCHEMA } from "../../oracle/conform/verdict.ts";
+import type { DumpSchedule } from "../../oracle/conform/dump.ts";
 import type { RawTensor } from "../../oracle/tensor_diff.ts";
 import { tokensFor } from "../../oracle/reference_export.ts";
 import { runTransformers } from "./dump.ts";
 
 const CKPT = join(REPO_ROOT, ".cache", "checkpoints");
+/**
+ * The schedules measured on every fixture: the forward (every tap), and mlx-lm's generate_step
+ * on transformers' own cache (prompt in chunks of 4, 6 decode steps): its one-token step calls
+ * have relative errors of their own (a single row, fewer elements to average over), measured above
+ * the forward's by up to 1.6x before they were included.
+ */
+const SCHEDULES: DumpSchedule[] = [{ kind: "forward" }, { kind: "generate", prefill_step_size: 4, max_tokens: 6 }];
 /**
  * The smallest floor of a kind: one float32 rounding (2^-24, relative). Where both implementations
  * happen to compute a value exactly (an embedding row times sqrt(64) = 8) the measurement gives 0,
@@ -98,6 +106,9 @@ interface KindAcc {
 
 interface FixtureResult {
   fixture: string;
+  schedule: "forward" | "generate";
+  /** generate: the greedy tokens (equal on mlx-lm, transformers float32 and float64). */
+  generated?: number[];
   tokens: number;
   taps: number;
   integersEqual: number;
@@ -128,20 +139,30 @@ async function main(argv: string[]): Promise<number> {
       const dir = join(CKPT, id);
       if (!existsSync(join(dir, "config.json"))) throw new Error(`${id}: no checkpoint (run npm run setup)`);
       const prompt = tokensFor(loadConfig(dir).args.vocab_size, 1 + k);
+      for (const schedule of SCHEDULES) {
       const t0 = performance.now();
-      const h32 = runTransformers(dir, prompt, "float32");
-      const h64 = runTransformers(dir, prompt, "float64");
-      const cap = await oracle.capture(dir, { id: "noise-floor", kind: "forward", tokens: [prompt] });
+      const h32 = runTransformers(dir, prompt, "float32", schedule);
+      const h64 = runTransformers(dir, prompt, "float64", schedule);
+      const cap = await oracle.capture(dir, schedule.kind === "forward" ? { id: "noise-floor", kind: "forward", tokens: [prompt] } : { id: "noise-floor", kind: "generate", prompt, prefill_step_size: schedule.prefill_step_size, max_tokens: schedule.max_tokens });
+      const what = `${id} ${schedule.kind}`;
       const s32 = mx.loadSafetensors(join(h32.dir, "tensors.safetensors"));
       const s64 = mx.loadSafetensors(join(h64.dir, "tensors.safetensors"));
       versions = { ...h32.versions, ...(oracle.versions ?? {}) };
       try {
         const theirs = new Map(cap.taps.map((t) => [t.name, t]));
-        const fx: FixtureResult = { fixture: id, tokens: prompt.length, taps: 0, integersEqual: 0, masksEqual: 0, residualRelL2: 0, logitsRelL2: 0, klMax: 0, top1: 1 };
-        if (h32.notRead.length) throw new Error(`${id}: transformers did not read ${h32.notRead.join(", ")}`);
+        const fx: FixtureResult = { fixture: id, schedule: schedule.kind, tokens: prompt.length, taps: 0, integersEqual: 0, masksEqual: 0, residualRelL2: 0, logitsRelL2: 0, klMax: 0, top1: 1 };
+        // a forward reads every tap; a generation all but the masks and the cache taps (their
+        // layouts are each cache's own), whose absence is checked here
+        const unread = h32.notRead.filter((n) => schedule.kind === "forward" || !/(^|\/)(mask\/[a-z_]+|self_attn\/cache_(keys|values))$/.test(n));
+        if (unread.length) throw new Error(`${what}: transformers did not read ${unread.join(", ")}`);
+        if (schedule.kind === "generate") {
+          const tokens = [h32.generated, h64.generated, cap.meta.generated ?? []].map((g) => g.join(","));
+          if (tokens[0] !== tokens[2] || tokens[1] !== tokens[2]) throw new Error(`${what}: greedy tokens differ (transformers f32 ${tokens[0]}, f64 ${tokens[1]}, mlx-lm ${tokens[2]}): later steps are fed different tokens`);
+          fx.generated = h32.generated;
+        }
         for (const name of h32.written) {
           const t = theirs.get(name);
-          if (!t) throw new Error(`${id}: mlx-lm has no tap ${name}`);
+          if (!t) throw new Error(`${what}: mlx-lm has no tap ${name}`);
           const kind = tapKind(name);
           const mine = s32.arrays.get(name)!;
           fx.taps++;
@@ -158,7 +179,7 @@ async function main(argv: string[]): Promise<number> {
           let x = f64Of(s64.arrays, name);
           if (K_AXIS.test(name)) {
             const idxName = name.replace(/(router|experts)\/.*$/, "router/indices");
-            const L = prompt.length;
+            const L = t.array.shape[1]!;
             const K = t.array.shape[2]!;
             const orIdx = toFloat64(rawOfNpy(theirs.get(idxName)!.array!));
             a = alignK(a, toFloat64(rawOf(s32.arrays.get(idxName)!)), orIdx, L, K);
@@ -184,7 +205,7 @@ async function main(argv: string[]): Promise<number> {
             acc.mlxVsF64 = Math.max(acc.mlxVsF64, l2(b, x) / nx);
             acc.hfVsF64 = Math.max(acc.hfVsF64, l2(a, x) / nx);
           }
-          if (kind === "logits") {
+          if (kind === "logits" || kind === "logprobs") {
             const V = t.array.shape.at(-1)!;
             const lm = logitMetricsOf(a, b, V);
             let klBound = 0;
@@ -195,20 +216,21 @@ async function main(argv: string[]): Promise<number> {
             }
             acc.kl = Math.max(acc.kl ?? 0, lm.klMax);
             acc.klBound = Math.max(acc.klBound ?? 0, klBound);
-            fx.logitsRelL2 = measured;
-            fx.klMax = lm.klMax;
-            fx.top1 = lm.top1;
+            if (kind === "logits") fx.logitsRelL2 = Math.max(fx.logitsRelL2, measured);
+            fx.klMax = Math.max(fx.klMax, lm.klMax);
+            fx.top1 = Math.min(fx.top1, lm.top1);
           }
           if (kind === "embed_scaled" || kind === "output" || kind === "norm") fx.residualRelL2 = Math.max(fx.residualRelL2, measured);
           kinds.set(kind, acc);
         }
         fixtures.push(fx);
-        process.stderr.write(`[floor] ${id}: ${fx.taps} taps (${fx.integersEqual} integer and ${fx.masksEqual} mask taps equal), residual rel L2 ≤ ${fx.residualRelL2.toExponential(2)}, logits ${fx.logitsRelL2.toExponential(2)}, KL ${fx.klMax.toExponential(2)}, top-1 ${fx.top1} (${((performance.now() - t0) / 1000).toFixed(1)} s)\n`);
+        process.stderr.write(`[floor] ${what}: ${fx.taps} taps (${fx.integersEqual} integer and ${fx.masksEqual} mask taps equal), residual rel L2 ≤ ${fx.residualRelL2.toExponential(2)}, logits ${fx.logitsRelL2.toExponential(2)}, KL ${fx.klMax.toExponential(2)}, top-1 ${fx.top1} (${((performance.now() - t0) / 1000).toFixed(1)} s)\n`);
       } finally {
         for (const a of s32.arrays.values()) a.dispose();
         for (const a of s64.arrays.values()) a.dispose();
         h32.dispose();
         h64.dispose();
+      }
       }
     }
   } finally {
@@ -237,9 +259,9 @@ async function main(argv: string[]): Promise<number> {
     schema: NOISE_FLOOR_SCHEMA,
     status: "measured",
     note:
-      "Per tap kind: rel_l2 = max over the kind's tensors of max(measured, bound), rounded up to 3 digits; measured = ‖hf32 − mlx‖₂/‖mlx‖₂ (transformers float32 against mlx-lm float32), bound = (‖hf32 − x64‖₂ + ‖mlx − x64‖₂)/‖mlx‖₂ with x64 = transformers run in float64: by the triangle inequality the largest distance from mlx-lm of any float32 engine no less exact than transformers (the margin, justified by the float64 run). kl (logits): max of the measured per-row KL(mlx ‖ hf32) and its second-order bound (s(hf32 − x64) + s(mlx − x64))², s(Δ)² = ½ Var_p(Δ) under mlx-lm's softmax. Integer taps and masks are not floored: equal on every fixture. Tensors with an expert axis were compared with transformers' K axis in mlx-lm's expert order. default = the largest kind's value (for kinds not measured). Written by engines/transformers/measure_floor.ts.",
+      "Per tap kind: rel_l2 = max over the kind's tensors (forward and generate_step calls) of max(measured, bound, 2^-24 = one float32 rounding), rounded up to 3 digits; measured = ‖hf32 − mlx‖₂/‖mlx‖₂ (transformers float32 against mlx-lm float32), bound = (‖hf32 − x64‖₂ + ‖mlx − x64‖₂)/‖mlx‖₂ with x64 = transformers run in float64: by the triangle inequality the largest distance from mlx-lm of any float32 engine no less exact than transformers (the margin, justified by the float64 run). kl (logits, logprobs): max of the measured per-row KL(mlx ‖ hf32) and its second-order bound (s(hf32 − x64) + s(mlx − x64))², s(Δ)² = ½ Var_p(Δ) under mlx-lm's softmax. Integer taps and masks are not floored: equal on every fixture. Tensors with an expert axis were compared with transformers' K axis in mlx-lm's expert order. default = the largest kind's value (for kinds not measured). Written by engines/transformers/measure_floor.ts.",
     measured: {
-      what: `mlx-lm vs transformers, float32, one forward of ${fixtures[0]?.tokens ?? 16} seeded tokens (oracle/reference_export.ts tokensFor, seed 1 + k) per checkpoint, every tap of the scheme (level 2); transformers also in float64`,
+      what: `mlx-lm vs transformers, float32, per checkpoint ${fixtures[0]?.tokens ?? 16} seeded tokens (oracle/reference_export.ts tokensFor, seed 1 + k): one forward (every tap of the scheme, level 2) and generate_step (prefill_step_size 4, max_tokens 6; transformers on its DynamicCache; every tap but masks and cache taps); transformers also in float64`,
       where: `CPU: ${cpus()[0]?.model ?? "unknown"}, ${cpus().length} cores, ${process.platform} ${process.arch}; MLX CPU device; torch on one thread, eager attention`,
       when: new Date().toISOString(),
       versions,

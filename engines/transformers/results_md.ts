@@ -9,11 +9,12 @@ import type { GridResult } from "./grid.ts";
 const e = (v: number | null | undefined) => (v === null || v === undefined ? "–" : v === 0 ? "0" : v.toExponential(1));
 
 export function table(results: readonly GridResult[]): string {
-  const head = "| checkpoint | computed in | level | verdict | first outside the floor | rel L2 L1 (residual) | rel L2 L2 (other taps) | rel L2 logits | KL max | top-1 |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  const head = "| checkpoint | computed in | schedule | level | verdict | first outside the floor | rel L2 L1 (residual) | rel L2 L2 (other taps) | rel L2 logits | KL max | top-1 |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
   const rows = results.map((r) => {
-    if (r.refused) return `| ${r.checkpoint} | ${r.dtype} | – | REFUSED | ${r.refused.split("\n")[0]} | – | – | – | – | – |`;
+    const sched = r.schedule ? `generate (${r.schedule.kind === "generate" ? `${r.schedule.prefill_step_size}/${r.schedule.max_tokens}` : ""}; tokens ${r.firstTokenDiff === null || r.firstTokenDiff === undefined ? "identical" : `differ at step ${r.firstTokenDiff}`})` : "forward";
+    if (r.refused) return `| ${r.checkpoint} | ${r.dtype} | ${sched} | – | REFUSED | ${r.refused.split("\n")[0]} | – | – | – | – | – |`;
     const verdict = r.status === "CONFORMS" ? "CONFORMS" : `**${r.status}**`;
-    return `| ${r.checkpoint} | ${r.dtype} | L${r.level} | ${verdict} | ${r.firstOutside ? `\`${r.firstOutside}\`` : "–"} | ${e(r.residualRelL2)} | ${e(r.l2RelL2)} | ${e(r.logitsRelL2)} | ${e(r.klMax)} | ${r.top1 === null ? "–" : (r.top1 * 100).toFixed(0) + " %"} |`;
+    return `| ${r.checkpoint} | ${r.dtype} | ${sched} | L${r.level} | ${verdict} | ${r.firstOutside ? `\`${r.firstOutside}\`` : "–"} | ${e(r.residualRelL2)} | ${e(r.l2RelL2)} | ${e(r.logitsRelL2)} | ${e(r.klMax)} | ${r.top1 === null ? "–" : (r.top1 * 100).toFixed(0) + " %"} |`;
   });
   return head + rows.join("\n") + "\n";
 }
