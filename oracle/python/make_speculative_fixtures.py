@@ -14,6 +14,9 @@ this file or a source checkpoint changes):
   <fx>_assistant       a gemma4_assistant MTP drafter for <fx> (mlx-vlm's Gemma4AssistantDraftModel,
                        saved with mlx-vlm's save_weights / save_config); see build_assistant
   c3_e2b_assistant_ordered   the same with the centroid-routed head (use_ordered_embeddings)
+  <fx>_dflash          a gemma4_dflash drafter for <fx> (mlx-vlm's Gemma4DFlashDraftModel, saved with
+                       mlx-vlm's save_weights / save_config; model_type "gemma4" + dflash_config, the
+                       mask token left to Gemma4DFlashConfig's default 4); see build_dflash
 
 fx in c1_dense (dense), c3_e2b (E2B-like: per-layer inputs, KV sharing), c5_moe (MoE, k_eq_v).
 """
@@ -182,6 +185,61 @@ def build_assistant(fx: str, ordered: bool):
     return build
 
 
+def dflash_config(fx: str) -> dict:
+    t = json.loads((source(fx) / "config.json").read_text())
+    n = t["num_hidden_layers"]
+    return dict(model_type="gemma4", architectures=["DFlashDraftModel"], hidden_size=t["hidden_size"],
+                intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                head_dim=t["hidden_size"] // 4, rms_norm_eps=1e-6, vocab_size=t["vocab_size"],
+                max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True, block_size=6,
+                layer_types=["sliding_attention", "full_attention"], sliding_window=4,
+                dflash_config={"target_layer_ids": [1, n // 2, n - 1]})
+
+
+def build_dflash(fx: str):
+    """A gemma4_dflash drafter built with mlx-vlm's classes (it binds the target's embedding).
+
+    Seeded weights are shaped into a "repeat the bonus token" drafter, so that rounds with
+    accepted and with rejected drafts both occur: layer 0's queries are damped (q_norm x 0.01:
+    near-uniform attention), its value projection removes the mask token's (normed) embedding
+    direction and its output projection is 30 x identity, so the mask positions take the bonus
+    token's embedding from position 0 of the block; the target context (hidden_norm x 0.05) and
+    the other layers (o_proj, down_proj x 0.1) perturb the logits without dominating them.
+    """
+
+    def build(tmp: Path) -> None:
+        from mlx_vlm.speculative.drafters.gemma4_dflash import Gemma4DFlashConfig, Gemma4DFlashDraftModel
+        from mlx_vlm.utils import save_config, save_weights
+
+        cfg = dflash_config(fx)
+        model = Gemma4DFlashDraftModel(Gemma4DFlashConfig.from_dict(json.loads(json.dumps(cfg))))
+        H = cfg["hidden_size"]
+        emb = mx.load(str(source(fx) / "model.safetensors"))["model.embed_tokens.weight"]
+        ln0 = mx.array(_init_value(SEED, "dflash:layers.0.input_layernorm.weight", (H,)))
+        xm = mx.fast.rms_norm(emb[model.config.mask_token_id] * (H ** 0.5), ln0, cfg["rms_norm_eps"])
+        u = xm / mx.sqrt(mx.sum(xm * xm))
+        new = []
+        for name, p in tree_flatten(model.parameters()):
+            v = mx.array(_init_value(SEED, f"dflash:{name}", tuple(p.shape)))
+            if name == "layers.0.self_attn.v_proj.weight":
+                v = mx.eye(H) - u[:, None] * u[None, :]
+            elif name == "layers.0.self_attn.o_proj.weight":
+                v = mx.eye(H) * 30.0
+            elif name == "layers.0.self_attn.q_norm.weight":
+                v = v * 0.01
+            elif name == "hidden_norm.weight":
+                v = v * 0.05
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                v = v * 0.1
+            new.append((name, v))
+        model.update(tree_unflatten(new))
+        mx.eval(model.parameters())
+        save_weights(tmp, model)
+        save_config(cfg, tmp / "config.json")
+
+    return build
+
+
 def plan() -> list[tuple[str, str, object]]:
     out: list[tuple[str, str, object]] = []
     for fx in TARGETS:
@@ -189,6 +247,7 @@ def plan() -> list[tuple[str, str, object]]:
         out.append((f"{fx}_draft", fx, text_variant(fx, perturb=PERTURB)))
         out.append((f"{fx}_w64_draft", fx, text_variant(fx, window=64, perturb=PERTURB)))
         out.append((f"{fx}_assistant", fx, build_assistant(fx, ordered=False)))
+        out.append((f"{fx}_dflash", fx, build_dflash(fx)))
     out.append(("c3_e2b_assistant_ordered", "c3_e2b", build_assistant("c3_e2b", ordered=True)))
     out.append(("c1_dense_vocab128", "c1_dense", text_variant("c1_dense", perturb=PERTURB, vocab=128)))
     out.append(("tiny", "c1_dense", tiny_model(0.0)))
