@@ -617,6 +617,13 @@ class Server:
                          int(req.get("prefill_step_size", 2048)))
         return self.out_tree(r)
 
+    def cmd_dflash(self, req: dict) -> dict:
+        """mlx-vlm's DFlash speculative decoding (gemma4_dflash drafter), recorded round by round."""
+        import speculative_dflash as sdf
+        r = sdf.run_dflash(self.checkpoint_dir(req["checkpoint"]), Path(req["drafter"]), req["prompt"],
+                           int(req.get("max_tokens", 20)), req.get("draft_block_size"))
+        return self.out_tree(r)
+
     def cmd_exact_verify(self, req: dict) -> dict:
         """mlx-vlm's Gemma4ExactSpeculativeVerifier on a block after a prefilled prompt."""
         import speculative as spec

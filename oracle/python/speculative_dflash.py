@@ -1,0 +1,107 @@
+"""Oracle side of DFlash speculative decoding (server command `dflash`): mlx-vlm 0.7.10's
+generate_step(draft_kind="dflash", temperature=0) with a gemma4_dflash drafter
+(speculative/utils.py run_speculative_rounds -> speculative/dflash.py _dflash_rounds), recorded
+round by round with run-time wrappers that are removed again on exit. Nothing in mlx-vlm is
+edited; the wrappers only observe.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from speculative import patched, vlm_cache_states, vlm_target
+
+
+def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft_block_size: int | None) -> dict:
+    """Per round: block size, drafted tokens, the drafter's logits, the target's verify logits and
+    captured hidden (concatenated), the accepted count, every target cache after the commit and
+    every drafter cache after the draft. Also the prefill: first token, its logprobs, the target
+    caches and the captured prompt hidden; and the drafter's resolved config."""
+    from mlx_vlm.generate.ar import generate_step as vlm_generate_step
+    from mlx_vlm.models import cache as vcache
+    from mlx_vlm.speculative import dflash as vdfl
+    from mlx_vlm.speculative import utils as vutils
+    from mlx_vlm.speculative.drafters import load_drafter
+
+    model = vlm_target(ckpt)
+    draft, kind = load_drafter(str(drafter))
+    if kind != "dflash":
+        raise ValueError(f"{drafter}: drafter kind {kind!r}, expected 'dflash'")
+    prompt_cache = vcache.make_prompt_cache(model.language_model)
+    rounds: list[dict] = []
+    cur: dict[str, Any] = {}
+    holder: dict[str, Any] = {}
+
+    def on_rounds(orig):
+        def f(m, d, pc, hidden, **k):
+            holder["prefill_hidden"] = mx.array(hidden)
+            return orig(m, d, pc, hidden, **k)
+        return f
+
+    def on_reset(orig):
+        def f(target):
+            holder["draft_cache"] = orig(target)
+            return holder["draft_cache"]
+        return f
+
+    def on_block(orig):
+        def f(last_bonus, hidden, cache, block_size, *a, **k):
+            toks = orig(last_bonus, hidden, cache, block_size, *a, **k)
+            mx.eval(toks)
+            cur.update(block_size=int(block_size), drafted=[int(x) for x in toks.reshape(-1).tolist()],
+                       draft_cache=vlm_cache_states(cache))
+            return toks
+        return f
+
+    def on_logits(orig):
+        def f(hidden):
+            out = orig(hidden)
+            cur["draft_logits"] = mx.array(out)
+            return out
+        return f
+
+    def on_verify(orig):
+        def f(lm, inputs, cache, capture_layer_ids):
+            out, state = orig(lm, inputs, cache, capture_layer_ids)
+            cur.update(verify_input=[int(x) for x in inputs.reshape(-1).tolist()], target_logits=mx.array(out.logits),
+                       target_hidden=mx.concatenate(out.hidden_states, axis=-1))
+            return out, state
+        return f
+
+    def on_record(orig):
+        def f(dm, accepted, draft_count):
+            cur["accepted"] = int(accepted)
+            return orig(dm, accepted, draft_count)
+        return f
+
+    def on_commit(orig):
+        def f(lm, caches, state, accepted, block_size):
+            out = orig(lm, caches, state, accepted, block_size)
+            cur["cache"] = vlm_cache_states(caches)
+            rounds.append(dict(cur))
+            cur.clear()
+            return out
+        return f
+
+    tokens: list[int] = []
+    first: dict[str, Any] = {}
+    with patched(vutils, "_dflash_rounds", on_rounds), patched(draft, "reset", on_reset), \
+            patched(draft, "draft_block", on_block), patched(draft, "_logits", on_logits), \
+            patched(vdfl, "_dflash_verify", on_verify), patched(vdfl, "_record_speculative_round", on_record), \
+            patched(vdfl, "commit_speculative_round", on_commit):
+        gen = vlm_generate_step(mx.array([prompt], dtype=mx.int32), model, None, None, max_tokens=max_tokens,
+                                temperature=0.0, draft_model=draft, draft_kind="dflash",
+                                draft_block_size=draft_block_size, prompt_cache=prompt_cache)
+        for i, (t, lp) in enumerate(gen):
+            tokens.append(int(t))
+            if i == 0:
+                first = {"token": int(t), "logprobs": mx.array(lp), "cache": vlm_cache_states(prompt_cache)}
+    c = draft.config
+    config = {"mask_token_id": int(c.mask_token_id), "target_layer_ids": list(c.target_layer_ids),
+              "block_size": int(c.block_size), "layer_types": list(c.layer_types),
+              "sliding_window": c.sliding_window, "is_causal": bool(c.is_causal), "num_target_layers": c.num_target_layers}
+    return {"tokens": tokens, "first": first, "prefill_hidden": holder.get("prefill_hidden"), "rounds": rounds,
+            "accept_lens": list(draft.accept_lens), "draft_lens": list(draft.draft_lens), "config": config}
