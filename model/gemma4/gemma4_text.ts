@@ -1036,6 +1036,7 @@ export class Gemma4TextModel extends Module {
    * `trim.before`, h (and from there each layer's per-layer input and array mask) keeps its last
    * `trim.keep` rows, and the shared layers' RoPE offsets move by the rows dropped. With
    * `shared_kv_sink`, each layer type's last (keys, values) go there (see TextModelCallOptions).
+   * With `capture`, the outputs of the listed layers go to `capture.sink` (DFlash's hidden states).
    * Returns the last layer's output (caller-owned); the inputs stay the caller's.
    */
   runLayers(
@@ -1044,7 +1045,7 @@ export class Gemma4TextModel extends Module {
     caches: readonly (LayerCache | null)[],
     perLayer: readonly (MlxArray | null)[],
     taps?: TapSink,
-    opts: { trim?: { keep: number; before: number }; shared_kv_sink?: Map<LayerType, KV> } = {},
+    opts: { trim?: { keep: number; before: number }; shared_kv_sink?: Map<LayerType, KV>; capture?: { layers: ReadonlySet<number>; sink: MlxArray[] } } = {},
   ): MlxArray {
     const { trim } = opts;
     using stack = new DisposableStack();
@@ -1083,6 +1084,8 @@ export class Gemma4TextModel extends Module {
       const [hn, kv, off] = layer.call(h, m, caches[idx]!, pli, kvs, offset, taps, taps ? `layers.${idx}/` : "");
       h = stack.use(hn);
       intermediates[idx] = [kv, off];
+      // mlx-vlm's capture_layer_ids / hidden_sink: the output of each listed layer, in layer order (caller-owned)
+      if (opts.capture?.layers.has(idx)) opts.capture.sink.push(mx.alias(h));
     }
     const sink = opts.shared_kv_sink;
     if (sink) {
