@@ -57,7 +57,8 @@ def unified_processor_config(model_dir: str) -> dict:
     ip = got["image_processor"]
     fe = got["feature_extractor"]
     return {
-        "image_processor": {k: (list(map(float, v)) if isinstance(v, (list, tuple)) else v) for k, v in (
+        # mean / std as normalize broadcasts them over the 3 channels ([0.2] -> [0.2, 0.2, 0.2])
+        "image_processor": {k: ([float(x) for x in np.broadcast_to(np.asarray(v, np.float64), (3,))] if isinstance(v, (list, tuple)) else v) for k, v in (
             ("do_resize", bool(ip.do_resize)), ("do_rescale", bool(ip.do_rescale)), ("rescale_factor", float(ip.rescale_factor)),
             ("do_normalize", bool(ip.do_normalize)), ("image_mean", ip.image_mean), ("image_std", ip.image_std),
             ("patch_size", int(ip.patch_size)), ("max_soft_tokens", int(ip.max_soft_tokens)),
