@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { diffArrays, diffLines } from "diff";
 import { type GoldenIndex, type Manifest, readIndex, readNpzTaps } from "./golden.ts";
 import type { NpyRecord } from "./npy.ts";
+import type { ScenarioDigests } from "./tap_digest.ts";
 import { compareRaw } from "./tensor_diff.ts";
 
 export interface TensorChange {
@@ -108,10 +109,54 @@ export function diffGoldens(
     if (!o || o.sha256 === f.sha256) continue;
     fileLines.push(`    ~ ${path}: ${o.bytes} -> ${f.bytes} bytes`);
     if (path.endsWith(".npz")) fileLines.push(...npzDetail(path, oldDir, newDir, limit));
+    if (path.endsWith(".json")) fileLines.push(...digestDetail(path, oldDir, newDir));
   }
   if (fileLines.length) out.push("files:", ...fileLines);
   if (oldM.total_bytes !== newM.total_bytes) out.push(`size: ${(oldM.total_bytes / 1e6).toFixed(2)} MB -> ${(newM.total_bytes / 1e6).toFixed(2)} MB`);
   return out.length ? out : ["no changes"];
+}
+
+/**
+ * How a scenario's tap digests changed (oracle/tap_digest.ts): how many taps, and the first by
+ * position (its call and place in the call: digests carry no names); null when unchanged.
+ */
+export function digestChange(a: ScenarioDigests | undefined, b: ScenarioDigests | undefined): string | null {
+  if (!a && !b) return null;
+  const count = (d: ScenarioDigests) => d.calls.reduce((n, c) => n + c.taps, 0);
+  if (!a || !b) return a ? `digests removed (${count(a)} taps)` : `digests added (${count(b!)} taps)`;
+  const flat = (d: ScenarioDigests) => d.calls.flatMap((c) => (c.short.match(/.{8}/g) ?? []).map((x, k) => ({ call: c.call, k, x })));
+  const fa = flat(a);
+  const fb = flat(b);
+  let changed = 0;
+  let first = -1;
+  for (let i = 0; i < Math.max(fa.length, fb.length); i++) {
+    if (fa[i]?.x === fb[i]?.x && fa[i]?.call === fb[i]?.call) continue;
+    changed++;
+    if (first < 0) first = i;
+  }
+  const calls = a.calls.filter((c, i) => c.sha256 !== b.calls[i]?.sha256).length + Math.max(0, b.calls.length - a.calls.length);
+  if (changed === 0 && calls === 0 && a.form === b.form) return null;
+  const at = first >= 0 ? (fb[first] ?? fa[first])! : undefined;
+  const where = at ? `, first #${first} (call ${JSON.stringify(at.call)}, its tap ${at.k})` : "";
+  return `digests: ${changed} of ${fb.length} taps changed${where}; ${calls} of ${b.calls.length} calls${a.form !== b.form ? `; form ${a.form} -> ${b.form}` : ""}`;
+}
+
+function digestDetail(path: string, oldDir: string, newDir: string): string[] {
+  let ia: GoldenIndex;
+  let ib: GoldenIndex;
+  try {
+    ia = readIndex(path, oldDir);
+    ib = readIndex(path, newDir);
+  } catch {
+    return [];
+  }
+  const before = new Map(ia.scenarios.map((x) => [x.scenario, x.digests]));
+  const lines: string[] = [];
+  for (const x of ib.scenarios) {
+    const c = digestChange(before.get(x.scenario), x.digests);
+    if (c) lines.push(`      ~ ${x.scenario} ${c}`);
+  }
+  return lines;
 }
 
 function npzDetail(path: string, oldDir: string, newDir: string, limit: number): string[] {

@@ -1,11 +1,13 @@
 // Tap digests (oracle/tap_digest.ts, the TS half of golden_io.call_digests): the Python and TS
 // byte forms agree on one tap of every kind and the dtypes the taps use (computed by both sides
 // here, not copied), and checkDigests fails, naming the tap, on a 1-ULP change, a changed stored
-// digest, a tap missing or extra, and a list that covers nothing.
+// digest, a tap missing or extra, and a list that covers nothing; the regeneration diff names
+// the first tap whose digest changed.
 import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { DEFAULT_PYTHON, REPO_ROOT } from "../../oracle/client.ts";
+import { digestChange } from "../../oracle/golden_diff.ts";
 import { checkDigests, DIGEST_FORM, type DigestableTap, formatDigestVerdict, type ScenarioDigests, tapDigest } from "../../oracle/tap_digest.ts";
 
 const bytes = (a: ArrayBufferView) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
@@ -88,6 +90,19 @@ describe("tap digests", () => {
     const call = structuredClone(py);
     call.calls[2]!.sha256 = (call.calls[2]!.sha256[0] === "0" ? "1" : "0") + call.calls[2]!.sha256.slice(1);
     expect(checkDigests(TAPS, call).first).toMatchObject({ index: 5, call: "step0/", reason: "call" });
+  });
+
+  it("the regeneration diff (golden_diff digestChange) counts changed digests and names the first by call and place", () => {
+    expect(digestChange(py, structuredClone(py))).toBeNull();
+    const bf = TAPS.map((t) => ({ ...t, data: t.data?.slice() }));
+    bf[6]!.data![1]! ^= 1;
+    const after = structuredClone(py);
+    const tap6 = tapDigest(bf[6]!);
+    const c = after.calls[2]!;
+    c.short = c.short.slice(0, 8) + tap6.subarray(0, 6).toString("base64");
+    c.sha256 = "0".repeat(64);
+    expect(digestChange(py, after)).toBe('digests: 1 of 8 taps changed, first #6 (call "step0/", its tap 1); 1 of 4 calls');
+    expect(digestChange(undefined, py)).toBe("digests added (8 taps)");
   });
 
   it("a tap missing or extra fails; digests of nothing are refused", () => {
