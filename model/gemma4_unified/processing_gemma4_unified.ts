@@ -9,7 +9,6 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { ConfigError } from "../gemma4/config.ts";
 import { Gemma4ImageProcessor, type ImageKwargs, type ImageProcessorConfig, imageProcessorConfig } from "../gemma4/processing_gemma4.ts";
-import { MediaError } from "../media/errors.ts";
 import type { HostArray } from "../media/host.ts";
 import type { RgbImage } from "../media/image.ts";
 
@@ -21,7 +20,7 @@ export function _convert_image_to_model_patches(image: Float32Array, shape: read
   const [C, H, W] = shape;
   if (H % p !== 0 || W % p !== 0) {
     // numpy's reshape(C, H // p, p, W // p, p) raises there (mlx-vlm: a ValueError from preprocess)
-    throw new MediaError(`the ${H}x${W} image is not a whole number of ${p}x${p} model patches (model_patch_size ${p} must divide the resized height and width)`);
+    throw new ConfigError("<image processor>", "model_patch_size", `the ${H}x${W} image is not a whole number of ${p}x${p} model patches (${p} must divide the resized height and width)`);
   }
   const pH = Math.floor(H / p);
   const pW = Math.floor(W / p);

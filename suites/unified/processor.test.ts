@@ -14,7 +14,7 @@ import { oracleMedia } from "../../oracle/media.ts";
 import type { NpyRecord } from "../../oracle/npy.ts";
 import { patternImage } from "../../oracle/mm_fixtures.ts";
 import { hostBytes, type HostArray } from "../../model/media/host.ts";
-import { MediaError } from "../../model/media/errors.ts";
+import { ConfigError } from "../../model/gemma4/config.ts";
 import { loadImage, type RgbImage } from "../../model/media/image.ts";
 import { Gemma4UnifiedAudioFeatureExtractor, Gemma4UnifiedImageProcessor, loadUnifiedProcessorConfig } from "../../model/gemma4_unified/index.ts";
 import { makeMedia, makeProcessorDirs, type MediaItem, tempDir } from "../multimodal/media_fixtures.ts";
@@ -77,9 +77,9 @@ describe("gemma4_unified processor vs mlx-vlm", () => {
     expect(cases.length).toBeGreaterThanOrEqual(12);
   }, 120_000);
 
-  it("a model_patch_size that does not divide the image: mlx-vlm's reshape raises, the port one MediaError", async () => {
+  it("a model_patch_size that does not divide the image: mlx-vlm's reshape raises, the port one ConfigError", async () => {
     const image = pattern(21, 96, 144);
-    expect(() => new Gemma4UnifiedImageProcessor().preprocess([image], { max_soft_tokens: 9, model_patch_size: 32 })).toThrow(MediaError);
+    expect(() => new Gemma4UnifiedImageProcessor().preprocess([image], { max_soft_tokens: 9, model_patch_size: 32 })).toThrow(ConfigError);
     const theirs = oracleMedia(oracle, "unified_image", { pixels: { dtype: "uint8", shape: [96, 144, 3], data: image.data }, kwargs: { max_soft_tokens: 9, model_patch_size: 32 }, config: {} });
     await expect(theirs).rejects.toThrow(/cannot reshape/);
   }, 30_000);
