@@ -12,6 +12,8 @@
 // prompt whose <|video|> count differs from the videos given (mlx-vlm stops with a bare
 // StopIteration, or drops the extra videos).
 
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
 import { resizeBicubic } from "../media/pil_resample.ts";
 import type { HostArray } from "../media/host.ts";
 import { MediaError } from "../media/errors.ts";
@@ -222,4 +224,35 @@ export function expandVideoPrompt(prompt: string, t: VideoTokens, videos: readon
   let out = parts[0]!;
   for (let i = 0; i < n; i++) out += videoReplacement(t, videos[i]!.num_soft_tokens_per_frame, videos[i]!.frame_timestamps) + parts[i + 1]!;
   return out;
+}
+
+/**
+ * `Gemma4Processor.from_pretrained`'s video_processor block: processor_config.json (else
+ * preprocessor_config.json) "video_processor" (minus its type); other keys are ignored, as
+ * `Gemma4VideoProcessor(**kwargs)` ignores them. No file or no block: the defaults.
+ */
+export function videoProcessorConfigFromDir(dir: string): Partial<VideoProcessorConfig> {
+  for (const name of ["processor_config.json", "preprocessor_config.json"]) {
+    const p = join(dir, name);
+    if (!existsSync(p)) continue;
+    let cfg: unknown;
+    try {
+      cfg = JSON.parse(readFileSync(p, "utf8"));
+    } catch (e) {
+      throw new ConfigError(p, "", `not valid JSON: ${(e as Error).message}`);
+    }
+    const vp = (cfg as Record<string, unknown> | null)?.video_processor;
+    if (vp === null || typeof vp !== "object" || Array.isArray(vp)) return {};
+    const out: Record<string, unknown> = {};
+    for (const k of Object.keys(VIDEO_PROCESSOR_DEFAULTS)) {
+      if (!(k in vp)) continue;
+      const v = (vp as Record<string, unknown>)[k];
+      const want = typeof VIDEO_PROCESSOR_DEFAULTS[k as keyof VideoProcessorConfig];
+      const ok = want === "object" ? Array.isArray(v) && v.length === 3 && v.every((x) => typeof x === "number") : typeof v === want;
+      if (!ok) throw new ConfigError(p, `video_processor.${k}`, `expected ${want === "object" ? "3 numbers" : want}, got ${JSON.stringify(v)}`);
+      out[k] = v;
+    }
+    return out as Partial<VideoProcessorConfig>;
+  }
+  return {};
 }

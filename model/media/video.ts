@@ -58,6 +58,15 @@ export function linspace(stop: number, num: number): number[] {
   return out;
 }
 
+/**
+ * resolve_video_sampling: the caller's overrides, then what the processor declares
+ * (Gemma4VideoProcessor.video_sampling_defaults: max_frames = num_frames), then
+ * DEFAULT_VIDEO_SAMPLING (applied in sampleIndices).
+ */
+export function resolveVideoSampling(explicit: VideoSampling, processorDefaults: VideoSampling): VideoSampling {
+  return mergeSampling(explicit, processorDefaults);
+}
+
 /** The frame indices load_video reads (its non-frame_sampler paths), or its ValueError text. */
 export function sampleIndices(total: number, videoFps: number, s: VideoSampling): number[] {
   const r = mergeSampling(s, DEFAULT_VIDEO_SAMPLING);

@@ -146,7 +146,8 @@ def _np(a) -> np.ndarray:
 def video_forward(model_dir: str, input_ids: np.ndarray, pixel_values_videos: np.ndarray,
                   video_position_ids: np.ndarray, mm_token_type_ids: np.ndarray) -> dict:
     """One forward of mlx-vlm's Model on a video prompt; the block outputs, recorded by
-    wrapping the vision tower's and embedder's __call__ and gemma4.masked_scatter for the call."""
+    wrapping VisionModel.__call__, gemma4.masked_scatter and Model.get_input_embeddings for the
+    call (class attributes, restored afterwards)."""
     import mlx.core as mx
     from mlx_vlm.models.gemma4 import gemma4 as vg
     from mlx_vlm.models.gemma4 import vision as vv
@@ -166,13 +167,20 @@ def video_forward(model_dir: str, input_ids: np.ndarray, pixel_values_videos: np
         got["video_features"], got["merged"] = source, out
         return out
 
-    vv.VisionModel.__call__, vg.masked_scatter = vm_call, ms
+    saved_gie = vg.Model.get_input_embeddings
+
+    def gie(self, *a, **k):
+        out = saved_gie(self, *a, **k)
+        got["embeddings"] = out
+        return out
+
+    vv.VisionModel.__call__, vg.masked_scatter, vg.Model.get_input_embeddings = vm_call, ms, gie
     try:
-        emb = model.get_input_embeddings(input_ids=ids, pixel_values_videos=pv, video_position_ids=pos)
         out = model(ids, pixel_values_videos=pv, video_position_ids=pos, mm_token_type_ids=tt)
+        emb = got["embeddings"]
         mx.eval(out.logits, emb.inputs_embeds)
     finally:
-        vv.VisionModel.__call__, vg.masked_scatter = saved_vm, saved_ms
+        vv.VisionModel.__call__, vg.masked_scatter, vg.Model.get_input_embeddings = saved_vm, saved_ms, saved_gie
     res = {"inputs_embeds": _np(emb.inputs_embeds), "logits": _np(out.logits)}
     if emb.per_layer_inputs is not None:
         res["per_layer_inputs"] = _np(emb.per_layer_inputs)
