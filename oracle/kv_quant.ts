@@ -3,7 +3,7 @@
 // generate_step with kv_bits / kv_quant_scheme / quantized_kv_start, on a text fixture held by
 // mlx-vlm's gemma4 Model (oracle/python/kv_quant_ref.py, a one-shot Python process per job).
 //
-// Compared per generated token: the token, the sha256 of its logprobs (float32 bytes), and every
+// Compared per generated token: the token, the sha256 of its logprobs (as float32 bytes), and every
 // cache entry: its type and offset, and for a TurboQuantKVCache the sha256, shape and dtype of
 // each state array (key norms, key indices, value norms, value indices, sliced to the offset)
 // and its meta_state. Unquantized caches are compared by type and offset only (their buffers
@@ -12,6 +12,7 @@
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { join } from "node:path";
+import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import type { KVCacheLike } from "../model/cache/index.ts";
 import { makeKvQuantizer } from "../model/cache/kv_quantize.ts";
@@ -99,7 +100,9 @@ export async function portGeneration(loaded: LoadedModel, k: KvQuantCase): Promi
   try {
     const quantizeCache = makeKvQuantizer({ kvBits: k.kvBits, kvQuantScheme: k.kvQuantScheme, kvGroupSize: k.kvGroupSize ?? 64, quantizedKvStart: k.quantizedKvStart }) ?? undefined;
     for await (const t of generateStep(model, k.prompt, { maxTokens: k.maxTokens, prefillStepSize: k.prefillStepSize, promptCache: cache, quantizeCache })) {
-      steps.push({ token: t.token, logprobs_sha256: sha256(t.logprobs), cache: cacheRef.map(cacheRecord) });
+      // the oracle hashes lp.astype(float32)
+      using lp32 = mx.astype(t.logprobs, "float32");
+      steps.push({ token: t.token, logprobs_sha256: sha256(lp32), cache: cacheRef.map(cacheRecord) });
     }
     return { steps, error: null };
   } catch (e) {

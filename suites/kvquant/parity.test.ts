@@ -11,7 +11,8 @@
 //   uniform's RotatingKVCache NYI after the same tokens;
 // - the generate face refusing a model whose KV-shared layers read a cache that would be
 //   converted (exit 2), where mlx-vlm fails inside attention (bench/kvquant/kv_shared_repro.py).
-// KVQUANT_FULL=1 runs the whole grid (5 fixtures x 4 schemes x 3 prompt shapes, all codebooks);
+// KVQUANT_FULL=1 runs the whole grid (5 f32 fixtures x 4 schemes x 3 prompt shapes, 3 bf16/f16
+// fixtures x TurboQuant 3.5/4 x 3 shapes, all codebooks);
 // its results are in RESULTS.md.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
@@ -59,7 +60,7 @@ interface GenCase extends KvQuantCase {
 
 const gen = (label: string, fx: string, scheme: "turboquant" | "uniform", kvBits: number, P: number, start: number, step: number, N: number): GenCase => ({
   label,
-  checkpoint: ckpt(fx),
+  checkpoint: fx.includes("/") ? join(CK, fx) : ckpt(fx),
   prompt: prompt(P),
   maxTokens: N,
   kvBits,
@@ -85,12 +86,19 @@ const SCHEMES: { scheme: "turboquant" | "uniform"; bits: number }[] = [
 ];
 const FIXTURES = ["c1_dense", "c2_keqv", "c3_e2b", "c4_e4b", "c5_moe"];
 
+// bf16 / f16 weights: bf16 queries and keys enter the codec (astype float32) and the output is cast back
+const HALF_FIXTURES = ["c1_dense/bf16", "c2_keqv/bf16", "c1_dense/f16"];
+
 const GEN_CASES: GenCase[] = FULL
-  ? FIXTURES.flatMap((fx) => SCHEMES.flatMap((s) => SHAPES.map((sh) => gen(`${fx} ${s.scheme} ${s.bits} ${sh.tag}`, fx, s.scheme, s.bits, sh.P, sh.start, sh.step, 12))))
+  ? [
+      ...FIXTURES.flatMap((fx) => SCHEMES.flatMap((s) => SHAPES.map((sh) => gen(`${fx} ${s.scheme} ${s.bits} ${sh.tag}`, fx, s.scheme, s.bits, sh.P, sh.start, sh.step, 12)))),
+      ...HALF_FIXTURES.flatMap((fx) => SCHEMES.filter((s) => s.scheme === "turboquant").flatMap((s) => SHAPES.map((sh) => gen(`${fx} ${s.scheme} ${s.bits} ${sh.tag}`, fx, s.scheme, s.bits, sh.P, sh.start, sh.step, 12)))),
+    ]
   : [
       gen("c1_dense turboquant 3.5, P=20 start 12 chunks of 8", "c1_dense", "turboquant", 3.5, 20, 12, 8, 6),
       gen("c2_keqv (k_eq_v) turboquant 4, P=5 start 8: converted during decode", "c2_keqv", "turboquant", 4, 5, 8, 2048, 8),
       gen("c1_dense uniform 4, P=5 start 8: RotatingKVCache NYI after the tokens before", "c1_dense", "uniform", 4, 5, 8, 2048, 8),
+      gen("c1_dense bf16 turboquant 4, P=13 start 0 chunks of 4", "c1_dense/bf16", "turboquant", 4, 13, 0, 4, 6),
     ];
 
 const CODEBOOK_DIMS = FULL ? [32, 64, 128, 256, 512] : [32];
