@@ -1,0 +1,193 @@
+// Tap-by-tap parity of the TS gemma4_unified model (model/gemma4_unified: the encoder-free
+// VisionEmbedder, embed_vision, the merge, gemma4's language model and generate_step) against live
+// mlx-vlm 0.7.10, every input computed by TS (the prompt ids and the processor outputs from the
+// fixture images' seeds: nothing is fed from the oracle's record, so embed/inputs,
+// embed/vision_embedder/pixel_values and image_position_ids are compared too).
+//
+// Fixtures (make_mm_checkpoints.UNIFIED_MATRIX): u1_dense f32, bf16, q4g64 (text config 'vision':
+// generation makes image blocks bidirectional and never chunks an image prompt); u2_e2b f32
+// (per-layer inputs, KV-shared layers, text config causal: the chunked prefill cuts through the
+// image). Scenarios (fixtures/unified_scenarios.json): a single forward with a padded image; two
+// images in one batch (9 and 6 valid rows, compacted); 20 decode steps after an image prompt; a
+// chunked media prefill (prefill_step_size 5). Which mask each compares: the forwards are
+// Model.__call__, where mlx-vlm drops mm_token_type_ids (plain causal masks, asserted below); the
+// generations are generate_step, which passes them on (the bidirectional image-block masks).
+//
+// What `npm test` runs (a few seconds): one pair live, u1_dense/bf16 × u_fwd_image (bf16: the
+// embedder's float32 promotion and the cast at the merge), every tap, with the TS tap expansion
+// (oracle/taps.ts, media condition "unified") equal to mlx-vlm's recorded names and order; the two
+// unified mutations, each caught first at its own tap; the bad inputs. UNIFIED_FULL=1: every
+// fixture × scenario live (16 pairs, about 2 minutes on 2 cores), tokens and prefill chunks equal,
+// the per-block tap counts equal to the table checked in at suites/unified/RESULTS.md.
+// Bar: byte-identical, in the same order.
+
+import { describe, expect, it } from "vitest";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import * as mx from "@mlx-bun/mlx";
+import { sharedOracle } from "../../oracle/client.ts";
+import { callPrefix, expandMediaTaps, expandTaps, mediaTapConfig, mmCallShape, tapConfig } from "../../oracle/taps.ts";
+import { MediaError } from "../../model/gemma4/gemma4.ts";
+import { type LoadedUnifiedModel, loadUnifiedModel, UNIFIED_MUTATIONS, type UnifiedMutation, withUnifiedMutation } from "../../model/gemma4_unified/index.ts";
+import { compareTapLists, formatVerdict, type TapData } from "../gemma4/tap_compare.ts";
+import { limit } from "../../tests/time_limit.ts";
+import { CKPT_ROOT, UNIFIED_SCENARIOS, type UnifiedReference, type UnifiedScenario, unifiedForwardTaps, unifiedInputs, unifiedReference, unifiedScenario, unifiedTaps } from "./run.ts";
+
+const FULL = process.env.UNIFIED_FULL === "1";
+const CHECKPOINTS = ["u1_dense/f32", "u1_dense/bf16", "u1_dense/q4g64", "u2_e2b/f32"] as const;
+const DEFAULT = { ckpt: "u1_dense/bf16", scn: "u_fwd_image" } as const;
+/** Where each mutation must first show: the position sum, the input of pos_norm. */
+const CAUGHT_AT: Record<UnifiedMutation, string> = {
+  position_xy_swapped: "embed/vision_embedder/position_added",
+  padding_not_masked: "embed/vision_embedder/position_added",
+};
+
+const oracle = await sharedOracle();
+await oracle.request("make_checkpoints", { only: ["u*"] }, limit(600_000));
+
+let loaded: { id: string; m: LoadedUnifiedModel } | null = null;
+function model(id: string): LoadedUnifiedModel {
+  if (loaded?.id !== id) {
+    loaded?.m.model.dispose();
+    loaded = { id, m: loadUnifiedModel(join(CKPT_ROOT, id)) };
+  }
+  return loaded.m;
+}
+
+/** Which block a tap belongs to (the counts of RESULTS.md). */
+function block(name: string): "embedder" | "embed_vision" | "merge" | "language" {
+  if (name.startsWith("embed/vision_embedder/")) return "embedder";
+  if (name.startsWith("embed/embed_vision/")) return "embed_vision";
+  if (name === "embed/image_features" || name === "embed/merge/image") return "merge";
+  return "language";
+}
+
+type Counts = Record<ReturnType<typeof block>, number>;
+
+function countBlocks(taps: readonly TapData[]): Counts {
+  const c: Counts = { embedder: 0, embed_vision: 0, merge: 0, language: 0 };
+  for (const t of taps) c[block(t.name)]++;
+  return c;
+}
+
+const refs = new Map<string, Promise<UnifiedReference>>();
+function reference(ckpt: string, scn: UnifiedScenario): Promise<UnifiedReference> {
+  const key = `${ckpt} ${scn.id}`;
+  if (!refs.has(key)) refs.set(key, unifiedReference(oracle, ckpt, scn));
+  return refs.get(key)!;
+}
+
+/** One pair against live mlx-vlm: every tap, the tokens and the prefill chunks; its block counts. */
+async function livePair(ckpt: string, scn: UnifiedScenario): Promise<Counts> {
+  const ref = await reference(ckpt, scn);
+  const ours = await unifiedTaps(model(ckpt).model, scn);
+  const v = compareTapLists(ours.taps, ref.taps);
+  if (!v.ok) throw new Error(formatVerdict(`${ckpt} ${scn.id}`, v));
+  expect(v.compared, `${ckpt} ${scn.id}: taps compared`).toBe(ref.taps.length);
+  expect(v.arrays).toBeGreaterThan(0);
+  if (scn.kind === "generate") {
+    expect(ours.tokens).toEqual(ref.generated);
+    expect(ours.tokens.length).toBe(scn.max_tokens);
+    expect(ours.chunks).toEqual(ref.prefill_chunks);
+  }
+  return countBlocks(ours.taps);
+}
+
+/** The checked-in table: `| checkpoint | scenario | embedder | embed_vision | merge | language | total | ... |`. */
+function resultsTable(): Map<string, Counts & { total: number }> {
+  const text = readFileSync(join(import.meta.dir, "RESULTS.md"), "utf8");
+  const rows = new Map<string, Counts & { total: number }>();
+  for (const m of text.matchAll(/^\| (u\d_\w+\/\w+) \| (u_\w+) \| (\d+) \| (\d+) \| (\d+) \| ([\d,]+) \| ([\d,]+) \|/gm)) {
+    const n = (s: string) => Number(s.replace(/,/g, ""));
+    rows.set(`${m[1]} ${m[2]}`, { embedder: n(m[3]!), embed_vision: n(m[4]!), merge: n(m[5]!), language: n(m[6]!), total: n(m[7]!) });
+  }
+  return rows;
+}
+
+describe("gemma4_unified taps vs mlx-vlm", () => {
+  it(`${DEFAULT.ckpt} ${DEFAULT.scn}: every tap byte-identical to live mlx-vlm; the TS expansion equals its recorded names; the forward's masks are causal`, async () => {
+    const scn = unifiedScenario(DEFAULT.scn);
+    const ref = await reference(DEFAULT.ckpt, scn);
+    const c = await livePair(DEFAULT.ckpt, scn);
+    expect(c.embedder).toBe(7);
+    // the expansion (oracle/taps.ts) for the two calls mlx-vlm made: embed/ and the forward
+    const cfgJson = JSON.parse(readFileSync(join(CKPT_ROOT, DEFAULT.ckpt, "config.json"), "utf8")) as Record<string, unknown>;
+    const cfg = tapConfig(cfgJson);
+    const L = (ref.calls[1] as { length: number }).length;
+    const want = [
+      ...expandMediaTaps(mediaTapConfig(cfgJson), { image: true, audio: false }).map((n) => `embed/${n}`),
+      ...expandTaps(cfg, mmCallShape(cfg, { kind: "forward", index: 0, batch: 1, length: L })).map((n) => callPrefix("forward") + n),
+    ];
+    expect(ref.taps.map((t) => t.name)).toEqual(want);
+    // Model.__call__ drops mm_token_type_ids: no image-block overlay in a forward
+    const masks = ref.taps.filter((t) => t.name.startsWith("mask/"));
+    expect(masks.length).toBeGreaterThan(0);
+    const window = Number((cfgJson.text_config as Record<string, unknown>).sliding_window);
+    for (const m of masks) {
+      if (m.kind === "str") {
+        expect({ name: m.name, value: m.value }).toEqual({ name: m.name, value: "causal" });
+        continue;
+      }
+      // an array only where the sliding window cuts (L > window): causal within the window, no image block open
+      const want = Uint8Array.from({ length: L * L }, (_, k) => Number(k % L <= Math.floor(k / L) && Math.floor(k / L) - (k % L) < window));
+      expect({ name: m.name, shape: m.shape, bytes: Buffer.from(m.data!).equals(Buffer.from(want)) }).toEqual({ name: m.name, shape: [L, L], bytes: true });
+    }
+  }, limit(120_000));
+
+  it(`mutations caught at their own tap (${UNIFIED_MUTATIONS.length} of ${UNIFIED_MUTATIONS.length})`, async () => {
+    const scn = unifiedScenario(DEFAULT.scn);
+    const ref = await reference(DEFAULT.ckpt, scn);
+    let caught = 0;
+    for (const mut of UNIFIED_MUTATIONS) {
+      const taps = withUnifiedMutation(mut, () => unifiedForwardTaps(model(DEFAULT.ckpt).model, scn));
+      const v = compareTapLists(taps, ref.taps);
+      expect({ mut, ok: v.ok, first: v.first?.name, reason: v.first?.reason }).toEqual({ mut, ok: false, first: CAUGHT_AT[mut], reason: "value" });
+      caught++;
+    }
+    expect(caught).toBe(2);
+  }, limit(60_000));
+
+  it("bad input: one MediaError each (placeholders ≠ valid rows, positions missing or of another shape, image tokens without an image)", () => {
+    const m = model(DEFAULT.ckpt).model;
+    const { ids, media } = unifiedInputs(unifiedScenario(DEFAULT.scn), m.config);
+    try {
+      const call = (xs: number[], md: Parameters<typeof m.call>[1]) => {
+        using x = mx.array(Int32Array.from(xs), [1, xs.length], "int32");
+        m.call(x, md).dispose();
+      };
+      const img = m.config.image_token_id;
+      const oneMore = [...ids.slice(0, 4), img, ...ids.slice(4)];
+      expect(() => call(oneMore, media)).toThrow(/7 image placeholder tokens .* 6 valid patch rows/);
+      expect(() => call(ids.filter((t, i) => t !== img || i !== 5), media)).toThrow(MediaError);
+      expect(() => call(ids, { pixel_values: media.pixel_values })).toThrow(/without image_position_ids/);
+      using wrong = mx.zeros([1, 8, 2], "int64");
+      expect(() => call(ids, { pixel_values: media.pixel_values, image_position_ids: wrong })).toThrow(/do not match pixel_values/);
+      expect(() => call(ids, {})).toThrow(/no image input/);
+    } finally {
+      media.pixel_values?.dispose();
+      media.image_position_ids?.dispose();
+    }
+  });
+
+  if (FULL) {
+    const table = resultsTable();
+    const lines: string[] = [];
+    for (const ckpt of CHECKPOINTS) {
+      for (const scn of UNIFIED_SCENARIOS) {
+        it(`UNIFIED_FULL ${ckpt} ${scn.id}: every tap byte-identical to live mlx-vlm, counts as RESULTS.md`, async () => {
+          const c = await livePair(ckpt, scn);
+          const total = c.embedder + c.embed_vision + c.merge + c.language;
+          lines.push(`| ${ckpt} | ${scn.id} | ${c.embedder} | ${c.embed_vision} | ${c.merge} | ${c.language.toLocaleString("en")} | ${total.toLocaleString("en")} |`);
+          expect({ pair: `${ckpt} ${scn.id}`, ...c, total }).toEqual({ pair: `${ckpt} ${scn.id}`, ...table.get(`${ckpt} ${scn.id}`) });
+        }, limit(300_000));
+      }
+    }
+    it("UNIFIED_FULL: all 16 pairs ran", () => {
+      expect(lines.length).toBe(CHECKPOINTS.length * UNIFIED_SCENARIOS.length);
+      expect(lines.length).toBe(16);
+      console.log(`[unified parity] live rows:\n${lines.join("\n")}`);
+      loaded?.m.model.dispose();
+      loaded = null;
+    });
+  }
+});
