@@ -9,7 +9,7 @@ import { type NpyRecord, toNpy } from "./npy.ts";
 
 export type MediaFn = "decode_image" | "image" | "pil_resize" | "target_sizes" | "load_audio" | "audio" | "prepare" | "processor_info" | "rfft" | "tables"
   // the video path (oracle/python/video_media.py)
-  | "video_load" | "video_process" | "video_expand" | "video_forward" | "video_generate" | "make_video_variant"
+  | "video_load" | "video_process" | "video_expand" | "video_forward" | "video_generate" | "video_prepare" | "make_video_variant"
   // the gemma4_unified processor (oracle/python/unified_media.py)
   | "unified_image" | "unified_audio" | "unified_processor_config";
 

@@ -8,7 +8,7 @@ import { loadGenerationModel, mediaGenerationModel } from "../model/runtime.ts";
 import { checkCheckpoint, loadMultimodalModel, MediaError } from "../model/gemma4/index.ts";
 import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { type FlagSpec, helpText, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
-import { checkMediaCheckpoint, MEDIA_FLAGS, mediaPlan, type PreparedMedia, wantsMedia } from "./media.ts";
+import { checkMediaCheckpoint, MEDIA_FLAGS, mediaPlan, type PreparedMedia, VIDEO_FLAGS, wantsMedia } from "./media.ts";
 import { applyDeviceFlag, DEVICE_FLAG } from "./device.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 import { checkSpeculativeFlags, faceLoadPromptCache, modelDirOf, SPECULATIVE_FLAGS, speculativeFaceStream } from "./speculative_face.ts";
@@ -29,6 +29,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "seed", kind: "int", valueName: "S", help: "random seed (mx.random.seed)" },
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "prefill chunk size", default: 2048 },
   ...MEDIA_FLAGS,
+  ...VIDEO_FLAGS,
   DEVICE_FLAG,
   ...SPECULATIVE_FLAGS,
   ...BATCH_FLAGS,
@@ -71,13 +72,13 @@ export async function generatePlan(argv: readonly string[]) {
   const dev = applyDeviceFlag(a.device);
   const dir = modelDirOf(a);
   const info = inspectCheckpoint(dir);
-  if (batch && wantsMedia(a)) throw new UsageError("--image / --audio do not apply to a batch (several prompts)");
+  if (batch && wantsMedia(a)) throw new UsageError("--image / --audio / --video do not apply to a batch (several prompts)");
   if (batch && a["kv-bits"] !== undefined) throw new UsageError("--kv-bits does not apply to a batch (several prompts) (not ported)");
   if (batch) return { a, dev, dir, info, batch: await batchPlan(dir, a, info), media: null };
   for (const k of ["prompt", "tokens"]) if (Array.isArray(a[k])) a[k] = (a[k] as string[])[0];
   // --image / --audio: the TS Gemma4Processor (mlx-vlm's, ported) gives the expanded prompt and
   // the media arrays, checked against the model's rules
-  if (wantsMedia(a)) for (const f of ["draft-model", "prompt-cache-file"]) if (a[f] !== undefined) throw new UsageError(`--${f} does not apply to --image / --audio runs`);
+  if (wantsMedia(a)) for (const f of ["draft-model", "prompt-cache-file"]) if (a[f] !== undefined) throw new UsageError(`--${f} does not apply to --image / --audio / --video runs`);
   const media = wantsMedia(a) ? await mediaPlan(dir, a) : null;
   const prompt = media ? media.ids : await resolvePrompt(dir, a);
   const maxTokens = Number(a["max-tokens"]);

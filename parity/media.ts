@@ -14,6 +14,9 @@ import { checkSafetensors, loadMultimodalModel } from "../model/gemma4/weights.t
 import { type ImageKwargs, Gemma4Processor } from "../model/gemma4/processing_gemma4.ts";
 import { MediaError as MediaFileError } from "../model/media/errors.ts";
 import { type HostArray, hostBytes } from "../model/media/host.ts";
+import { loadVideo, resolveVideoSampling, type VideoSampling } from "../model/media/video.ts";
+import { expandVideoPrompt, Gemma4VideoProcessor, type ProcessedVideo, videoProcessorConfigFromDir } from "../model/gemma4/processing_gemma4_video.ts";
+import { mediaTokensFromTokenizerConfig } from "../model/gemma4/processing_gemma4.ts";
 import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
 import { parseTokenList, tokenizePrompt } from "./inputs.ts";
 
@@ -26,6 +29,23 @@ export const MEDIA_FLAGS: FlagSpec[] = [
   },
   { name: "audio", kind: "string", valueName: "a.wav[,b.wav]", help: "with --model: audio file(s), comma-separated; placeholders as for --image ('audio', <|audio|>)" },
   { name: "max-soft-tokens", kind: "int", valueName: "N", help: "with --image: image soft tokens (Gemma4ImageProcessor's max_soft_tokens; default: the checkpoint's processor config, else 280)" },
+];
+
+/**
+ * mlx-vlm's video flags (generate/dispatch.py: --video, --fps, --video-num-frames,
+ * --video-min-frames, --video-max-frames), for `npm run generate`.
+ */
+export const VIDEO_FLAGS: FlagSpec[] = [
+  {
+    name: "video",
+    kind: "string",
+    valueName: "a.avi[,b.avi]",
+    help: "with --model and --prompt: Motion-JPEG AVI file(s); each goes where the prompt has <|video|>, else before the prompt (needs the checkpoint's tokenizer and a config video_token_id)",
+  },
+  { name: "fps", kind: "number", valueName: "F", help: "with --video: frames per second to sample (mlx-vlm's --fps, default 2.0)" },
+  { name: "video-num-frames", kind: "int", valueName: "N", help: "with --video: exact number of frames to sample, overriding --fps" },
+  { name: "video-min-frames", kind: "int", valueName: "N", help: "with --video: lower bound on the sampled frames (default 4)" },
+  { name: "video-max-frames", kind: "int", valueName: "N", help: "with --video: upper bound on the sampled frames (default: the processor's num_frames, 32)" },
 ];
 
 export interface MediaFile {
@@ -41,6 +61,8 @@ export interface MediaRequest {
   config: MultimodalConfig;
   /** --prompt: its token ids before the placeholders were marked, and the user message content. */
   tokenized?: { ids: number[]; content: unknown };
+  /** --video: each video's processor outputs, already expanded into the prompt's ids (frame timestamps are text). */
+  videos?: ProcessedVideo[];
 }
 
 function files(flag: string, v: unknown): string[] {
@@ -65,7 +87,7 @@ function files(flag: string, v: unknown): string[] {
 
 /** Whether the flags ask for media. */
 export function wantsMedia(a: Parsed): boolean {
-  return a.image !== undefined || a.audio !== undefined;
+  return a.image !== undefined || a.audio !== undefined || a.video !== undefined;
 }
 
 /**
@@ -111,6 +133,7 @@ function safetensorsKeys(file: string): string[] {
 export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest> {
   const images = files("image", a.image);
   const audios = files("audio", a.audio);
+  const videoFiles = files("video", a.video);
   const towers = checkpointTowers(dir);
   if (images.length && !towers.vision) throw new UsageError(`--image given, but ${dir} has no vision tower (${towers.config.vision === null ? "vision_config is null" : "no vision_tower weights"})`);
   if (audios.length && !towers.audio) throw new UsageError(`--audio given, but ${dir} has no audio tower (${towers.config.audio === null ? "audio_config is null" : "no audio_tower weights"})`);
@@ -130,6 +153,27 @@ export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest
       .map((t) => t.trim())
       .filter((t) => t.length > 0)
       .map((t) => (t === "image" ? `image:${ni++}` : t === "audio" ? `audio:${na++}` : parseTokenList(t)[0]!));
+  } else if (typeof a.prompt === "string" && videoFiles.length) {
+    // the processor's order: the text is expanded (per frame "mm:ss <boi>video×n<eoi>"), then tokenized whole
+    if (a.chat === true) throw new UsageError("--chat with --video is not supported (the chat template's video placement is not ported); give the full prompt with <|video|> where the video goes");
+    const videos = await processVideos(dir, videoFiles, a, towers);
+    const tokens = mediaTokensFromTokenizerConfig(dir);
+    let text = a.prompt;
+    if (!text.includes(tokens.video_token)) text = tokens.video_token.repeat(videoFiles.length) + text;
+    try {
+      text = expandVideoPrompt(text, tokens, videos);
+    } catch (e) {
+      if (e instanceof ConfigError) throw new UsageError(`${e.detail} (--video gives ${videoFiles.length} file${videoFiles.length === 1 ? "" : "s"})`);
+      throw e;
+    }
+    const ids = await tokenizePrompt(dir, text, false);
+    const mark = (xs: number[]) => xs.map((t) => (t === config.image_token_id ? `image:${ni++}` : t === config.audio_token_id ? `audio:${na++}` : t));
+    items = mark(ids);
+    tokenized = { ids, content: a.prompt };
+    if (ni !== 0 || na !== 0 || images.length || audios.length) {
+      if (ni !== images.length || na !== audios.length) throw new UsageError("with --video, give every --image / --audio a <|image|> / <|audio|> placeholder in the prompt");
+    }
+    return { prompt: items, media, config, tokenized, videos };
   } else if (typeof a.prompt === "string") {
     const mark = (ids: number[]) => ids.map((t) => (t === config.image_token_id ? `image:${ni++}` : t === config.audio_token_id ? `audio:${na++}` : t));
     let ids = await tokenizePrompt(dir, a.prompt, a.chat === true);
@@ -147,6 +191,7 @@ export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest
   } else {
     throw new UsageError('give a prompt: --prompt "text" or --tokens 1,2,3 (with the words image / audio where the media go)');
   }
+  if (videoFiles.length) throw new UsageError("--video needs --prompt: its frame timestamps are text that the checkpoint's tokenizer encodes");
   if (ni === 0 && na === 0) {
     const head = items[0] === 2 ? [2] : [];
     items = [...head, ...images.map((_, k) => `image:${k}`), ...audios.map((_, k) => `audio:${k}`), ...items.slice(head.length)];
@@ -156,6 +201,54 @@ export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest
   if (ni !== images.length) throw new UsageError(`the prompt has ${ni} image placeholder${ni === 1 ? "" : "s"} but --image gives ${images.length} file${images.length === 1 ? "" : "s"}`);
   if (na !== audios.length) throw new UsageError(`the prompt has ${na} audio placeholder${na === 1 ? "" : "s"} but --audio gives ${audios.length} file${audios.length === 1 ? "" : "s"}`);
   return { prompt: items, media, config, ...(tokenized ? { tokenized } : {}) };
+}
+
+/** The video flags as load_video's VideoSampling (caller's overrides). */
+function videoSampling(a: Parsed): VideoSampling {
+  const num = (flag: string, int: boolean) => {
+    const v = a[flag];
+    if (v === undefined) return null;
+    const n = Number(v);
+    if (!(n > 0) || (int && !Number.isInteger(n))) throw new UsageError(`--${flag} must be a positive ${int ? "integer" : "number"}`);
+    return n;
+  };
+  return { fps: num("fps", false), nframes: num("video-num-frames", true), min_frames: num("video-min-frames", true), max_frames: num("video-max-frames", true) };
+}
+
+/** load_video + Gemma4VideoProcessor for each --video file; every problem a UsageError. */
+async function processVideos(dir: string, paths: string[], a: Parsed, towers: { config: MultimodalConfig; vision: boolean }): Promise<ProcessedVideo[]> {
+  if (!towers.vision) throw new UsageError(`--video given, but ${dir} has no vision tower (${towers.config.vision === null ? "vision_config is null" : "no vision_tower weights"})`);
+  if (towers.config.video_token_id === null)
+    throw new UsageError(`--video given, but ${join(dir, "config.json")} has no video_token_id: mlx-vlm would silently drop the video; set it to the tokenizer's <|video|> id`);
+  try {
+    const proc = new Gemma4VideoProcessor(videoProcessorConfigFromDir(dir));
+    const sampling = resolveVideoSampling(videoSampling(a), proc.video_sampling_defaults());
+    const out: ProcessedVideo[] = [];
+    for (const p of paths) {
+      const v = await loadVideo(p, sampling);
+      out.push(proc.processOne(v, v.sampled_fps, p));
+    }
+    return out;
+  } catch (e) {
+    if (e instanceof MediaFileError || e instanceof ConfigError) throw new UsageError(e.message);
+    throw e;
+  }
+}
+
+/** As Gemma4VideoProcessor returns them: one stacked (N, T, L, D) array when every video has the same shape, else one array per video. */
+function videoArrays(vids: ProcessedVideo[]): Pick<MediaInputs, "pixel_values_videos" | "video_position_ids"> {
+  const same = vids.every((v) => JSON.stringify(v.pixel_values_videos.shape) === JSON.stringify(vids[0]!.pixel_values_videos.shape));
+  const arr = (h: HostArray): MlxArray => mx.fromBytes(hostBytes(h), h.shape, h.dtype);
+  if (!same) return { pixel_values_videos: vids.map((v) => arr(v.pixel_values_videos)), video_position_ids: vids.map((v) => arr(v.video_position_ids)) };
+  const stack = (hs: HostArray[]): MlxArray => {
+    const parts = hs.map(arr);
+    try {
+      return parts.length === 1 ? mx.alias(parts[0]!) : mx.concatenate(parts, 0);
+    } finally {
+      for (const p of parts) p.dispose();
+    }
+  };
+  return { pixel_values_videos: stack(vids.map((v) => v.pixel_values_videos)), video_position_ids: stack(vids.map((v) => v.video_position_ids)) };
 }
 
 export interface PreparedMedia {
@@ -204,10 +297,12 @@ export async function prepareMedia(dir: string, req: MediaRequest, towers: { vis
   });
   const arr = (h: HostArray): MlxArray => mx.fromBytes(hostBytes(h), h.shape, h.dtype);
   const pv = host.pixel_values === undefined ? null : Array.isArray(host.pixel_values) ? host.pixel_values.map(arr) : arr(host.pixel_values);
+  const vids = req.videos ?? [];
   const media: MediaInputs = {
     pixel_values: pv,
     input_features: host.input_features ? arr(host.input_features) : null,
     input_features_mask: host.input_features_mask ? arr(host.input_features_mask) : null,
+    ...(vids.length ? videoArrays(vids) : {}),
   };
   try {
     checkMediaInputs(req.config, towers, ids, media);

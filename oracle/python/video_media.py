@@ -12,6 +12,7 @@ server.py's `media` command: media.py merges FUNCTIONS below into its own).
                  vision tower's output, the video features, the merged embeddings, the
                  per-layer inputs and the logits
   video_generate mlx_vlm.generate.generate_step on a video prompt: tokens and log-probs
+  video_prepare  mlx_vlm.utils.prepare_inputs with videos (the whole mlx-vlm preprocessing)
   make_video_variant  a gemma4 fixture with a video_token_id (video_variant below; it is not in
                  make_mm_checkpoints.py because that file's bytes stamp every multimodal checkpoint)
 """
@@ -206,6 +207,37 @@ def video_generate(model_dir: str, input_ids: np.ndarray, pixel_values_videos: n
     return {"tokens": toks, "logprobs": np.stack(lps)}
 
 
+def video_prepare(model_dir: str, prompt: str, videos: list, fps: float | None = None, nframes: int | None = None) -> dict:
+    """`mlx_vlm.utils.prepare_inputs(load_processor(model_dir), videos=..., prompts=prompt)` as
+    mlx_vlm.generate calls it (OpenCV decoding, sampling, the processor, the tokenizer): every
+    model input, and the expanded text the tokenizer saw."""
+    import mlx.core as mx
+    from mlx_vlm.utils import prepare_inputs
+
+    import media
+
+    proc = media.processor(model_dir)
+    seen: dict[str, Any] = {}
+    tok = proc.tokenizer
+    saved = type(tok).__call__
+
+    def spy(self, *a, **k):
+        seen.setdefault("text", k.get("text", a[0] if a else None))
+        return saved(self, *a, **k)
+
+    type(tok).__call__ = spy
+    try:
+        kw = {k: v for k, v in (("fps", fps), ("nframes", nframes)) if v is not None}
+        out = prepare_inputs(proc, videos=videos, prompts=prompt, **kw)
+    finally:
+        type(tok).__call__ = saved
+    res: dict = {"text": seen.get("text")}
+    for k, v in out.items():
+        if isinstance(v, mx.array):
+            res[k] = _np(v)
+    return res
+
+
 def make_video_variant(src: str, dst: str, video_token_id: int = 249) -> dict:
     return {"dir": str(video_variant(Path(src), Path(dst), video_token_id))}
 
@@ -243,4 +275,4 @@ def video_variant(src: Path, dst: Path, video_token_id: int) -> Path:
 
 
 FUNCTIONS = {f.__name__: f for f in (video_load, video_process, video_expand, video_forward, video_generate,
-                                     make_video_variant)}
+                                     video_prepare, make_video_variant)}

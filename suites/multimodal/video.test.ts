@@ -19,9 +19,11 @@
 //   placeholder count != media, a config without video_token_id).
 // The fixture checkpoints have no video_token_id (gemma4's default None); the oracle writes a
 // variant with video_token_id 249 (video_media.make_video_variant), shared by both sides.
-// Default: 3 videos decoded and processed; one forward and one generation (the first 2 sampled
-// frames of one video each) on m2_e2b/f32 (per-layer inputs, bidirectional vision). VIDEO_FULL=1: 5 videos x 4 checkpoints (m1_dense bf16, m2_e2b f32 and
-// q4g64, m3_moe f32) forward + generation; results recorded in suites/multimodal/README.md.
+// Default: 3 videos decoded and processed; one forward (the first 2 sampled frames of a video)
+// and one generation (1 frame) on m2_e2b/f32 (per-layer inputs, bidirectional vision); the
+// generate face's prompt ids against mlx-vlm's prepare_inputs, and one bad file through the face. VIDEO_FULL=1: 5 videos x 4 checkpoints (m1_dense bf16, m2_e2b f32 and
+// q4g64, m3_moe f32) forward (every sampled frame) + generation (2 videos), the face run end to
+// end and its other bad inputs; results recorded in suites/multimodal/README.md.
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import fc from "fast-check";
@@ -43,6 +45,10 @@ import { mediaGenerationModel, mmTokenTypes } from "../../model/runtime.ts";
 import { generateStep } from "../../model/generate.ts";
 import { maskEq } from "../properties/oracle-diff-lib.ts";
 import { tempDir } from "./media_fixtures.ts";
+import { spawnSync } from "node:child_process";
+import { mediaPlan } from "../../parity/media.ts";
+import { parseArgs } from "../../parity/args.ts";
+import { FLAGS as GENERATE_FLAGS } from "../../parity/generate_cli.ts";
 import { limit } from "../../tests/time_limit.ts";
 
 const FULL = process.env.VIDEO_FULL === "1";
@@ -82,6 +88,33 @@ beforeAll(async () => {
 }, limit(180_000));
 
 afterAll(() => tmp?.remove());
+
+/** The m2_e2b/f32 video variant plus a word-level tokenizer (media tokens at the config's ids, "00".."59" and ":" as words). */
+function faceCheckpoint(): string {
+  const ck = join(tmp.dir, "face_ck");
+  const r = spawnSync(
+    DEFAULT_PYTHON,
+    [
+      "-I",
+      "-c",
+      `import sys, json, os, shutil
+from tokenizers import Tokenizer, models, pre_tokenizers
+src, ck = sys.argv[1], sys.argv[2]; os.mkdir(ck)
+shutil.copy(src + "/config.json", ck); os.symlink(os.path.realpath(src + "/model.safetensors"), ck + "/model.safetensors")
+special = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<|video|>": 249, "<|image|>": 250, "<|audio|>": 251, "<|image>": 252, "<image|>": 253, "<|audio>": 254, "<audio|>": 255}
+words = ["describe", "this", "video", ":"] + ["%02d" % i for i in range(60)]
+tok = Tokenizer(models.WordLevel({**special, **{w: 6 + i for i, w in enumerate(words)}}, unk_token="<unk>")); tok.pre_tokenizer = pre_tokenizers.Whitespace()
+tok.add_special_tokens(list(special)); tok.save(ck + "/tokenizer.json")
+json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>", "image_token": "<|image|>",
+           "boi_token": "<|image>", "eoi_token": "<image|>", "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>", "video_token": "<|video|>"}, open(ck + "/tokenizer_config.json", "w"))`,
+      variants.get("m2_e2b/f32")!,
+      ck,
+    ],
+    { encoding: "utf8" },
+  );
+  if (r.status !== 0) throw new Error(`making the face checkpoint failed: ${r.stderr}`);
+  return ck;
+}
 
 const videos = () => files.filter((f) => f.kind === "video");
 const bytesOf = (r: NpyRecord) => Buffer.from(r.data.buffer, r.data.byteOffset, r.data.byteLength);
@@ -242,7 +275,7 @@ describe("the model on video (same processor outputs on both sides)", () => {
       try {
         for (const v of FULL ? videos().slice(0, 2) : videos().slice(1, 2)) {
           const py = await pyLoad(v.path);
-          const p = proc.processOne(framesHWC(py.frames, MODEL_FRAMES), py.sampled_fps, v.name);
+          const p = proc.processOne(framesHWC(py.frames, FULL ? Infinity : 1), py.sampled_fps, v.name);
           const ids = videoPromptIds(p);
           const types = mmTokenTypes(ids, model.config);
           const ref = (await oracleMedia(oracle, "video_generate", {
@@ -446,4 +479,49 @@ describe("bad input: one typed error each", () => {
       plain.dispose();
     }
   }, limit(60_000));
+});
+
+describe("npm run generate --video", () => {
+  it("the face's prompt ids, token types and positions equal mlx-vlm's prepare_inputs on the same file (2 frames); the face runs; bad files exit 2", async () => {
+    const ck = faceCheckpoint();
+    const v = videos()[0]!;
+    const prompt = "describe <|video|> this video";
+    const a = parseArgs(["--model", ck, "--video", v.path, "--prompt", prompt, "--video-num-frames", "2"], GENERATE_FLAGS);
+    a.prompt = (a.prompt as string[])[0]; // as generatePlan does for a single prompt
+    const plan = await mediaPlan(ck, a);
+    try {
+      const ref = (await oracleMedia(oracle, "video_prepare", { model_dir: ck, prompt, videos: [v.path], nframes: 2 })) as Record<string, NpyRecord>;
+      const ids = Array.from(new BigInt64Array(ref.input_ids!.data.slice().buffer), Number);
+      expect(plan.ids).toEqual(ids);
+      const tt = Array.from(new BigInt64Array(ref.mm_token_type_ids!.data.slice().buffer), Number);
+      expect(mmTokenTypes(plan.ids, plan.request.config)).toEqual(tt);
+      const pos = plan.media.video_position_ids as MlxArray;
+      expect(arrBytes(pos).equals(bytesOf(ref.video_position_ids!))).toBe(true);
+      expect((plan.media.pixel_values_videos as MlxArray).shape).toEqual(ref.pixel_values_videos!.shape);
+    } finally {
+      for (const a of [plan.media.pixel_values_videos, plan.media.video_position_ids]) (a as MlxArray).dispose();
+    }
+    const run = (args: string[]) => spawnSync(process.execPath, [join(REPO_ROOT, "parity/generate_cli.ts"), ...args], { cwd: REPO_ROOT, encoding: "utf8", timeout: limit(120_000) });
+    // a full face run loads the model and generates (seconds): under VIDEO_FULL only
+    if (FULL) {
+      const ok = run(["--model", ck, "--video", v.path, "--prompt", prompt, "--video-num-frames", "2", "--max-tokens", "3"]);
+      expect(ok.status, ok.stderr).toBe(0);
+      expect(`${ok.stdout}${ok.stderr}`).toMatch(/Generation: 3 tokens/);
+    }
+    const badRuns = [
+      [["--video", files.find((f) => f.name === "bad_random")!.path], /not an AVI file/],
+      [["--video", `${v.path},${v.path}`], /placeholder/],
+      [["--video", files.find((f) => f.name === "bad_truncated")!.path], /truncated|ends inside/],
+    ] as const;
+    for (const [args, msg] of FULL ? badRuns : badRuns.slice(0, 1)) {
+      const r = run(["--model", ck, ...args, "--prompt", prompt, "--max-tokens", "1"]);
+      expect(r.status, `${args.join(" ")}: ${r.stdout}${r.stderr}`).toBe(2);
+      expect(`${r.stdout}${r.stderr}`).toMatch(msg);
+    }
+    if (FULL) {
+      const plain = run(["--model", join(REPO_ROOT, ".cache/checkpoints/m2_e2b/f32"), "--video", v.path, "--prompt", prompt, "--max-tokens", "1"]);
+      expect(plain.status).toBe(2);
+      expect(`${plain.stdout}${plain.stderr}`).toMatch(/no video_token_id/);
+    }
+  }, limit(240_000));
 });
