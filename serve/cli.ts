@@ -1,10 +1,11 @@
 // `npm run serve -- --model DIR [flags]`: an OpenAI-compatible HTTP server over the TypeScript
 // Gemma 4 port, with mlx_lm.server 0.32.2's API and flag names (see serve/server.ts and the
-// README's "Serving" section). Requests are served one at a time (no batching yet).
+// README's "Serving" section). Unseeded requests are batched continuously (serve/engine.ts).
 // Exit codes: 0 after SIGINT/SIGTERM, 2 bad usage or input (flags, checkpoint, port in use).
 import { realpathSync } from "node:fs";
 import { createServer } from "node:net";
 import * as mx from "@mlx-bun/mlx";
+import { batchModel } from "../model/generate_batch.ts";
 import { loadGenerationModel } from "../model/runtime.ts";
 import { checkCheckpoint } from "../model/gemma4/index.ts";
 import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "../parity/args.ts";
@@ -27,6 +28,9 @@ export const FLAGS: FlagSpec[] = [
   { name: "max-tokens", kind: "int", valueName: "N", help: "default maximum number of tokens to generate", default: 512 },
   { name: "chat-template-args", kind: "string", valueName: "json", help: "JSON object of arguments for the chat template, e.g. '{\"enable_thinking\":false}'", default: "{}" },
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "step size for prefill processing", default: 2048 },
+  { name: "decode-concurrency", kind: "int", valueName: "N", help: "when a request is batchable, decode that many requests in parallel (BatchGenerator's completion_batch_size)", default: 32 },
+  { name: "prompt-concurrency", kind: "int", valueName: "N", help: "when a request is batchable, process that many prompts in parallel (BatchGenerator's prefill_batch_size)", default: 8 },
+  { name: "record-schedule", kind: "string", valueName: "file", help: "write the batch schedule (inserts, removals, each sequence's tokens and logprobs) to this JSON-lines file, for oracle/python/serve_replay.py; seeds unseeded sampling per generator" },
   { name: "max-body-bytes", kind: "int", valueName: "N", help: "largest request body accepted (413 above)", default: 1048576 },
   { name: "max-prompt-tokens", kind: "int", valueName: "N", help: "longest prompt accepted, in tokens (400 above); default: the model's max_position_embeddings" },
   { name: "max-tokens-limit", kind: "int", valueName: "N", help: "largest max_tokens a request may ask for (400 above)", default: 8192 },
@@ -36,7 +40,7 @@ export const FLAGS: FlagSpec[] = [
 ];
 
 /** mlx_lm.server flags this server does not have yet: named, so that the error says so. */
-const NOT_YET = ["adapter-path", "draft-model", "num-draft-tokens", "trust-remote-code", "chat-template", "use-default-chat-template", "decode-concurrency", "prompt-concurrency", "prompt-cache-size", "prompt-cache-bytes", "kv-bits", "kv-group-size", "quantized-kv-start", "pipeline"];
+const NOT_YET = ["adapter-path", "draft-model", "num-draft-tokens", "trust-remote-code", "chat-template", "use-default-chat-template", "prompt-cache-size", "prompt-cache-bytes", "kv-bits", "kv-group-size", "quantized-kv-start", "pipeline"];
 
 function positiveInt(a: Record<string, unknown>, name: string, min = 1): number {
   const v = Number(a[name]);
@@ -63,7 +67,7 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(
       helpText(
         "npm run serve -- --model <dir> [options]",
-        "Serves the TypeScript Gemma 4 port over HTTP with mlx_lm.server's API (POST /v1/completions, /v1/chat/completions; GET /v1/models, /health), one request at a time.",
+        "Serves the TypeScript Gemma 4 port over HTTP with mlx_lm.server's API (POST /v1/completions, /v1/chat/completions; GET /v1/models, /health), with continuous batching.",
         FLAGS,
       ),
     );
@@ -104,9 +108,17 @@ async function main(argv: string[]): Promise<number> {
     if (e instanceof TokenizerLoadError) throw new UsageError(e.message);
     throw e;
   }
-  const { model } = loadGenerationModel(a.model);
-  const engine = new Engine(model, tokenizer, positiveInt(a, "prefill-step-size"));
+  const { loaded, model } = loadGenerationModel(a.model);
   const log = (line: string) => process.stderr.write(`${new Date().toISOString()} ${line}\n`);
+  // no max_position_embeddings refusal at insert: mlx_lm.server's BatchGenerator has none (the prompt limit is --max-prompt-tokens)
+  const batched = { ...batchModel(loaded), maxPositions: undefined };
+  const engine = new Engine(model, batched, tokenizer, {
+    prefillStepSize: positiveInt(a, "prefill-step-size"),
+    prefillBatchSize: positiveInt(a, "prompt-concurrency"),
+    completionBatchSize: positiveInt(a, "decode-concurrency"),
+    recordSchedule: typeof a["record-schedule"] === "string" ? a["record-schedule"] : null,
+    log,
+  });
   let server;
   try {
     server = startServer(
@@ -136,7 +148,10 @@ async function main(argv: string[]): Promise<number> {
   process.stdout.write(`serving ${realpathSync(a.model)} at ${server.url} (device ${dev.device}${apiKey ? ", API key required" : ""})\n`);
   if (!["127.0.0.1", "localhost", "::1"].includes(String(a.host))) log(`warning: listening on ${a.host}, reachable from other machines${apiKey ? "" : " without an API key"}`);
   await new Promise<void>((done) => {
-    const stop = () => void server.stop().then(done, done);
+    const stop = () => {
+      engine.close();
+      void server.stop().then(done, done);
+    };
     process.once("SIGINT", stop);
     process.once("SIGTERM", stop);
   });

@@ -1,20 +1,41 @@
-// The server's generation: one request at a time, through the port's generate_step
-// (model/generate.ts), with the stopping and per-token text of mlx_lm.server's sequential path
-// (ResponseGenerator._serve_single over stream_generate) and of its batched path's loop, which
-// agree: a token ends the request with "length" when it is the max_tokens-th, and with "stop"
-// (which wins) when it completes an EOS id or a stop word's token sequence. The text of a
-// token is the streaming detokenizer's new segment (after finalize on "length"); on "stop" it is
-// not used (mlx_lm.server drops it).
+// The server's generation, scheduled as mlx_lm.server 0.32.2's ResponseGenerator._generate
+// schedules it:
+//  - a request without a seed is batchable: it joins the running BatchGenerator (the port's,
+//    model/generate_batch.ts, bit-exact against mlx-lm's) with its own sampler, stop sequences
+//    and max_tokens, and leaves it on "stop", "length" or when its client goes away;
+//  - a seeded request is not batchable (mlx_lm.server runs it through stream_generate): the
+//    batch is drained first (no request is taken until every sequence in it has finished), the
+//    generator is closed, and the request runs alone through the port's generate_step
+//    (model/generate.ts); the next batchable request opens a new generator;
+//  - requests are taken from the queue only between "time budgets": once the batch has work, the
+//    loop calls BatchGenerator.next() repeatedly for up to 0.5 s (TimeBudget), then removes the
+//    sequences whose clients went away (seen on one of their responses in that budget), then
+//    takes every queued request (inserted one by one, each as one segment: see the README's
+//    "Serving" section for the segmentation not ported) before the next budget.
+// Unlike mlx_lm.server's generation thread, this loop shares the one JavaScript thread with the
+// HTTP server: it yields to the event loop after every next() call (and every token of a seeded
+// request), so health checks and new requests are answered between steps.
 //
-// Requests wait their turn in a FIFO lock; a cancelled request (client gone) leaves the queue
-// or stops after its current token, freeing the lock. Between tokens the loop yields to the
-// event loop so that streamed chunks go out and disconnects are seen.
+// Per token, the response is mlx_lm.server's: on "stop" the stop token's text is not used, on
+// "length" the detokenizer is finalized; the token's logprob and the top-k entries
+// (_format_top_logprobs: argpartition order) come from the step's logprobs row.
+//
+// Replayable scheduling (--record-schedule FILE): every event that fixes the bits of a response
+// is appended to FILE as one JSON line: a generator's opening (its options and the seed given
+// to the global MLX random state, which unseeded sampling draws from), each insert (before which
+// next() call, with the prompt, max_tokens, sampler and stop sequences), each removal, and each
+// sequence's end (its tokens, their logprobs and the sha256 of every step's whole logprobs row),
+// and each seeded request served alone. oracle/python/serve_replay.py replays the file through
+// mlx-lm's own BatchGenerator (and generate_step for the seeded ones).
+import { createHash, randomInt } from "node:crypto";
+import { appendFileSync, writeFileSync } from "node:fs";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { type GenerateModel, generateStep } from "../model/generate.ts";
+import { BatchGenerator, type BatchModel, StopSequences as BatchStopSequences } from "../model/generate_batch.ts";
 import { makeSampler, type Sampler, type SamplerOptions } from "../model/sample.ts";
 import type { StopSequences } from "./text_state.ts";
-import type { ServedTokenizer } from "./tokenizer.ts";
+import type { ServedTokenizer, StreamingDetokenizer } from "./tokenizer.ts";
 
 export interface TopToken {
   id: number;
@@ -43,16 +64,17 @@ export interface EngineRequest {
   cancelled: () => boolean;
 }
 
-/** A FIFO mutex: generation runs one request at a time. */
-class Lock {
-  private tail: Promise<void> = Promise.resolve();
-  acquire(): Promise<() => void> {
-    let release!: () => void;
-    const held = new Promise<void>((r) => (release = r));
-    const prev = this.tail;
-    this.tail = prev.then(() => held);
-    return prev.then(() => release);
-  }
+export interface EngineOptions {
+  prefillStepSize: number;
+  /** --prompt-concurrency (mlx_lm.server's default 8): BatchGenerator's prefill_batch_size. */
+  prefillBatchSize: number;
+  /** --decode-concurrency (32): BatchGenerator's completion_batch_size. */
+  completionBatchSize: number;
+  /** --record-schedule: the JSON-lines file the schedule is written to (truncated at start). */
+  recordSchedule: string | null;
+  /** TimeBudget's budget (0.5 s). */
+  timeBudgetMs?: number;
+  log?: (line: string) => void;
 }
 
 const tick = () => new Promise<void>((r) => setImmediate(r));
@@ -74,21 +96,99 @@ function topTokens(row: MlxArray, n: number, tok: ServedTokenizer): TopToken[] {
   return ids.map((id, i) => ({ id, token: tok.piece(id), logprob: lps[i]! }));
 }
 
+function rowSha(row: MlxArray): string {
+  return createHash("sha256").update(row.toBytes()).digest("hex");
+}
+
 /** Compiled samplers kept across requests (mx.compile traces once per parameter set, as Python's module-level compiled filters do). */
 const SAMPLER_CACHE_SIZE = 16;
 
+type Item = { kind: "token"; r: TokenResponse } | { kind: "end" } | { kind: "error"; e: Error };
+
+/** One request's responses, from the scheduling loop to the HTTP handler. */
+class Channel {
+  private items: Item[] = [];
+  private waiter: (() => void) | null = null;
+  closed = false;
+  private put(i: Item): void {
+    if (this.closed) return;
+    if (i.kind !== "token") this.closed = true;
+    this.items.push(i);
+    this.waiter?.();
+    this.waiter = null;
+  }
+  push(r: TokenResponse): void {
+    this.put({ kind: "token", r });
+  }
+  end(): void {
+    this.put({ kind: "end" });
+  }
+  fail(e: Error): void {
+    this.put({ kind: "error", e });
+  }
+  async take(): Promise<Item> {
+    while (this.items.length === 0) await new Promise<void>((r) => (this.waiter = r));
+    return this.items.shift()!;
+  }
+}
+
+interface Job {
+  n: number;
+  req: EngineRequest;
+  ch: Channel;
+  /** The consumer stopped reading (the HTTP side went away). */
+  abandoned: boolean;
+}
+
+interface Active {
+  job: Job;
+  detok: StreamingDetokenizer;
+  samplerKey: string;
+  tokens: number[];
+  logprobs: number[];
+  shas: string[];
+}
+
+const samplerKey = (o: SamplerOptions) => JSON.stringify([o.temp ?? 0, o.topP ?? 0, o.minP ?? 0, o.topK ?? 0]);
+const samplerRecord = (o: SamplerOptions) => ({ temp: o.temp ?? 0, top_p: o.topP ?? 0, min_p: o.minP ?? 0, top_k: o.topK ?? 0 });
+
 export class Engine {
-  private readonly lock = new Lock();
   private readonly samplers = new Map<string, Sampler>();
+  private readonly waiting: Job[] = [];
+  /** ResponseGenerator's unprocessed_requests: taken back first, last in first out. */
+  private readonly pushedBack: Job[] = [];
+  private wake: (() => void) | null = null;
+  private loopRunning = false;
+  private gen: BatchGenerator | null = null;
+  private readonly active = new Map<number, Active>();
+  private drain = false;
+  private session = -1;
+  /** next() calls of the current generator so far. */
+  private step = 0;
+  private jobs = 0;
+  private closed = false;
+  private readonly budgetMs: number;
 
   constructor(
     private readonly model: GenerateModel,
+    private readonly batchModel: BatchModel,
     private readonly tokenizer: ServedTokenizer,
-    private readonly prefillStepSize: number,
-  ) {}
+    private readonly opts: EngineOptions,
+  ) {
+    this.budgetMs = opts.timeBudgetMs ?? 500;
+    if (opts.recordSchedule !== null) writeFileSync(opts.recordSchedule, "");
+  }
+
+  private record(event: Record<string, unknown>): void {
+    if (this.opts.recordSchedule !== null) appendFileSync(this.opts.recordSchedule, `${JSON.stringify(event)}\n`);
+  }
+
+  private get recording(): boolean {
+    return this.opts.recordSchedule !== null;
+  }
 
   private sampler(o: SamplerOptions): Sampler {
-    const key = JSON.stringify([o.temp, o.topP, o.minP, o.topK]);
+    const key = samplerKey(o);
     let s = this.samplers.get(key);
     if (s) {
       this.samplers.delete(key); // most recently used last
@@ -97,23 +197,199 @@ export class Engine {
       if (this.samplers.size >= SAMPLER_CACHE_SIZE) {
         const [oldest, old] = this.samplers.entries().next().value!;
         this.samplers.delete(oldest);
-        old.dispose?.();
+        // a sampler a running sequence still uses is left to the garbage collector
+        if (![...this.active.values()].some((a) => a.samplerKey === oldest)) old.dispose?.();
       }
     }
     this.samplers.set(key, s);
     return s;
   }
 
+  private cancelled(job: Job): boolean {
+    return job.abandoned || job.req.cancelled();
+  }
+
   /** The request's tokens, in order; ends after the finishing token or on cancellation. */
   async *run(req: EngineRequest): AsyncGenerator<TokenResponse> {
-    const release = await this.lock.acquire();
-    let steps: AsyncGenerator<{ token: number; logprobs: MlxArray; n: number }> | null = null;
+    if (this.closed) throw new Error("the server is shutting down");
+    const job: Job = { n: this.jobs++, req, ch: new Channel(), abandoned: false };
+    this.waiting.push(job);
+    this.kick();
     try {
-      if (req.cancelled()) return;
+      while (true) {
+        const item = await job.ch.take();
+        if (item.kind === "end") return;
+        if (item.kind === "error") throw item.e;
+        yield item.r;
+      }
+    } finally {
+      job.abandoned = true;
+    }
+  }
+
+  private kick(): void {
+    if (this.wake) {
+      const w = this.wake;
+      this.wake = null;
+      w();
+    }
+    if (!this.loopRunning) {
+      this.loopRunning = true;
+      void this.loop().finally(() => (this.loopRunning = false));
+    }
+  }
+
+  /** ResponseGenerator._generate. */
+  private async loop(): Promise<void> {
+    while (!this.closed) {
+      const job = this.drain ? undefined : (this.pushedBack.pop() ?? this.waiting.shift());
+      if (job) {
+        if (this.cancelled(job)) {
+          job.ch.end();
+          continue;
+        }
+        const batchable = job.req.seed === null;
+        if (this.gen && batchable) this.insert(job);
+        else if (!this.gen) {
+          if (!batchable) await this.serveSingle(job);
+          else {
+            this.openSession();
+            this.pushedBack.push(job);
+          }
+        } else {
+          // the batch is drained before a request it cannot take is served
+          this.drain = true;
+          this.pushedBack.push(job);
+        }
+        continue;
+      }
+      if (this.gen) {
+        if (this.active.size > 0) {
+          await this.runBudget();
+          continue;
+        }
+        if (this.drain) {
+          this.closeSession();
+          this.drain = false;
+          continue;
+        }
+      }
+      if (this.waiting.length === 0 && this.pushedBack.length === 0) await new Promise<void>((r) => (this.wake = r));
+    }
+  }
+
+  private openSession(): void {
+    this.gen = new BatchGenerator(this.batchModel, {
+      prefillStepSize: this.opts.prefillStepSize,
+      prefillBatchSize: this.opts.prefillBatchSize,
+      completionBatchSize: this.opts.completionBatchSize,
+    });
+    this.session += 1;
+    this.step = 0;
+    if (this.recording) {
+      // unseeded sampling draws from the global random state: fixed here so that a replay can draw the same
+      const seed = randomInt(2 ** 31);
+      mx.random.seed(seed);
+      this.record({ event: "open", session: this.session, rng_seed: seed, prefill_batch_size: this.opts.prefillBatchSize, completion_batch_size: this.opts.completionBatchSize, prefill_step_size: this.opts.prefillStepSize });
+    }
+  }
+
+  private closeSession(): void {
+    this.gen?.close();
+    this.gen = null;
+    this.record({ event: "close", session: this.session, step: this.step });
+  }
+
+  private insert(job: Job): void {
+    const r = job.req;
+    let uid: number;
+    const key = samplerKey(r.sampler);
+    try {
+      const shared = this.sampler(r.sampler);
+      // one sampler object per request, as mlx_lm.server makes one per request: the batch samples row by row
+      const own: Sampler = (lp) => shared(lp);
+      [uid] = this.gen!.insert([r.prompt], { maxTokens: [r.maxTokens], samplers: [own], stopSequences: [new BatchStopSequences(r.stop.sequences)] }) as [number];
+    } catch (e) {
+      job.ch.fail(e as Error);
+      return;
+    }
+    this.active.set(uid, { job, detok: this.tokenizer.newDetokenizer(), samplerKey: key, tokens: [], logprobs: [], shas: [] });
+    this.record({ event: "insert", session: this.session, step: this.step, uid, request: job.n, prompt: r.prompt, max_tokens: r.maxTokens, sampler: samplerRecord(r.sampler), stop_sequences: r.stop.sequences });
+  }
+
+  private finish(uid: number, a: Active, reason: string): void {
+    this.active.delete(uid);
+    a.job.ch.end();
+    this.record({ event: "leave", session: this.session, step: this.step, uid, request: a.job.n, reason, tokens: a.tokens, logprobs: a.logprobs, logprobs_sha256: a.shas });
+  }
+
+  /** One TimeBudget of next() calls, then the removal of sequences whose clients went away. */
+  private async runBudget(): Promise<void> {
+    const gen = this.gen!;
+    const t0 = performance.now();
+    const remove = new Set<number>();
+    try {
+      while (performance.now() - t0 <= this.budgetMs) {
+        const [prompts, generated] = gen.next();
+        this.step += 1;
+        if (prompts.length === 0 && generated.length === 0) break;
+        for (const p of prompts) {
+          const a = this.active.get(p.uid);
+          if (a && this.cancelled(a.job)) remove.add(p.uid);
+        }
+        for (const g of generated) {
+          const a = this.active.get(g.uid);
+          if (!a) continue;
+          let text: string;
+          if (g.finishReason === "stop") {
+            a.detok.finalize();
+            text = a.detok.lastSegment();
+          } else {
+            a.detok.addToken(g.token);
+            if (g.finishReason === "length") a.detok.finalize();
+            text = a.detok.lastSegment();
+          }
+          const logprob = valueAt(g.logprobs, g.token);
+          if (this.recording) {
+            a.tokens.push(g.token);
+            a.logprobs.push(logprob);
+            a.shas.push(rowSha(g.logprobs));
+          }
+          a.job.ch.push({ text, token: g.token, logprob, finishReason: g.finishReason, topTokens: topTokens(g.logprobs, a.job.req.topLogprobs, this.tokenizer) });
+          if (g.finishReason !== null) this.finish(g.uid, a, g.finishReason);
+          else if (this.cancelled(a.job)) remove.add(g.uid);
+        }
+        await tick();
+      }
+      const uids = [...remove].filter((u) => this.active.has(u));
+      if (uids.length) {
+        gen.remove(uids);
+        this.record({ event: "remove", session: this.session, step: this.step, uids });
+        for (const u of uids) this.finish(u, this.active.get(u)!, "cancelled");
+      }
+    } catch (e) {
+      // the generator's state is unknown after a failure: every sequence in it fails, a new generator serves the next request
+      this.opts.log?.(`error: generation failed: ${(e as Error).stack ?? e}`);
+      for (const a of this.active.values()) a.job.ch.fail(e as Error);
+      this.active.clear();
+      this.closeSession();
+      this.drain = false;
+    }
+  }
+
+  /** _serve_single: one seeded request alone, through generate_step. */
+  private async serveSingle(job: Job): Promise<void> {
+    const req = job.req;
+    let steps: AsyncGenerator<{ token: number; logprobs: MlxArray; n: number }> | null = null;
+    const tokens: number[] = [];
+    const logprobs: number[] = [];
+    const shas: string[] = [];
+    let reason = "cancelled";
+    try {
       steps = generateStep(this.model, req.prompt, {
         maxTokens: req.maxTokens,
         sampler: this.sampler(req.sampler),
-        prefillStepSize: this.prefillStepSize,
+        prefillStepSize: this.opts.prefillStepSize,
         ...(req.seed !== null ? { seed: req.seed } : {}),
       });
       const matcher = req.stop.matcher();
@@ -128,14 +404,36 @@ export class Engine {
           if (finishReason === "length") detok.finalize();
           text = detok.lastSegment();
         }
-        yield { text, token: g.token, logprob: valueAt(g.logprobs, g.token), finishReason, topTokens: topTokens(g.logprobs, req.topLogprobs, this.tokenizer) };
-        if (finishReason !== null) return;
+        const logprob = valueAt(g.logprobs, g.token);
+        if (this.recording) {
+          tokens.push(g.token);
+          logprobs.push(logprob);
+          shas.push(rowSha(g.logprobs));
+        }
+        job.ch.push({ text, token: g.token, logprob, finishReason, topTokens: topTokens(g.logprobs, req.topLogprobs, this.tokenizer) });
+        if (finishReason !== null) {
+          reason = finishReason;
+          break;
+        }
         await tick();
-        if (req.cancelled()) return;
+        if (this.cancelled(job)) break;
       }
+      job.ch.end();
+    } catch (e) {
+      job.ch.fail(e as Error);
     } finally {
       await steps?.return(undefined);
-      release();
+      this.record({ event: "single", request: job.n, prompt: req.prompt, max_tokens: req.maxTokens, seed: req.seed, sampler: samplerRecord(req.sampler), prefill_step_size: this.opts.prefillStepSize, reason, tokens, logprobs, logprobs_sha256: shas });
     }
+  }
+
+  /** Frees the generator; requests still running end with an error. */
+  close(): void {
+    this.closed = true;
+    for (const a of this.active.values()) a.job.ch.fail(new Error("the server is shutting down"));
+    this.active.clear();
+    for (const j of [...this.waiting, ...this.pushedBack]) j.ch.fail(new Error("the server is shutting down"));
+    if (this.gen) this.closeSession();
+    this.wake?.();
   }
 }

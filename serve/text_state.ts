@@ -68,7 +68,10 @@ export class StopMatcher {
 
 export class StopSequences {
   private readonly root: TrieNode<number>;
+  /** The token sequences, as given (the batched path hands them to the port's BatchGenerator). */
+  readonly sequences: readonly (readonly number[])[];
   constructor(sequences: readonly (readonly number[])[]) {
+    this.sequences = sequences.map((s) => [...s]);
     this.root = buildTrie(sequences);
   }
   matcher(): StopMatcher {

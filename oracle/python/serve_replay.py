@@ -1,0 +1,158 @@
+"""Replays a schedule recorded by `npm run serve -- --record-schedule FILE` through mlx-lm 0.32.2's
+own, unmodified BatchGenerator (and generate_step for the seeded requests the server ran alone),
+and writes what each request generated there.
+
+The schedule is JSON lines (serve/engine.ts writes them):
+  open    {session, rng_seed, prefill_batch_size, completion_batch_size, prefill_step_size}
+          a new BatchGenerator; mx.random.seed(rng_seed) (unseeded sampling draws from it)
+  insert  {session, step, uid, request, prompt, max_tokens, sampler, stop_sequences}
+          insert_segments([[prompt]]) before the generator's next() call number `step` (0-based),
+          with make_sampler(**sampler) (one sampler per request, as mlx_lm.server makes them)
+  remove  {session, step, uids}     BatchGenerator.remove(uids) before call `step`
+  leave   {session, step, uid, request, reason, tokens, logprobs, logprobs_sha256}
+          the server's side: what the request got (read here only to know how far to run)
+  close   {session, step}           the generator closed after `step` calls
+  single  {request, prompt, max_tokens, seed, sampler, prefill_step_size, tokens, ...}
+          mx.random.seed(seed), then generate_step for as many tokens as the server produced
+
+Output (JSON, stdout or --out): {"requests": {"<request>": {"tokens": [...], "logprobs": [...],
+"logprobs_sha256": [...], "reason": ...}}, "sessions": n, "calls": total next() calls}: per
+generated token its id, the logprob of that token (a Python float from the float32/bf16 row) and
+the sha256 of the step's whole logprobs row (its raw bytes, the dtype mlx-lm computes in).
+Exit codes: 0 ok, 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import device_env  # noqa: E402,F401  (MLX_DEVICE, as on the TS side)
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm.generate import BatchGenerator, StopSequences, generate_step  # noqa: E402
+from mlx_lm.sample_utils import make_sampler  # noqa: E402
+from mlx_lm.utils import load_model  # noqa: E402
+
+from common import to_numpy  # noqa: E402
+
+
+def row_sha(row: mx.array) -> str:
+    data, _ = to_numpy(row)
+    return hashlib.sha256(data.tobytes()).hexdigest()
+
+
+def sampler_of(s: dict):
+    return make_sampler(float(s["temp"]), top_p=float(s["top_p"]), min_p=float(s["min_p"]), top_k=int(s["top_k"]))
+
+
+def replay_session(model, opened: dict, events: list[dict], out: dict) -> int:
+    mx.random.seed(int(opened["rng_seed"]))
+    gen = BatchGenerator(model, completion_batch_size=int(opened["completion_batch_size"]),
+                         prefill_batch_size=int(opened["prefill_batch_size"]),
+                         prefill_step_size=int(opened["prefill_step_size"]))
+    inserts: dict[int, list[dict]] = defaultdict(list)
+    removes: dict[int, list[dict]] = defaultdict(list)
+    for ev in events:
+        if ev["event"] == "insert":
+            inserts[int(ev["step"])].append(ev)
+        elif ev["event"] == "remove":
+            removes[int(ev["step"])].append(ev)
+    calls = max([int(ev["step"]) for ev in events] + [0])
+    request_of: dict[int, int] = {}
+    for k in range(calls + 1):
+        for ev in inserts.get(k, []):
+            (uid,) = gen.insert_segments([[list(ev["prompt"])]], max_tokens=[int(ev["max_tokens"])],
+                                         samplers=[sampler_of(ev["sampler"])],
+                                         stop_sequences=[StopSequences(ev["stop_sequences"])])
+            if uid != int(ev["uid"]):
+                raise SystemExit(f"replay: uid {uid} where the schedule has {ev['uid']}")
+            request_of[uid] = int(ev["request"])
+            out[str(ev["request"])] = {"tokens": [], "logprobs": [], "logprobs_sha256": [], "reason": None}
+        for ev in removes.get(k, []):
+            gen.remove([int(u) for u in ev["uids"]])
+            for u in ev["uids"]:
+                out[str(request_of[int(u)])]["reason"] = "cancelled"
+        if k == calls:
+            break
+        _, responses = gen.next()
+        for r in responses:
+            rec = out[str(request_of[r.uid])]
+            rec["tokens"].append(int(r.token))
+            rec["logprobs"].append(r.logprobs[r.token].item())
+            rec["logprobs_sha256"].append(row_sha(r.logprobs))
+            if r.finish_reason is not None:
+                rec["reason"] = r.finish_reason
+    gen.close()
+    return calls
+
+
+def replay_single(model, ev: dict, out: dict) -> None:
+    n = len(ev["tokens"])
+    rec = {"tokens": [], "logprobs": [], "logprobs_sha256": [], "reason": None}
+    out[str(ev["request"])] = rec
+    if n == 0:
+        return
+    mx.random.seed(int(ev["seed"]))
+    steps = generate_step(mx.array(ev["prompt"], dtype=mx.int32), model, max_tokens=int(ev["max_tokens"]),
+                          sampler=sampler_of(ev["sampler"]), prefill_step_size=int(ev["prefill_step_size"]))
+    for token, logprobs in steps:
+        t = int(token)
+        rec["tokens"].append(t)
+        rec["logprobs"].append(logprobs[t].item())
+        rec["logprobs_sha256"].append(row_sha(logprobs))
+        if len(rec["tokens"]) == n:
+            break
+    rec["reason"] = ev["reason"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="serve_replay.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="the checkpoint the server served")
+    ap.add_argument("--schedule", required=True, help="the JSON-lines file of --record-schedule")
+    ap.add_argument("--out", help="write the JSON here (default: stdout)")
+    args = ap.parse_args(argv)
+    try:
+        lines = [json.loads(line) for line in Path(args.schedule).read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"serve_replay: cannot read the schedule: {e}", file=sys.stderr)
+        return 2
+    model, _ = load_model(Path(args.model))
+    out: dict = {}
+    sessions = 0
+    total_calls = 0
+    current: tuple[dict, list[dict]] | None = None
+    for ev in lines + [{"event": "end"}]:
+        kind = ev.get("event")
+        if kind in ("open", "single", "end") and current is not None:
+            total_calls += replay_session(model, current[0], current[1], out)
+            sessions += 1
+            current = None
+        if kind == "open":
+            current = (ev, [])
+        elif kind == "single":
+            replay_single(model, ev, out)
+        elif kind in ("insert", "remove", "leave", "close"):
+            if current is None or int(ev["session"]) != int(current[0]["session"]):
+                print(f"serve_replay: a {kind} event outside its session: {json.dumps(ev)[:200]}", file=sys.stderr)
+                return 2
+            current[1].append(ev)
+        elif kind != "end":
+            print(f"serve_replay: unknown event {kind!r}", file=sys.stderr)
+            return 2
+    text = json.dumps({"requests": out, "sessions": sessions, "calls": total_calls})
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
