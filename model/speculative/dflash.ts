@@ -1,0 +1,290 @@
+// Gemma 4 DFlash speculative decoding with a DFlash drafter (gemma4_dflash), as mlx-vlm 0.7.10 runs
+// it for one sequence with greedy sampling:
+//
+//   generate/ar.py generate_step     no chunked prefill with a DFlash drafter (the Gemma 4 language
+//                                    model's chunked_prefill_policy): the whole prompt in one
+//                                    forward with capture_layer_ids = the drafter's target_layer_ids
+//                                    and logits_to_keep = 1; the first (bonus) token is the argmax of
+//                                    the last position's logprobs; the prompt's captured layer
+//                                    outputs, concatenated, are the drafter's first context
+//   speculative/utils.py             run_speculative_rounds: yields the bonus, then _dflash_rounds
+//                                    (the target's caches stay as they are: no buffering)
+//   speculative/dflash.py            _dflash_rounds: drafter.reset (bind + fresh drafter caches);
+//                                    KVCache.prefix_cache_reserve(offset + block); each round: block
+//                                    size from the recent acceptance (_dflash_next_block_size); the
+//                                    drafter drafts bs - 1 tokens from (bonus, context); the target
+//                                    verifies [bonus, drafts] in ONE forward (LanguageModel with
+//                                    speculative_verify: the ordinary forward without
+//                                    exact_speculative_verify) capturing the layers; greedy walk on
+//                                    argmax(logits); the next context is the captured hidden of the
+//                                    accepted positions (accepted + 1 rows); rejected positions are
+//                                    trimmed from every target cache (Gemma 4's
+//                                    rollback_speculative_cache). The drafter caches only context,
+//                                    which is always committed, so it never rolls back.
+//
+// Exact-match acceptance of the target's own greedy token: inside the target's sliding window the
+// output is greedy decoding's (where block rows equal single-token rows: the CPU backend). Past the
+// window the trim leaves a rotating cache short of keys, as in mlx-lm (README: draft model).
+import * as mx from "@mlx-bun/mlx";
+import type { MlxArray } from "@mlx-bun/mlx";
+import { type KVCacheLike, KVCache } from "../cache/index.ts";
+import { disposeMask } from "../mask.ts";
+import { logit_softcap, type Model as TargetModel } from "../gemma4/gemma4_text.ts";
+import { GenerateError } from "../generate.ts";
+import { checkPromptIds, positiveIntOption } from "../generate_speculative.ts";
+import { greedySampler } from "../sample.ts";
+import type { DFlashDraftModel } from "./drafters/qwen3_dflash/dflash.ts";
+
+export interface DFlashOptions {
+  /** Tokens to generate (> 0). Default 256. */
+  maxTokens?: number;
+  /** Block size (drafts + 1) instead of the drafter's (--draft-block-size): the adaptive loop's ceiling. */
+  draftBlockSize?: number;
+  /** After the prefill: the first token, its logprobs (1, V), the target caches and the captured prompt hidden; borrowed. */
+  onPrefill?: (p: { token: number; logprobs: MlxArray; cache: readonly KVCacheLike[]; hidden: MlxArray }) => void;
+  /** After each round's commit; arrays are borrowed (valid during the call). */
+  onRound?: (r: DFlashRound) => void;
+  /** Mutation hook for the suites: the rollback keeps this many rejected positions (default 0 = mlx-vlm's). */
+  _keepRejected?: number;
+}
+
+export interface DFlashRound {
+  blockSize: number;
+  /** The drafter's bs - 1 tokens. */
+  drafted: number[];
+  /** The drafter's logits (1, bs - 1, V). */
+  draftLogits: MlxArray;
+  /** The drafter's caches after the draft. */
+  draftCache: readonly KVCacheLike[];
+  /** [bonus, drafts]. */
+  verifyInput: number[];
+  /** The target's verify logits (1, bs, V) and captured layer outputs, concatenated (1, bs, n * H). */
+  targetLogits: MlxArray;
+  targetHidden: MlxArray;
+  accepted: number;
+  /** Tokens emitted this round. */
+  emitted: number[];
+  /** The target's caches after the rollback. */
+  cache: readonly KVCacheLike[];
+}
+
+export interface DFlashToken {
+  token: number;
+  /** 0-based index of the generated token. */
+  n: number;
+  /** True for tokens of the rounds that were accepted drafts. */
+  fromDraft: boolean;
+}
+
+/** _dflash_block_total: the requested block size, else the config's block_size (capped by runtime_block_size). */
+export function dflashBlockTotal(draft: DFlashDraftModel, requested: number | undefined): number {
+  if (requested !== undefined) return requested;
+  const configured = draft.config.block_size;
+  const runtime = draft.config.runtime_block_size;
+  if (runtime === null) return configured;
+  return Math.min(configured, Math.max(1, runtime));
+}
+
+/** _dflash_next_block_size: back off when deep positions are mostly rejected, grow back on full accepts (DFlashDraftModel: no initial size, min 4). */
+export function dflashNextBlockSize(requestedTotal: number, remaining: number, acceptLens: readonly number[], draftLens: readonly number[], minBlockSize = 4): number {
+  const blockTotal = Math.min(requestedTotal, remaining);
+  if (blockTotal <= 1) return blockTotal;
+  const a8 = acceptLens.slice(-8);
+  const d8 = draftLens.slice(-8);
+  const recent: [number, number][] = [];
+  for (let i = 0; i < Math.min(a8.length, d8.length); i++) if (d8[i]! > 0) recent.push([a8[i]!, d8[i]!]);
+  if (!recent.length) return blockTotal;
+  const current = Math.min(blockTotal, Math.max(2, recent[recent.length - 1]![1] + 1));
+  const minTotal = Math.min(blockTotal, Math.max(2, minBlockSize));
+  const drafted = recent.reduce((s, [, d]) => s + d, 0);
+  const accepted = recent.reduce((s, [a]) => s + a, 0);
+  const acceptRate = accepted / drafted;
+  const meanAccept = accepted / recent.length;
+  if (acceptRate < 0.3 || meanAccept < 2.0) {
+    if (current >= 8) return Math.max(minTotal, Math.min(blockTotal, Math.floor(current / 2)));
+    return Math.max(minTotal, Math.min(blockTotal, current - 2));
+  }
+  if (acceptRate < 0.5) return Math.max(minTotal, Math.min(blockTotal, current - 2));
+  const fullHitRate = recent.filter(([a, d]) => a >= d).length / recent.length;
+  if (acceptRate >= 0.85 && fullHitRate >= 0.75) return Math.min(blockTotal, current + 2);
+  return Math.min(blockTotal, current);
+}
+
+/** KVCache.prefix_cache_reserve(offset + block) (_reserve_dflash_target_cache): zero capacity up to a multiple of the step. */
+export function reserveDFlashTargetCache(cache: readonly KVCacheLike[], blockSize: number): void {
+  for (const c of cache) {
+    if (!(c instanceof KVCache) || c.keys === null || c.values === null) continue;
+    let capacity = Math.max(c.offset, c.offset + blockSize);
+    capacity = Math.ceil(capacity / KVCache.step) * KVCache.step;
+    const have = c.keys.shape[2]!;
+    if (capacity <= have) continue;
+    const grow = (x: MlxArray): MlxArray => {
+      const s = x.shape;
+      using z = mx.zeros([s[0]!, s[1]!, capacity - have, s[3]!], x.dtype);
+      return mx.concatenate([x, z], 2);
+    };
+    const k = grow(c.keys);
+    const v = grow(c.values);
+    c.keys.dispose();
+    c.values.dispose();
+    c.keys = k;
+    c.values = v;
+  }
+}
+
+/**
+ * mlx-vlm's LanguageModel forward with capture_layer_ids (and logits_to_keep): logits (1, L', V)
+ * and the captured layer outputs concatenated on the last axis (1, L, n * H), both caller-owned.
+ */
+export function targetForwardCapture(target: TargetModel, inputs: MlxArray, cache: KVCacheLike[], layerIds: readonly number[], logitsToKeep = 0): [MlxArray, MlxArray] {
+  using stack = new DisposableStack();
+  const tm = target.model;
+  const [h0, perLayer] = tm.embed(inputs, null, null);
+  stack.use(h0);
+  for (const p of perLayer) if (p) stack.use(p);
+  const caches = tm.layers.map((_, i) => cache[i] ?? null);
+  const masks = tm._make_masks(h0, caches);
+  stack.defer(() => {
+    for (const m of new Set(masks)) disposeMask(m);
+  });
+  const capture = new Set(layerIds);
+  const sink: MlxArray[] = [];
+  stack.defer(() => {
+    for (const s of sink) s.dispose();
+  });
+  // logits_to_keep with a hidden sink: trim from max(first KV-shared layer, last captured + 1)
+  const firstShared = target.args.num_hidden_layers - target.args.num_kv_shared_layers;
+  const trim = logitsToKeep > 0 ? { keep: logitsToKeep, before: Math.max(firstShared, Math.max(...capture) + 1) } : undefined;
+  const h = stack.use(tm.runLayers(h0, masks, caches, perLayer, undefined, { trim, capture: { layers: capture, sink } }));
+  let out = stack.use(tm.norm.call(h));
+  if (logitsToKeep > 0) {
+    const s = out.shape;
+    out = stack.use(mx.slice(out, [0, s[1]! - logitsToKeep, 0], s));
+  }
+  const lin = stack.use(tm.embed_tokens.asLinear(out));
+  const logits = target.final_logit_softcapping === null ? mx.alias(lin) : logit_softcap(target.final_logit_softcapping, lin);
+  return [logits, mx.concatenate(sink, -1)];
+}
+
+/** The port's pairing checks (mlx-vlm runs a mismatched pair until a shape error or silently). */
+function validate(target: TargetModel, draft: DFlashDraftModel, prompt: readonly number[], o: DFlashOptions): number {
+  const maxTokens = positiveIntOption("maxTokens", o.maxTokens, 256);
+  if (o.draftBlockSize !== undefined && (!Number.isInteger(o.draftBlockSize) || o.draftBlockSize < 2)) {
+    throw new GenerateError(`draftBlockSize must be an integer >= 2 (one draft token at least), got ${o.draftBlockSize}`);
+  }
+  const V = target.args.vocab_size;
+  checkPromptIds(prompt, V);
+  const c = draft.config;
+  if (c.hidden_size !== target.args.hidden_size) {
+    throw new GenerateError(`the drafter is for a target of hidden size ${c.hidden_size}, this target has ${target.args.hidden_size}: use the drafter checkpoint for the same target family and size`);
+  }
+  if (c.vocab_size !== V) throw new GenerateError(`the drafter's vocabulary (${c.vocab_size}) differs from the target's (${V})`);
+  if (c.mask_token_id >= V) throw new GenerateError(`the drafter's mask token ${c.mask_token_id} is outside the target's vocabulary (${V})`);
+  const bad = c.target_layer_ids.find((i) => i >= target.args.num_hidden_layers);
+  if (bad !== undefined) throw new GenerateError(`the drafter reads target layer ${bad}, this target has ${target.args.num_hidden_layers} layers`);
+  if (!target.tie_word_embeddings) throw new GenerateError("DFlash needs a target with tied embeddings (mlx-vlm's Gemma 4 language model has no lm_head)");
+  return maxTokens;
+}
+
+/**
+ * mlx-vlm's generate_step with draft_kind="dflash", greedy, one sequence: yields every token.
+ * Argument errors throw synchronously as GenerateError.
+ */
+export function dflashGenerateStep(target: TargetModel, draft: DFlashDraftModel, prompt: readonly number[], opts: DFlashOptions = {}): AsyncGenerator<DFlashToken> {
+  const maxTokens = validate(target, draft, prompt, opts);
+  return run(target, draft, prompt, opts, maxTokens);
+}
+
+const tokensI32 = (tokens: readonly number[]): MlxArray => mx.array(Int32Array.from(tokens), [1, tokens.length], "int32");
+
+async function* run(target: TargetModel, draft: DFlashDraftModel, prompt: readonly number[], opts: DFlashOptions, maxTokens: number): AsyncGenerator<DFlashToken> {
+  const cache: KVCacheLike[] = target.makeCache();
+  let hidden: MlxArray | null = null;
+  try {
+    let bonus: number;
+    {
+      using inp = tokensI32(prompt);
+      const [logits3, h] = targetForwardCapture(target, inp, cache, draft.config.target_layer_ids, 1);
+      hidden = h;
+      using _l = logits3;
+      using logits = mx.squeeze(logits3, 1); // logits[:, -1, :] (one row kept)
+      using lse = mx.logsumexp(logits, -1, true);
+      using logprobs = mx.subtract(logits, lse);
+      using y = greedySampler(logprobs);
+      mx.evaluate(y);
+      bonus = y.item() as number;
+      opts.onPrefill?.({ token: bonus, logprobs, cache, hidden });
+    }
+    yield { token: bonus, n: 0, fromDraft: false };
+    const h0 = hidden;
+    hidden = null;
+    yield* dflashRounds(target, draft, cache, h0, bonus, maxTokens, opts);
+  } finally {
+    hidden?.dispose();
+    for (const c of cache) c.dispose();
+  }
+}
+
+/** _dflash_rounds: takes ownership of `hidden0` (the prompt's captured hidden). */
+async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache: KVCacheLike[], hidden0: MlxArray, firstBonus: number, maxTokens: number, opts: DFlashOptions): AsyncGenerator<DFlashToken> {
+  const layerIds = draft.config.target_layer_ids;
+  const blockTotal = dflashBlockTotal(draft, opts.draftBlockSize);
+  const draftCache = draft.reset(target);
+  reserveDFlashTargetCache(cache, blockTotal);
+  let hidden = hidden0;
+  let b = firstBonus;
+  let emitted = 1; // the first bonus has already been yielded
+  const keepRejected = opts._keepRejected ?? 0;
+  try {
+    while (emitted < maxTokens) {
+      const bs = dflashNextBlockSize(blockTotal, maxTokens - emitted + 1, draft.accept_lens, draft.draft_lens);
+      if (bs <= 1) break;
+      let draftLogits: MlxArray | null = null;
+      using draftTokens = draft.draftBlock(b, hidden, draftCache, bs, greedySampler, (l) => (draftLogits = mx.alias(l)));
+      mx.evaluate(draftTokens);
+      const drafted = draftTokens.toNumbers();
+      const verifyInput = [b, ...drafted];
+      using vin = tokensI32(verifyInput);
+      const [logits, vHidden] = targetForwardCapture(target, vin, cache, layerIds);
+      try {
+        using targetTokens = greedySampler(logits);
+        mx.evaluate(targetTokens, vHidden);
+        const targetRow = targetTokens.toNumbers();
+        // _speculative_walk
+        const nDraft = drafted.length;
+        let accepted = nDraft;
+        for (let i = 0; i < nDraft; i++) {
+          if (drafted[i] !== targetRow[i]) {
+            accepted = i;
+            break;
+          }
+        }
+        const newTokens = [...drafted.slice(0, accepted), ...targetRow.slice(accepted, accepted + 1)].slice(0, maxTokens - emitted);
+        draft.accept_lens.push(accepted);
+        draft.draft_lens.push(bs - 1);
+        const nextHidden = accepted < bs - 1 ? mx.slice(vHidden, [0, 0, 0], [1, accepted + 1, vHidden.shape[2]!]) : mx.alias(vHidden);
+        hidden.dispose();
+        hidden = nextHidden;
+        b = newTokens.length ? newTokens[newTokens.length - 1]! : b;
+        // commit_speculative_round -> Gemma 4 rollback_speculative_cache: trim the rejected tail
+        if (accepted < bs - 1) {
+          const trim = bs - (accepted + 1) - keepRejected;
+          if (trim > 0) for (const c of cache) c.trim(trim);
+        }
+        opts.onRound?.({ blockSize: bs, drafted, draftLogits: draftLogits!, draftCache, verifyInput, targetLogits: logits, targetHidden: vHidden, accepted, emitted: newTokens, cache });
+        for (const [i, tok] of newTokens.entries()) {
+          yield { token: tok, n: emitted, fromDraft: i < accepted };
+          emitted += 1;
+          if (emitted >= maxTokens) return;
+        }
+      } finally {
+        logits.dispose();
+        vHidden.dispose();
+        (draftLogits as MlxArray | null)?.dispose();
+      }
+    }
+  } finally {
+    hidden.dispose();
+    for (const c of draftCache) c.dispose();
+  }
+}

@@ -1,0 +1,138 @@
+// The comparison core of DFlash speculative decoding (suites/speculative/gemma4_dflash.test.ts and
+// `npm run parity -- --mode dflash`): TS dflashGenerateStep (model/speculative/dflash.ts) against
+// mlx-vlm 0.7.10's _dflash_rounds (oracle command `dflash`), byte for byte:
+//
+//   config        the drafter's resolved config (mask token, target layers, block size, layer types)
+//   prefill       first token, its logprobs, every target cache, the captured prompt hidden
+//   per round     block size, drafted tokens, drafter logits, every drafter cache after the draft,
+//                 verify input, target verify logits and captured hidden, accepted count, every
+//                 target cache after the rollback (type, integers, raw buffers)
+//   end           round count, tokens, accept_lens / draft_lens
+//
+// and the TS DFlash tokens against TS plain greedy generate_step (tokens).
+import * as mx from "@mlx-bun/mlx";
+import { generateStep } from "../model/generate.ts";
+import { loadDFlashDrafter } from "../model/speculative/drafters/index.ts";
+import type { DFlashDraftModel } from "../model/speculative/drafters/qwen3_dflash/dflash.ts";
+import { dflashGenerateStep, type DFlashRound } from "../model/speculative/dflash.ts";
+import type { NpyRecord } from "./npy.ts";
+import type { OracleClient } from "./client.ts";
+import { rawOf, rawOfNpy, type RawTensor } from "./compare.ts";
+import { compareCaches, type ModelPool, readTree, Tally, type TallySummary } from "./speculative.ts";
+
+const rawN = (r: NpyRecord | null | undefined): RawTensor | null => (r ? rawOfNpy(r) : null);
+
+/** Loaded DFlash drafters, one per directory. */
+export class DrafterPool {
+  private readonly drafters = new Map<string, DFlashDraftModel>();
+  drafter(dir: string): DFlashDraftModel {
+    let d = this.drafters.get(dir);
+    if (!d) this.drafters.set(dir, (d = loadDFlashDrafter(dir)));
+    return d;
+  }
+  dispose(): void {
+    for (const d of this.drafters.values()) d.dispose();
+    this.drafters.clear();
+  }
+}
+
+export interface DFlashSpec {
+  /** Target checkpoint (flat gemma4_text, tied) and gemma4_dflash drafter directories. */
+  target: string;
+  drafter: string;
+  prompt: number[];
+  maxTokens: number;
+  draftBlockSize?: number;
+  /** Suites' mutation hook: the TS rollback keeps this many rejected positions. */
+  keepRejected?: number;
+  /** Skip the plain greedy run (the mutation check needs only the oracle comparison). */
+  skipGreedy?: boolean;
+}
+
+export interface DFlashResult {
+  spec: DFlashSpec;
+  tokens: number[];
+  rounds: number;
+  acceptRounds: number;
+  rejectRounds: number;
+  accepted: number;
+  drafted: number;
+  blockSizes: number[];
+  /** TS vs mlx-vlm, round by round. */
+  vsOracle: TallySummary;
+  /** TS DFlash tokens vs TS plain greedy generate_step; null when skipped. */
+  vsGreedy: TallySummary | null;
+  /** mlx-vlm's DFlash tokens equal TS greedy (a relation of the oracle's own output). */
+  oracleEqualsGreedy: boolean | null;
+  ms: number;
+}
+
+export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafters: DrafterPool, spec: DFlashSpec): Promise<DFlashResult> {
+  const t0 = performance.now();
+  const orc = readTree(oracle, await oracle.request("dflash", { checkpoint: spec.target, drafter: spec.drafter, prompt: spec.prompt, max_tokens: spec.maxTokens, draft_block_size: spec.draftBlockSize ?? null }));
+  const target = pool.model(spec.target).text;
+  const drafter = drafters.drafter(spec.drafter);
+  const t = new Tally();
+  const c = drafter.config;
+  t.value("config", { mask_token_id: c.mask_token_id, target_layer_ids: c.target_layer_ids, block_size: c.block_size, layer_types: c.layer_types, sliding_window: c.sliding_window, is_causal: c.is_causal, num_target_layers: c.num_target_layers }, orc.config);
+  const tokens: number[] = [];
+  const blockSizes: number[] = [];
+  let k = 0;
+  let acceptRounds = 0;
+  let rejectRounds = 0;
+  let accepted = 0;
+  let drafted = 0;
+  const onRound = (r: DFlashRound): void => {
+    const o = orc.rounds[k];
+    const w = `round ${k}`;
+    k++;
+    accepted += r.accepted;
+    drafted += r.drafted.length;
+    blockSizes.push(r.blockSize);
+    if (r.accepted > 0) acceptRounds++;
+    if (r.accepted < r.drafted.length) rejectRounds++;
+    if (!o) {
+      t.value(w, "a round", "no round");
+      return;
+    }
+    t.value(`${w} block_size`, r.blockSize, o.block_size);
+    t.value(`${w} drafted`, r.drafted, o.drafted);
+    t.tensor(`${w} drafter logits`, rawOf(r.draftLogits), rawN(o.draft_logits));
+    compareCaches(t, `${w} drafter cache`, r.draftCache, o.draft_cache);
+    t.value(`${w} verify input`, r.verifyInput, o.verify_input);
+    t.tensor(`${w} target logits`, rawOf(r.targetLogits), rawN(o.target_logits));
+    t.tensor(`${w} target hidden`, rawOf(r.targetHidden), rawN(o.target_hidden));
+    t.value(`${w} accepted`, r.accepted, o.accepted);
+    compareCaches(t, `${w} cache`, r.cache, o.cache);
+  };
+  for await (const tok of dflashGenerateStep(target, drafter, spec.prompt, {
+    maxTokens: spec.maxTokens,
+    draftBlockSize: spec.draftBlockSize,
+    _keepRejected: spec.keepRejected,
+    onPrefill: (p) => {
+      t.value("first token", p.token, orc.first.token);
+      using lp = mx.squeeze(p.logprobs, 0);
+      t.tensor("first logprobs", rawOf(lp), rawN(orc.first.logprobs));
+      compareCaches(t, "cache after prefill", p.cache, orc.first.cache);
+      t.tensor("prefill hidden", rawOf(p.hidden), rawN(orc.prefill_hidden));
+    },
+    onRound,
+  })) {
+    tokens.push(tok.token);
+  }
+  t.value("rounds", k, orc.rounds.length);
+  t.value("tokens", tokens, orc.tokens);
+  t.value("accept_lens", drafter.accept_lens, orc.accept_lens);
+  t.value("draft_lens", drafter.draft_lens, orc.draft_lens);
+  let vsGreedy: Tally | null = null;
+  let oracleEqualsGreedy: boolean | null = null;
+  if (!spec.skipGreedy) {
+    vsGreedy = new Tally();
+    const greedy: number[] = [];
+    for await (const g of generateStep(pool.generation(spec.target), spec.prompt, { maxTokens: spec.maxTokens })) greedy.push(g.token);
+    greedy.forEach((g, i) => vsGreedy!.value(`token ${i}`, tokens[i], g));
+    vsGreedy.value("length", tokens.length, greedy.length);
+    oracleEqualsGreedy = JSON.stringify(orc.tokens) === JSON.stringify(greedy);
+  }
+  return { spec, tokens, rounds: k, acceptRounds, rejectRounds, accepted, drafted, blockSizes, vsOracle: t.summary(), vsGreedy: vsGreedy?.summary() ?? null, oracleEqualsGreedy, ms: performance.now() - t0 };
+}

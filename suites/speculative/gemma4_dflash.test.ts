@@ -1,0 +1,103 @@
+// DFlash speculative decoding with a gemma4_dflash drafter (model/speculative/dflash.ts,
+// model/speculative/drafters/{gemma4_dflash,qwen3_dflash}/) against mlx-vlm 0.7.10's
+// _dflash_rounds, round by round (oracle/speculative_dflash.ts dflashParity): the drafter's
+// resolved config; the prefill's first token, logprobs, target caches and captured prompt hidden;
+// per round the block size, drafted tokens, drafter logits, every drafter cache, the verify input,
+// the target's verify logits and captured hidden, the accepted count and every target cache after
+// the rollback (raw buffers, byte for byte); then the tokens and accept/draft lengths. And the
+// DFlash tokens against plain greedy decoding where block rows equal single-token rows (CPU; see
+// rows.ts). The drafters are the `<fx>_dflash` fixtures of make_speculative_fixtures.py (built
+// with mlx-vlm's Gemma4DFlashDraftModel). A mutation (the rollback keeping one rejected position)
+// must be caught. SPEC_FULL=1 runs the larger grid and rewrites gemma4_dflash.full.json.
+import { afterAll, describe, expect, it } from "vitest";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { ROWS_INVARIANT } from "./rows.ts";
+import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
+import { ModelPool } from "../../oracle/speculative.ts";
+import { DrafterPool, dflashParity, type DFlashResult } from "../../oracle/speculative_dflash.ts";
+import { limit } from "../../tests/time_limit.ts";
+
+const CK = join(REPO_ROOT, ".cache", "checkpoints");
+const SP = join(CK, "speculative");
+const FULL = process.env.SPEC_FULL === "1";
+const pool = new ModelPool();
+const drafters = new DrafterPool();
+afterAll(() => {
+  pool.dispose();
+  drafters.dispose();
+});
+const prompt = (P: number) => Array.from({ length: P }, (_, i) => (i * 37 + 11) % 256);
+
+interface Scenario {
+  label: string;
+  fx: string;
+  /** Target directory relative to the checkpoint root (default `<fx>/f32`). */
+  target?: string;
+  P: number;
+  N: number;
+  block?: number;
+}
+
+const DEFAULT: Scenario[] = [
+  { label: "dense, P=3", fx: "c1_dense", P: 3, N: 16 },
+  { label: "MoE, P=3", fx: "c5_moe", P: 3, N: 16 },
+  { label: "E2B-like (per-layer inputs, KV sharing), P=9", fx: "c3_e2b", P: 9, N: 24 },
+];
+const GRID: Scenario[] = [
+  { label: "dense, P=1", fx: "c1_dense", P: 1, N: 24 },
+  { label: "dense, P=12, 40 tokens (past the window of 8)", fx: "c1_dense", P: 12, N: 40 },
+  { label: "dense, P=9, block 3", fx: "c1_dense", P: 9, N: 24, block: 3 },
+  { label: "dense, P=5, block 8 (adaptive sizes)", fx: "c1_dense", P: 5, N: 32, block: 8 },
+  { label: "dense window 64, P=20, 40 tokens", fx: "c1_dense", target: "speculative/c1_dense_w64", P: 20, N: 40 },
+  { label: "MoE, P=12, 40 tokens", fx: "c5_moe", P: 12, N: 40 },
+  { label: "E2B-like, P=3, 40 tokens", fx: "c3_e2b", P: 3, N: 40 },
+  { label: "E2B-like window 64, P=30, block 4", fx: "c3_e2b", target: "speculative/c3_e2b_w64", P: 30, N: 24, block: 4 },
+];
+
+const results: DFlashResult[] = [];
+afterAll(() => {
+  const sum = (f: (r: DFlashResult) => number) => results.reduce((s, r) => s + f(r), 0);
+  console.log(`[gemma4_dflash] ${results.length} scenarios, ${sum((r) => r.rounds)} rounds, ${sum((r) => r.vsOracle.tensors)} tensors and ${sum((r) => r.vsOracle.values)} values bit-exact vs mlx-vlm; accepted ${sum((r) => r.accepted)}/${sum((r) => r.drafted)} drafts`);
+  if (FULL) {
+    const rows = results.map((r) => ({ target: r.spec.target.slice(CK.length + 1), drafter: r.spec.drafter.slice(CK.length + 1), P: r.spec.prompt.length, N: r.spec.maxTokens, block: r.spec.draftBlockSize ?? null, rounds: r.rounds, blockSizes: r.blockSizes, accepted: r.accepted, drafted: r.drafted, tensors: r.vsOracle.tensors, values: r.vsOracle.values, firstMismatch: r.vsOracle.first, equalsGreedy: r.vsGreedy ? r.vsGreedy.first === null : null, oracleEqualsGreedy: r.oracleEqualsGreedy }));
+    writeFileSync(join(import.meta.dir, "gemma4_dflash.full.json"), JSON.stringify({ device: ROWS_INVARIANT ? "cpu" : "gpu", scenarios: rows }, null, 1) + "\n");
+  }
+});
+
+describe("gemma4_dflash speculative decoding vs mlx-vlm, round by round", () => {
+  const scenarios = FULL ? [...DEFAULT, ...GRID] : DEFAULT;
+  let ran = 0;
+  for (const s of scenarios) {
+    it(s.label, async () => {
+      const r = await dflashParity(await sharedOracle(), pool, drafters, {
+        target: join(CK, s.target ?? join(s.fx, "f32")),
+        drafter: join(SP, `${s.fx}_dflash`),
+        prompt: prompt(s.P),
+        maxTokens: s.N,
+        draftBlockSize: s.block,
+      });
+      results.push(r);
+      ran++;
+      expect(r.vsOracle.first).toBeNull();
+      expect(r.tokens.length).toBe(s.N);
+      expect(r.rounds).toBeGreaterThan(1);
+      if (ROWS_INVARIANT) expect(r.vsGreedy?.first).toBeNull();
+      if (!FULL) {
+        // the default scenarios are chosen to hold both kinds of rounds
+        expect(r.acceptRounds).toBeGreaterThan(0);
+        expect(r.rejectRounds).toBeGreaterThan(0);
+      }
+    }, limit(120_000));
+  }
+  it("ran every scenario", () => expect(ran).toBe(scenarios.length));
+});
+
+describe("gemma4_dflash mutation", () => {
+  it("a rollback that keeps one rejected position is caught (at the first rejecting round's caches)", async () => {
+    const r = await dflashParity(await sharedOracle(), pool, drafters, { target: join(CK, "c1_dense", "f32"), drafter: join(SP, "c1_dense_dflash"), prompt: prompt(3), maxTokens: 8, keepRejected: 1, skipGreedy: true });
+    expect(r.rejectRounds).toBeGreaterThan(0);
+    expect(r.vsOracle.first).not.toBeNull();
+    expect(r.vsOracle.first!.where).toMatch(/^round 0 cache\[0\]\.offset$/);
+  }, limit(60_000));
+});
