@@ -386,7 +386,8 @@ export class TurboQuantKVCache implements KVCacheLike, QuantizedAttentionCache {
     return t;
   }
 
-  private ensureCodecs(keys: MlxArray, values: MlxArray): void {
+  /** _ensure_codecs: the codecs for these keys/values' head dims (a cache restored from state + metaState builds them here or on its first update). */
+  ensureCodecs(keys: MlxArray, values: MlxArray): void {
     this.keyCodec ??= new TurboQuantMSECodec(keys.shape[3]!, this.keyBits, this.seed, this.opts);
     this.valueCodec ??= new TurboQuantMSECodec(values.shape[3]!, this.valueBits, this.seed + 1, this.opts);
   }

@@ -12,6 +12,8 @@ Commands (one JSON job on argv[1] or stdin, one JSON reply on stdout):
   the sha256 of its logprobs (float32 bytes) and of every cache array (type, offset, sha256 of
   each state leaf in order), the first logprobs row's values for diagnostics; or the error.
 - generate_many {cases}: generate for each case, one process.
+- cache_ops {seed, heads, dim, prompt, more, trim, bits}: a TurboQuantKVCache driven directly
+  (update, trim, update, decode and prefill attention, a copy restored from state + meta_state).
 - many {jobs}: any of the above, one process.
 
 Nothing in mlx-vlm is edited; quantize_cache_fn runs as generate_step calls it.
@@ -140,6 +142,38 @@ def cmd_generate(job: dict) -> dict:
     return {"steps": steps, "error": error}
 
 
+def cmd_cache_ops(job: dict) -> dict:
+    """A TurboQuantKVCache driven directly: mx.random.seed(seed); keys/values (1, H, P, D) normal;
+    update; trim(n); update with (1, H, S, D) more; then a decode attention (q (1, 2H, 1, D)) and a
+    prefill one (q (1, 2H, 3, D), "causal"); a second cache restored from state + meta_state attends
+    the same. Returns sha256 of each state array, of each output, meta_state, offsets, trim's value."""
+    from mlx_vlm.models.base import scaled_dot_product_attention
+    from mlx_vlm.turboquant import TurboQuantKVCache
+
+    H, D, P, S = job["heads"], job["dim"], job["prompt"], job["more"]
+    mx.random.seed(job["seed"])
+    k1 = mx.random.normal((1, H, P, D))
+    v1 = mx.random.normal((1, H, P, D))
+    k2 = mx.random.normal((1, H, S, D))
+    v2 = mx.random.normal((1, H, S, D))
+    q1 = mx.random.normal((1, 2 * H, 1, D))
+    q3 = mx.random.normal((1, 2 * H, 3, D))
+    c = TurboQuantKVCache(bits=job["bits"])
+    c.update_and_fetch(k1, v1)
+    trimmed = c.trim(job["trim"])
+    ks, vs = c.update_and_fetch(k2, v2)
+    out1 = scaled_dot_product_attention(q1, ks, vs, c, 1.0, None)
+    out3 = scaled_dot_product_attention(q3, ks, vs, c, 1.0, "causal")
+    r = TurboQuantKVCache(bits=1)
+    r.state = c.state
+    r.meta_state = c.meta_state
+    r._ensure_codecs(k1, v1)
+    out1r = scaled_dot_product_attention(q1, r.state[0], r.state[1], r, 1.0, None)
+    st = c.state
+    return {"trimmed": trimmed, "offset": c.offset, "meta_state": list(c.meta_state), "restored_meta_state": list(r.meta_state),
+            "state": [sha(a) for a in leaves(st[0]) + leaves(st[1])], "decode": sha(out1), "prefill": sha(out3), "restored_decode": sha(out1r)}
+
+
 def cmd_many(job: dict) -> dict:
     """Several jobs in one process: {"jobs": [...]} -> {"results": [...]}."""
     return {"results": [COMMANDS[j["command"]](j) for j in job["jobs"]]}
@@ -155,7 +189,7 @@ def main() -> None:
 
 
 COMMANDS = {"codebooks": cmd_codebooks, "signs": cmd_signs, "policy": cmd_policy, "generate": cmd_generate,
-            "generate_many": cmd_generate_many, "many": cmd_many}
+            "generate_many": cmd_generate_many, "cache_ops": cmd_cache_ops, "many": cmd_many}
 
 if __name__ == "__main__":
     main()

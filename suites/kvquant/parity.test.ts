@@ -9,6 +9,8 @@
 //   cache types and offsets; prompts crossing quantized_kv_start and the sliding window, prefill
 //   chunks after the conversion (dequantize + SDPA) and decode steps (the quantized decode path);
 //   uniform's RotatingKVCache NYI after the same tokens;
+// - a TurboQuantKVCache driven directly (D 32/64/256): update, trim, update, decode and prefill
+//   attention, and a copy restored from state + meta_state: state and output sha256 equal;
 // - the generate face refusing a model whose KV-shared layers read a cache that would be
 //   converted (exit 2), where mlx-vlm fails inside attention (bench/kvquant/kv_shared_repro.py).
 // KVQUANT_FULL=1 runs the whole grid (5 f32 fixtures x 4 schemes x 3 prompt shapes, 3 bf16/f16
@@ -20,7 +22,9 @@ import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import codebookData from "../../model/cache/turboquant_codebooks.json" with { type: "json" };
-import { rhtSignVector } from "../../model/cache/turboquant.ts";
+import { createHash } from "node:crypto";
+import * as mx from "@mlx-bun/mlx";
+import { rhtSignVector, TurboQuantKVCache } from "../../model/cache/turboquant.ts";
 import { generateStep } from "../../model/generate.ts";
 import { type LoadedModel, loadModel } from "../../model/gemma4/index.ts";
 import { fromLegacy, KVQuantError } from "../../model/kv_quant.ts";
@@ -108,7 +112,14 @@ const SIGN_SEEDS = [0, 1, 7];
 
 // ------------------------------------------------------------------ one oracle process
 
-let ref: { policy: any[]; signs: Record<string, number[]>; codebooks: Record<string, string[]>; gens: GenerationRecord[] };
+// TurboQuantKVCache driven directly: update, trim, update, decode + prefill attention, restore
+const CACHE_OPS = [
+  { seed: 5, heads: 2, dim: 32, prompt: 9, more: 3, trim: 4, bits: 3.5 },
+  { seed: 6, heads: 1, dim: 256, prompt: 300, more: 2, trim: 40, bits: 4 },
+  { seed: 7, heads: 2, dim: 64, prompt: 5, more: 1, trim: 9, bits: 2 },
+];
+
+let ref: { policy: any[]; signs: Record<string, number[]>; codebooks: Record<string, string[]>; cacheOps: any[]; gens: GenerationRecord[] };
 beforeAll(() => {
   const r = kvQuantOracle({
     command: "many",
@@ -116,10 +127,11 @@ beforeAll(() => {
       { command: "policy", cases: POLICY_CASES },
       { command: "signs", dims: SIGN_DIMS, seeds: SIGN_SEEDS },
       { command: "codebooks", dims: CODEBOOK_DIMS, bits: CODEBOOK_BITS },
+      { command: "many", jobs: CACHE_OPS.map((c) => ({ command: "cache_ops", ...c })) },
       { command: "generate_many", cases: GEN_CASES.map((k) => ({ checkpoint: k.checkpoint, prompt: k.prompt, max_tokens: k.maxTokens, kv_bits: k.kvBits, kv_quant_scheme: k.kvQuantScheme, kv_group_size: k.kvGroupSize, quantized_kv_start: k.quantizedKvStart, prefill_step_size: k.prefillStepSize })) },
     ],
   }).results;
-  ref = { policy: r[0].results, signs: r[1], codebooks: r[2].codebooks, gens: r[3].results };
+  ref = { policy: r[0].results, signs: r[1], codebooks: r[2].codebooks, cacheOps: r[3].results, gens: r[4].results };
 }, limit(FULL ? 600_000 : 120_000));
 
 const models = new Map<string, LoadedModel>();
@@ -189,6 +201,39 @@ describe("numpy-side constants", () => {
   });
 });
 
+describe("TurboQuantKVCache: trim, state and meta_state, attention", () => {
+  const sha = (a: mx.MlxArray) => createHash("sha256").update(a.toBytes()).digest("hex");
+  for (const [i, op] of CACHE_OPS.entries()) {
+    it(`D=${op.dim} H=${op.heads} ${op.bits} bits: ${op.prompt} tokens, trim ${op.trim}, ${op.more} more`, () => {
+      const want = ref.cacheOps[i];
+      mx.random.seed(op.seed);
+      const n = (shape: number[]) => mx.random.normal({ shape });
+      const [k1, v1, k2, v2] = [n([1, op.heads, op.prompt, op.dim]), n([1, op.heads, op.prompt, op.dim]), n([1, op.heads, op.more, op.dim]), n([1, op.heads, op.more, op.dim])];
+      const [q1, q3] = [n([1, 2 * op.heads, 1, op.dim]), n([1, 2 * op.heads, 3, op.dim])];
+      const c = new TurboQuantKVCache(op.bits);
+      const r = new TurboQuantKVCache(1);
+      try {
+        for (const a of c.updateAndFetch(k1, v1)) a.dispose();
+        const trimmed = c.trim(op.trim);
+        for (const a of c.updateAndFetch(k2, v2)) a.dispose();
+        using out1 = c.quantizedAttention(q1, 1, null);
+        using out3 = c.quantizedAttention(q3, 1, "causal");
+        const st = c.state;
+        r.state = st;
+        r.metaState = c.metaState;
+        r.ensureCodecs(k1, v1);
+        using out1r = r.quantizedAttention(q1, 1, null);
+        expect({ trimmed, offset: c.offset, meta_state: c.metaState, restored_meta_state: r.metaState, state: st.map(sha), decode: sha(out1), prefill: sha(out3), restored_decode: sha(out1r) }).toEqual(want);
+        for (const a of st) a.dispose();
+      } finally {
+        c.dispose();
+        r.dispose();
+        for (const a of [k1, v1, k2, v2, q1, q3]) a.dispose();
+      }
+    });
+  }
+});
+
 const summary: string[] = [];
 afterAll(() => {
   if (summary.length) console.log(`[kvquant] ${summary.length} generation cases bit-exact vs mlx-vlm\n${summary.join("\n")}`);
@@ -217,7 +262,6 @@ describe("generation with a quantized KV cache vs mlx-vlm's generate_step, token
     const k = GEN_CASES[0]!;
     const m = generationModel(model(k.checkpoint));
     const plain: string[] = [];
-    const { createHash } = await import("node:crypto");
     for await (const t of generateStep(m, k.prompt, { maxTokens: k.maxTokens, prefillStepSize: k.prefillStepSize })) plain.push(createHash("sha256").update(t.logprobs.toBytes()).digest("hex"));
     const quantized = ref.gens[0]!.steps.map((s) => s.logprobs_sha256);
     expect(quantized.length).toBe(plain.length);
