@@ -14,6 +14,8 @@ this file or a source checkpoint changes):
   <fx>_assistant       a gemma4_assistant MTP drafter for <fx> (mlx-vlm's Gemma4AssistantDraftModel,
                        saved with mlx-vlm's save_weights / save_config); see build_assistant
   c3_e2b_assistant_ordered   the same with the centroid-routed head (use_ordered_embeddings)
+  c1_dense_unified_assistant the c1_dense assistant as a gemma4_unified_assistant (mlx-vlm's package of
+                       that name: the same Gemma4AssistantDraftModel under its own model_type)
   <fx>_dflash          a gemma4_dflash drafter for <fx> (mlx-vlm's Gemma4DFlashDraftModel, saved with
                        mlx-vlm's save_weights / save_config; model_type "gemma4" + dflash_config, the
                        mask token left to Gemma4DFlashConfig's default 4); see build_dflash
@@ -128,7 +130,7 @@ def tiny_model(perturb: float):
     return build
 
 
-def assistant_config(fx: str, ordered: bool) -> dict:
+def assistant_config(fx: str, ordered: bool, model_type: str = "gemma4_assistant") -> dict:
     t = json.loads((source(fx) / "config.json").read_text())
     text = dict(
         model_type="gemma4_text", hidden_size=t["hidden_size"], num_hidden_layers=2, intermediate_size=64,
@@ -139,14 +141,14 @@ def assistant_config(fx: str, ordered: bool) -> dict:
         rms_norm_eps=1e-6, use_double_wide_mlp=False, enable_moe_block=False, attention_k_eq_v=False,
         final_logit_softcapping=None, tie_word_embeddings=True,
     )
-    cfg = dict(model_type="gemma4_assistant", backbone_hidden_size=t["hidden_size"], block_size=4,
+    cfg = dict(model_type=model_type, backbone_hidden_size=t["hidden_size"], block_size=4,
                tie_word_embeddings=True, use_ordered_embeddings=ordered, text_config=text)
     if ordered:
         cfg.update(num_centroids=16, centroid_intermediate_top_k=8)
     return cfg
 
 
-def build_assistant(fx: str, ordered: bool):
+def build_assistant(fx: str, ordered: bool, model_type: str = "gemma4_assistant"):
     """A gemma4_assistant drafter built with mlx-vlm's classes.
 
     Random seeded weights give a drafter that the target (almost) never agrees with, so the
@@ -158,11 +160,13 @@ def build_assistant(fx: str, ordered: bool):
     """
 
     def build(tmp: Path) -> None:
-        from mlx_vlm.speculative.drafters.gemma4_assistant import Gemma4AssistantDraftModel, ModelConfig
+        import importlib
+
         from mlx_vlm.utils import save_config, save_weights
 
-        cfg = assistant_config(fx, ordered)
-        model = Gemma4AssistantDraftModel(ModelConfig.from_dict(json.loads(json.dumps(cfg))))
+        pkg = importlib.import_module(f"mlx_vlm.speculative.drafters.{model_type}")
+        cfg = assistant_config(fx, ordered, model_type)
+        model = pkg.Model(pkg.ModelConfig.from_dict(json.loads(json.dumps(cfg))))
         target = mx.load(str(source(fx) / "model.safetensors"))
         H = cfg["backbone_hidden_size"]
         new = []
@@ -249,6 +253,7 @@ def plan() -> list[tuple[str, str, object]]:
         out.append((f"{fx}_assistant", fx, build_assistant(fx, ordered=False)))
         out.append((f"{fx}_dflash", fx, build_dflash(fx)))
     out.append(("c3_e2b_assistant_ordered", "c3_e2b", build_assistant("c3_e2b", ordered=True)))
+    out.append(("c1_dense_unified_assistant", "c1_dense", build_assistant("c1_dense", False, "gemma4_unified_assistant")))
     out.append(("c1_dense_vocab128", "c1_dense", text_variant("c1_dense", perturb=PERTURB, vocab=128)))
     out.append(("tiny", "c1_dense", tiny_model(0.0)))
     out.append(("tiny_draft", "c1_dense", tiny_model(0.01)))

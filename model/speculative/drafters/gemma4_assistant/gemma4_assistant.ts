@@ -241,8 +241,9 @@ export function loadAssistant(dir: string): Gemma4AssistantDraftModel {
   } catch (e) {
     throw new ConfigError(file, "(file)", `invalid JSON: ${(e as Error).message}`);
   }
-  if (raw.model_type !== "gemma4_assistant") {
-    throw new ConfigError(file, "model_type", `expected "gemma4_assistant" for an MTP drafter, got ${JSON.stringify(raw.model_type)}`);
+  // gemma4_unified_assistant (mlx-vlm's package of that name) is this model under its own model_type
+  if (raw.model_type !== "gemma4_assistant" && raw.model_type !== "gemma4_unified_assistant") {
+    throw new ConfigError(file, "model_type", `expected "gemma4_assistant" or "gemma4_unified_assistant" for an MTP drafter, got ${JSON.stringify(raw.model_type)}`);
   }
   const config = assistantConfigFromDict(raw, file);
   const model = new Gemma4AssistantDraftModel(config);
