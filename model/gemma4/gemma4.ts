@@ -9,7 +9,7 @@ import type { ModelArgs, MultimodalConfig, VisionConfig } from "./config.ts";
 import * as gemma4_text from "./gemma4_text.ts";
 import type { AnyLinear } from "./gemma4_text.ts";
 import { LanguageModel } from "./language.ts";
-import { mediaMutated } from "./mutations.ts";
+import { mediaMutated, videoMutated } from "./mutations.ts";
 import { Linear, Module } from "./nn.ts";
 import { DECODE_BLOCK_SIZE } from "./switch_layers.ts";
 import { prefixed, type TapSink } from "./taps.ts";
@@ -305,7 +305,7 @@ export class MultimodalModel extends Module {
       const image_mask_ids = stack.use(mx.equal(input_ids, this.config.image_token_id));
       const audio_mask_ids = stack.use(mx.equal(input_ids, this.config.audio_token_id));
       let mm_mask = stack.use(mx.bitwiseOr(image_mask_ids, audio_mask_ids));
-      if (this.config.video_token_id !== null) {
+      if (this.config.video_token_id !== null && !videoMutated("video_ple_ids_kept")) {
         const vm = stack.use(mx.equal(input_ids, this.config.video_token_id));
         mm_mask = stack.use(mx.bitwiseOr(mm_mask, vm));
       }

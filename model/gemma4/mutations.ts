@@ -44,8 +44,21 @@ export const MEDIA_MUTATIONS = [
 
 export type MediaMutation = (typeof MEDIA_MUTATIONS)[number];
 
+/** Video port bugs (processor, tower positions, per-layer inputs): caught in suites/multimodal/video.test.ts. */
+export const VIDEO_MUTATIONS = [
+  "video_ple_ids_kept", // video placeholder ids left in the per-layer input lookup (only image/audio excluded)
+  "video_timestamp_off_by_one", // frame j labelled (j + 1) / fps
+  "video_positions_xy_swapped", // patch positions written [row, col] instead of [x = col, y = row]
+  "video_padding_not_masked", // padding patches (position -1) treated as real in the tower
+] as const;
+
+export type VideoMutation = (typeof VIDEO_MUTATIONS)[number];
+
+/** True when the named video bug is switched on (tests only). */
+export const videoMutated = (name: VideoMutation): boolean => switchedOn(name);
+
 /** A model or media port bug of these lists. */
-export type ModelMutation = Mutation | MediaMutation;
+export type ModelMutation = Mutation | MediaMutation | VideoMutation;
 
 /** True when the named bug is switched on (tests only). */
 export const mutated = (name: Mutation): boolean => switchedOn(name);

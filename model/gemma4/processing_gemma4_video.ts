@@ -18,6 +18,7 @@ import { resizeBicubic } from "../media/pil_resample.ts";
 import type { HostArray } from "../media/host.ts";
 import { MediaError } from "../media/errors.ts";
 import { ConfigError } from "./config.ts";
+import { videoMutated } from "./mutations.ts";
 
 export const SUPPORTED_SOFT_TOKENS = [70, 140, 280, 560, 1120] as const;
 
@@ -185,8 +186,9 @@ export class Gemma4VideoProcessor {
             for (let ch = 0; ch < 3; ch++) out[base + k++] = value(f[pix + ch]!, ch);
           }
         }
-        pos[(t * max_patches + n) * 2] = BigInt(px);
-        pos[(t * max_patches + n) * 2 + 1] = BigInt(py);
+        const swap = videoMutated("video_positions_xy_swapped");
+        pos[(t * max_patches + n) * 2] = BigInt(swap ? py : px);
+        pos[(t * max_patches + n) * 2 + 1] = BigInt(swap ? px : py);
       }
     }
     const sr = fps && fps > 0 ? fps : c.default_fps;
@@ -195,7 +197,7 @@ export class Gemma4VideoProcessor {
       video_position_ids: { dtype: "int64", shape: [1, T, max_patches, 2], data: pos },
       num_frames: T,
       num_soft_tokens_per_frame: Math.floor(keep / c.pooling_kernel_size ** 2),
-      frame_timestamps: Array.from({ length: T }, (_, j) => j / sr),
+      frame_timestamps: Array.from({ length: T }, (_, j) => (videoMutated("video_timestamp_off_by_one") ? j + 1 : j) / sr),
     };
   }
 }

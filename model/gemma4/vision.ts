@@ -11,7 +11,7 @@ import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import type { VisionConfig } from "./config.ts";
 import type { AnyLinear } from "./gemma4_text.ts";
-import { mediaMutated } from "./mutations.ts";
+import { mediaMutated, videoMutated } from "./mutations.ts";
 import { gelu_approx, Linear, Module, placeholder, RMSNorm } from "./nn.ts";
 import { pyPow } from "./pymath.ts";
 import type { TapSink } from "./taps.ts";
@@ -604,7 +604,7 @@ export class VisionModel extends Module {
       }
       const patch_positions = pp;
       const neg = stack.use(mx.equal(patch_positions, -1));
-      const padding_positions = stack.use(mx.all(neg, -1));
+      const padding_positions = stack.use(videoMutated("video_padding_not_masked") ? mx.zerosLike(stack.use(mx.all(neg, -1))) : mx.all(neg, -1));
       if (taps) taps(`${tp}patch_positions`, patch_positions);
       const output_length = Math.floor(pv.shape[1]! / pool_sq);
       const inputs_embeds = stack.use(this.patch_embedder.embed_patches(pv, patch_positions, padding_positions, taps, `${tp}patch_embedder/`));

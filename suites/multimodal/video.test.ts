@@ -43,6 +43,7 @@ import { makeMediaMasks } from "../../model/gemma4/language.ts";
 import { disposeMask, type Mask } from "../../model/mask.ts";
 import { mediaGenerationModel, mmTokenTypes } from "../../model/runtime.ts";
 import { generateStep } from "../../model/generate.ts";
+import { VIDEO_MUTATIONS, type VideoMutation, withMutation } from "../../model/gemma4/mutations.ts";
 import { maskEq } from "../properties/oracle-diff-lib.ts";
 import { tempDir } from "./media_fixtures.ts";
 import { spawnSync } from "node:child_process";
@@ -525,3 +526,76 @@ describe("npm run generate --video", () => {
     }
   }, limit(240_000));
 });
+
+describe("video mutations: each known port bug caught at its own block", () => {
+  // the block where each bug first shows, in pipeline order
+  const CAUGHT: Record<VideoMutation, string> = {
+    video_timestamp_off_by_one: "frame_timestamps",
+    video_positions_xy_swapped: "video_position_ids",
+    video_padding_not_masked: "vision_tower",
+    video_ple_ids_kept: "per_layer_inputs",
+  };
+  const ORDER = ["pixel_values_videos", "video_position_ids", "frame_timestamps", "vision_tower", "video_features", "merged", "per_layer_inputs", "logits"];
+
+  it("4 of 4 caught first at their block (m2_e2b/f32, 1 frame of a 64x48 video)", async () => {
+    expect(new Set(Object.keys(CAUGHT))).toEqual(new Set(VIDEO_MUTATIONS));
+    const v = videos()[0]!;
+    const py = await pyLoad(v.path);
+    const frames = framesHWC(py.frames, 1);
+    const clean = new Gemma4VideoProcessor().processOne(frames, py.sampled_fps);
+    const ids = videoPromptIds(clean);
+    const { model } = loadMultimodalModel(variants.get("m2_e2b/f32")!);
+    const types = mmTokenTypes(ids, model.config);
+    const proc = (await oracleMedia(oracle, "video_process", { frames: framesRecord(frames), fps: py.sampled_fps })) as Record<string, unknown>;
+    const fwd = (await oracleMedia(oracle, "video_forward", {
+      model_dir: variants.get("m2_e2b/f32")!,
+      input_ids: rec("int64", [1, ids.length], BigInt64Array.from(ids, BigInt)),
+      pixel_values_videos: proc.pixel_values_videos as NpyRecord,
+      video_position_ids: proc.video_position_ids as NpyRecord,
+      mm_token_type_ids: rec("int64", [1, ids.length], BigInt64Array.from(types, BigInt)),
+    })) as Record<string, NpyRecord>;
+    const want: Record<string, Buffer> = {
+      pixel_values_videos: bytesOf(proc.pixel_values_videos as NpyRecord),
+      video_position_ids: bytesOf(proc.video_position_ids as NpyRecord),
+      frame_timestamps: Buffer.from(JSON.stringify((proc.frame_timestamps as number[][])[0])),
+      ...Object.fromEntries(["vision_tower", "video_features", "merged", "per_layer_inputs", "logits"].map((k) => [k, bytesOf(fwd[k]!)])),
+    };
+    let caught = 0;
+    try {
+      for (const m of VIDEO_MUTATIONS) {
+        // the blocks in pipeline order; the model runs only when the processor's outputs agree
+        const first = withMutation(m, () => {
+          const p = new Gemma4VideoProcessor().processOne(frames, py.sampled_fps);
+          const pre: Record<string, Buffer> = {
+            pixel_values_videos: bytesOf(rec("float32", p.pixel_values_videos.shape, p.pixel_values_videos.data)),
+            video_position_ids: bytesOf(rec("int64", p.video_position_ids.shape, p.video_position_ids.data)),
+            frame_timestamps: Buffer.from(JSON.stringify(p.frame_timestamps)),
+          };
+          const early = ORDER.slice(0, 3).find((k) => !pre[k]!.equals(want[k]!));
+          if (early) return early;
+          const f = tsForward(model, ids, types, p);
+          return ORDER.slice(3).find((k) => !f[k]!.bytes.equals(want[k]!));
+        });
+        expect(first, m).toBe(CAUGHT[m]);
+        caught++;
+      }
+      // and without a mutation nothing differs (the same comparison is live)
+      const p = new Gemma4VideoProcessor().processOne(frames, py.sampled_fps);
+      const f = tsForward(model, ids, types, p);
+      for (const k of ["vision_tower", "video_features", "merged", "per_layer_inputs", "logits"]) expect(f[k]!.bytes.equals(want[k]!), k).toBe(true);
+    } finally {
+      model.dispose();
+    }
+    expect(caught).toBe(VIDEO_MUTATIONS.length);
+  }, limit(120_000));
+});
+
+/** One video's frames back to the (T, C, H, W) uint8 record mlx-vlm's processor takes. */
+function framesRecord(f: { width: number; height: number; frames: readonly Uint8Array[] }): NpyRecord {
+  const [T, H, W] = [f.frames.length, f.height, f.width];
+  const out = new Uint8Array(T * 3 * H * W);
+  f.frames.forEach((fr, t) => {
+    for (let c = 0; c < 3; c++) for (let i = 0; i < H * W; i++) out[(t * 3 + c) * H * W + i] = fr[i * 3 + c]!;
+  });
+  return { dtype: "uint8", shape: [T, 3, H, W], data: out };
+}
