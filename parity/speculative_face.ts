@@ -2,10 +2,11 @@
 // tools' flag names:
 //   --draft-model DIR        mlx_lm.generate's: a draft Gemma 4 checkpoint (speculative decoding),
 //                            or, as mlx_vlm.generate auto-detects from its model_type, a
-//                            gemma4_assistant drafter (MTP)
+//                            gemma4_assistant / gemma4_unified_assistant drafter (MTP) or a
+//                            gemma4_dflash drafter (DFlash)
 //   --num-draft-tokens N     mlx_lm.generate's (default 3)
-//   --draft-kind mtp         mlx_vlm.generate's (this port has the MTP kind only)
-//   --draft-block-size N     mlx_vlm.generate's: MTP tokens per round instead of the drafter's block_size
+//   --draft-kind mtp|dflash  mlx_vlm.generate's (a drafter's model_type overrides it, as there)
+//   --draft-block-size N     mlx_vlm.generate's: tokens per round instead of the drafter's block_size
 //   --prompt-cache-file F    mlx_lm.generate's: continue from a cache file; the prompt is the suffix
 // Every bad input is one clear error (UsageError, exit 2; or a load error naming file and key).
 import { existsSync, readFileSync } from "node:fs";
@@ -20,14 +21,16 @@ import { loadGenerationModel } from "../model/runtime.ts";
 import type { SamplerOptions } from "../model/sample.ts";
 import { type Gemma4AssistantDraftModel, loadAssistant } from "../model/speculative/drafters/gemma4_assistant/gemma4_assistant.ts";
 import { mtpGenerateStep } from "../model/speculative/mtp.ts";
+import { dflashGenerateStep } from "../model/speculative/dflash.ts";
+import { type DrafterKind, drafterModelType, expectedDrafterKind, loadDFlashDrafter } from "../model/speculative/drafters/index.ts";
 import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
 import { inspectCheckpoint } from "./inputs.ts";
 
 export const SPECULATIVE_FLAGS: FlagSpec[] = [
-  { name: "draft-model", kind: "string", valueName: "dir", help: "speculative decoding: a draft Gemma 4 checkpoint with the target's vocabulary (mlx-lm), or a gemma4_assistant drafter (MTP, as mlx-vlm)" },
+  { name: "draft-model", kind: "string", valueName: "dir", help: "speculative decoding: a draft Gemma 4 checkpoint with the target's vocabulary (mlx-lm), or a gemma4_assistant / gemma4_unified_assistant (MTP) or gemma4_dflash (DFlash) drafter, as mlx-vlm" },
   { name: "num-draft-tokens", kind: "int", valueName: "N", help: "draft tokens per round with a draft checkpoint", default: 3 },
-  { name: "draft-kind", kind: "string", valueName: "mtp", help: "drafter family, as mlx_vlm.generate (default: from the drafter's model_type; this port has mtp)" },
-  { name: "draft-block-size", kind: "int", valueName: "N", help: "MTP: tokens per round (drafts + 1) instead of the drafter's block_size" },
+  { name: "draft-kind", kind: "string", valueName: "mtp|dflash", help: "drafter family, as mlx_vlm.generate (default: from the drafter's model_type, which overrides it)" },
+  { name: "draft-block-size", kind: "int", valueName: "N", help: "MTP / DFlash: tokens per round (drafts + 1) instead of the drafter's block_size" },
   { name: "prompt-cache-file", kind: "string", valueName: "file", help: "continue from this prompt-cache file (npm run cache-prompt, or mlx_lm.cache_prompt); the prompt is the suffix" },
 ];
 
@@ -46,7 +49,7 @@ export function modelDirOf(a: Parsed): string {
 export function checkSpeculativeFlags(a: Parsed): void {
   const k = Number(a["num-draft-tokens"]);
   if (!Number.isInteger(k) || k < 1) throw new UsageError(`--num-draft-tokens must be at least 1, got ${a["num-draft-tokens"]}`);
-  if (a["draft-kind"] !== undefined && a["draft-kind"] !== "mtp") throw new UsageError(`--draft-kind ${a["draft-kind"]} is not supported (this port has mtp, the gemma4_assistant drafter)`);
+  if (a["draft-kind"] !== undefined && a["draft-kind"] !== "mtp" && a["draft-kind"] !== "dflash") throw new UsageError(`--draft-kind ${a["draft-kind"]} is not supported (this port has mtp and dflash)`);
   if (a["draft-block-size"] !== undefined && Number(a["draft-block-size"]) < 2) throw new UsageError("--draft-block-size must be at least 2 (one draft token per round)");
   for (const f of ["draft-kind", "draft-block-size"]) if (a[f] !== undefined && a["draft-model"] === undefined) throw new UsageError(`--${f} needs --draft-model`);
 }
@@ -138,20 +141,55 @@ export function speculativeFaceStream(a: Parsed, dir: string, loaded: LoadedMode
   if (a["draft-model"] === undefined) return null;
   const draftDir = resolve(String(a["draft-model"]));
   if (!existsSync(join(draftDir, "config.json"))) throw new UsageError(`--draft-model ${draftDir} has no config.json`);
-  const draftType = String((JSON.parse(readFileSync(join(draftDir, "config.json"), "utf8")) as Record<string, unknown>).model_type ?? "");
+  let rawConfig: Record<string, unknown>;
+  try {
+    rawConfig = JSON.parse(readFileSync(join(draftDir, "config.json"), "utf8")) as Record<string, unknown>;
+  } catch (e) {
+    throw new UsageError(`--draft-model ${draftDir}: config.json is not valid JSON: ${(e as Error).message}`);
+  }
+  const draftType = String(rawConfig.model_type ?? "");
+  // resolve_drafter_kind: the drafter's (normalized) model_type decides, --draft-kind only without one
+  const normalized = drafterModelType(rawConfig);
+  const kind: DrafterKind | null = expectedDrafterKind(normalized, rawConfig) ?? (normalized?.endsWith("_dflash") ? "dflash" : null) ?? ((a["draft-kind"] as DrafterKind | undefined) ?? null);
   const eos = new Set(o.eosTokenIds);
   let rounds = 0;
   let accepted = 0;
   let drafted = 0;
-  if (draftType === "gemma4_assistant" || a["draft-kind"] === "mtp") {
-    if (draftType !== "gemma4_assistant") throw new UsageError(`--draft-kind mtp needs a gemma4_assistant drafter, ${draftDir} is a ${draftType || "(no model_type)"}`);
+  const blockSize = a["draft-block-size"] === undefined ? undefined : Number(a["draft-block-size"]);
+  const MTP_TYPES = ["gemma4_assistant", "gemma4_unified_assistant"];
+  const DFLASH_TYPES = ["gemma4_dflash", "qwen3_dflash"];
+  if (kind === "dflash" && normalized !== null && DFLASH_TYPES.includes(normalized)) {
+    if ((o.samplerOptions.temp ?? 0) !== 0) throw new UsageError("DFlash decoding runs greedy (--temp 0) in this port");
+    if (o.promptCache) throw new UsageError("--prompt-cache-file is not supported with a DFlash drafter");
+    const drafter = loadDFlashDrafter(draftDir);
+    try {
+      const inner = dflashGenerateStep(loaded.text, drafter, prompt, {
+        maxTokens: o.maxTokens,
+        draftBlockSize: blockSize,
+        onRound: (r) => {
+          rounds++;
+          accepted += r.accepted;
+          drafted += r.drafted.length;
+        },
+      });
+      return { tokens: withStops(inner, eos, o.maxTokens), stats: () => statsLine(rounds, accepted, drafted), dispose: () => drafter.dispose() };
+    } catch (e) {
+      drafter.dispose();
+      throw new UsageError(`--draft-model ${draftDir}: ${(e as Error).message}`);
+    }
+  }
+  if (kind !== null && kind !== "mtp" && a["draft-kind"] !== "mtp") {
+    throw new UsageError(`--draft-model ${draftDir} is a ${normalized} drafter (kind ${kind}), which this port does not run (it has gemma4_assistant, gemma4_unified_assistant and gemma4_dflash)`);
+  }
+  if (MTP_TYPES.includes(draftType) || kind === "mtp" || a["draft-kind"] === "mtp") {
+    if (!MTP_TYPES.includes(draftType)) throw new UsageError(`--draft-kind mtp needs a gemma4_assistant or gemma4_unified_assistant drafter, ${draftDir} is a ${draftType || "(no model_type)"}`);
     if ((o.samplerOptions.temp ?? 0) !== 0) throw new UsageError("MTP decoding runs greedy (--temp 0) in this port");
     if (o.promptCache) throw new UsageError("--prompt-cache-file is not supported with an MTP drafter");
     const drafter: Gemma4AssistantDraftModel = loadAssistant(draftDir);
     const inner = mtpGenerateStep(loaded.text, drafter, prompt, {
       maxTokens: o.maxTokens,
       prefillStepSize: o.prefillStepSize,
-      draftBlockSize: a["draft-block-size"] === undefined ? undefined : Number(a["draft-block-size"]),
+      draftBlockSize: blockSize,
       onRound: (r) => {
         rounds++;
         accepted += r.accepted;

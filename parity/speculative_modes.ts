@@ -3,13 +3,17 @@
 //   speculative   draft-model speculative decoding vs mlx-lm's speculative_generate_step inside
 //                 every window, and vs plain greedy decoding at every length; mlx-lm's own
 //                 divergence from greedy past the window is shown
-//   mtp           MTP decoding with gemma4_assistant drafters vs mlx-vlm, round by round, and
-//                 Gemma4ExactSpeculativeVerifier vs mlx-vlm's
+//   mtp           MTP decoding with gemma4_assistant (and gemma4_unified_assistant) drafters vs
+//                 mlx-vlm, round by round, and Gemma4ExactSpeculativeVerifier vs mlx-vlm's
+//   dflash        DFlash decoding with gemma4_dflash drafters vs mlx-vlm, round by round
+//                 (oracle/speculative_dflash.ts), and vs plain greedy decoding
 // Writes <out>/parity-<mode>.json; the verdict is PASS when every comparison is bit-exact.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { type OracleClient, REPO_ROOT } from "../oracle/client.ts";
 import { exactVerifyParity, ModelPool, mtpParity, speculativeParity, type TallySummary } from "../oracle/speculative.ts";
+import { DrafterPool, dflashParity } from "../oracle/speculative_dflash.ts";
+import * as mx from "@mlx-bun/mlx";
 import type { Parsed } from "./args.ts";
 import { textTable } from "./format.ts";
 import { ProgressBar } from "./progress.ts";
@@ -82,6 +86,7 @@ async function mtpMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
       { fx: "c3_e2b", drafter: "c3_e2b_assistant", P: 9, N: 24 },
       { fx: "c3_e2b", drafter: "c3_e2b_assistant_ordered", P: 20, N: 24 },
       { fx: "c5_moe", drafter: "c5_moe_assistant", P: 3, N: 24 },
+      { fx: "c1_dense", drafter: "c1_dense_unified_assistant", P: 3, N: 24 },
     ].filter((s) => selected(a)(s.fx));
     for (const s of scenarios) {
       const bar = new ProgressBar(`[mtp ${s.drafter}]`);
@@ -109,8 +114,42 @@ async function mtpMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
   return ok;
 }
 
+async function dflashMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
+  const pool = new ModelPool();
+  const drafters = new DrafterPool();
+  const rows: string[][] = [];
+  const results: unknown[] = [];
+  let ok = true;
+  try {
+    const scenarios = [
+      { fx: "c1_dense", P: 3, N: 24 },
+      { fx: "c1_dense", P: 12, N: 40 },
+      { fx: "c1_dense", P: 5, N: 32, block: 8 },
+      { fx: "c3_e2b", P: 9, N: 24 },
+      { fx: "c5_moe", P: 3, N: 24 },
+    ].filter((s) => selected(a)(s.fx));
+    for (const s of scenarios) {
+      const bar = new ProgressBar(`[dflash ${s.fx}_dflash]`);
+      bar.update(0, `P=${s.P} N=${s.N}`);
+      const r = await dflashParity(oracle, pool, drafters, { target: join(CK, s.fx, "f32"), drafter: join(SP, `${s.fx}_dflash`), prompt: prompt(s.P), maxTokens: s.N, draftBlockSize: s.block });
+      // plain greedy is a relation only where block rows equal single-token rows (the CPU backend; suites/speculative/rows.ts)
+      ok &&= r.vsOracle.first === null && (mx.defaultDevice() !== "cpu" || r.vsGreedy?.first === null);
+      results.push(r);
+      rows.push([`${s.fx}_dflash`, `P=${s.P} N=${s.N}${s.block ? ` block ${s.block}` : ""}`, `${r.rounds} (${r.acceptRounds} with accepts, ${r.rejectRounds} with rejections)`, `${r.accepted}/${r.drafted}`, verdict(r.vsOracle), r.vsGreedy?.first ? "DIFFERS" : "equal"]);
+      bar.done(r.vsOracle.first ? "DIVERGES" : "bit-exact");
+    }
+  } finally {
+    pool.dispose();
+    drafters.dispose();
+  }
+  process.stdout.write(`\nDFlash speculative decoding (gemma4_dflash drafters) vs mlx-vlm 0.7.10, round by round\n${textTable(["drafter", "run", "rounds", "accepted/drafted", "TS vs mlx-vlm", "vs greedy"], rows)}\n`);
+  process.stdout.write(`Report: ${writeReport(a, "dflash", results, ok)}\nVerdict: ${ok ? "PASS" : "FAIL"}\n`);
+  return ok;
+}
+
 /** The --mode runners of this feature: name → run (true when every comparison is bit-exact). */
 export const SPECULATIVE_MODES: Record<string, (oracle: OracleClient, a: Parsed) => Promise<boolean>> = {
   speculative: speculativeMode,
   mtp: mtpMode,
+  dflash: dflashMode,
 };

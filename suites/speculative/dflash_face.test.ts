@@ -1,0 +1,70 @@
+// `npm run generate --draft-model` with the issue-26 drafters: the kind comes from the drafter's
+// config (model_type / dflash_config, as mlx_vlm.generate resolves it): a gemma4_dflash drafter
+// runs DFlash, a gemma4_unified_assistant drafter runs MTP; both print plain greedy decoding's
+// tokens and mlx-vlm's statistics line. Bad input is one clear error, exit 2: a DFlash drafter for
+// a target of another hidden size, or whose vocabulary differs from the target's, a drafter kind
+// this port does not run, --draft-kind other than mtp/dflash.
+import { afterAll, describe, expect, it } from "vitest";
+import { spawnSync } from "node:child_process";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { REPO_ROOT } from "../../oracle/client.ts";
+import { limit } from "../../tests/time_limit.ts";
+
+const CK = join(REPO_ROOT, ".cache", "checkpoints");
+const SP = join(CK, "speculative");
+const C1 = join(CK, "c1_dense", "f32");
+const tmp = mkdtempSync(join(tmpdir(), "dflash-face-"));
+afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+
+function generate(args: string[]): { code: number | null; out: string; stdout: string } {
+  const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", "generate_cli.ts"), ...args], { cwd: REPO_ROOT, encoding: "utf8", timeout: limit(120_000) });
+  return { code: r.status, out: `${r.stdout}${r.stderr}`, stdout: r.stdout };
+}
+function expectClean(r: { code: number | null; out: string }, code: number, message: RegExp): void {
+  expect(r.out).toMatch(message);
+  expect(r.code).toBe(code);
+  expect(r.out).not.toMatch(/\n\s+at .+:\d+:\d+/); // no stack frames
+}
+const ids = (stdout: string) => stdout.split("==========")[0]!.trim();
+const TOKENS = ["--tokens", "11,48,85", "--max-tokens", "12"];
+
+/** A copy of a drafter directory (weights linked) with config edits. */
+function drafterVariant(src: string, name: string, edit: (c: Record<string, unknown>) => void): string {
+  const d = join(tmp, name);
+  mkdirSync(d);
+  const c = JSON.parse(readFileSync(join(src, "config.json"), "utf8"));
+  edit(c);
+  writeFileSync(join(d, "config.json"), JSON.stringify(c));
+  symlinkSync(join(src, "model.safetensors"), join(d, "model.safetensors"));
+  return d;
+}
+
+describe("npm run generate --draft-model: DFlash and the unified assistant", () => {
+  it("a gemma4_dflash and a gemma4_unified_assistant drafter print greedy's tokens and the statistics line", () => {
+    const plain = generate(["--model", C1, ...TOKENS]);
+    expect(plain.code).toBe(0);
+    for (const draft of [join(SP, "c1_dense_dflash"), join(SP, "c1_dense_unified_assistant")]) {
+      const r = generate(["--model", C1, ...TOKENS, "--draft-model", draft]);
+      expect(r.code).toBe(0);
+      expect(ids(r.stdout)).toBe(ids(plain.stdout));
+      expect(r.stdout).toMatch(/Speculative decoding: \d+\.\d\d accepted tokens\/round \(\d+\.\d\d accepted drafts\/round, \d+\.\d% of drafted, avg draft \d+\.\d\d\) over \d+ rounds/);
+    }
+  }, limit(120_000));
+
+  it("bad drafters: one clear error each, exit 2", () => {
+    // a target of another hidden size (tiny: hidden 32; the drafter reads hidden 64)
+    expectClean(generate(["--model", join(SP, "tiny"), "--tokens", "1,2,3", "--max-tokens", "4", "--draft-model", join(SP, "c1_dense_dflash")]), 2, /drafter is for a target of hidden size 64, this target has 32/);
+    // a drafter whose vocabulary differs from the target's
+    const vocab = drafterVariant(join(SP, "c1_dense_dflash"), "vocab512", (c) => (c.vocab_size = 512));
+    expectClean(generate(["--model", C1, ...TOKENS, "--draft-model", vocab]), 2, /drafter's vocabulary \(512\) differs from the target's \(256\)/);
+    // a drafter reading a target layer the target does not have
+    const layers = drafterVariant(join(SP, "c1_dense_dflash"), "layers", (c) => ((c.dflash_config as Record<string, unknown>).target_layer_ids = [1, 3, 9]));
+    expectClean(generate(["--model", C1, ...TOKENS, "--draft-model", layers]), 2, /reads target layer 9, this target has 6 layers/);
+    // a drafter kind this port does not run (a DSpark config), and an unknown --draft-kind
+    const dspark = drafterVariant(join(SP, "c1_dense_dflash"), "dspark", (c) => ((c.dflash_config as Record<string, unknown>).projector_type = "dspark"));
+    expectClean(generate(["--model", C1, ...TOKENS, "--draft-model", dspark]), 2, /is a dspark drafter \(kind dflash\), which this port does not run/);
+    expectClean(generate(["--model", C1, ...TOKENS, "--draft-model", join(SP, "c1_dense_dflash"), "--draft-kind", "eagle3"]), 2, /--draft-kind eagle3 is not supported/);
+  }, limit(120_000));
+});
