@@ -5,7 +5,7 @@ The source is built exactly as make_checkpoints.py --shape e2b builds a bench ch
 config from shape_config, MLX's default random init under mx.random.seed(seed), cast to --dtype),
 but saved unquantized: <out>/bf16 or <out>/f32. Each variant is that same source quantized with
 mlx-lm's own quantize_model and the model's own predicate, as the fixtures are (q4g64, q4g32,
-q8g64 affine and mxfp4 g32; scales in the source's dtype): <out>/<variant>. A stamp file skips
+q8g64 affine, scales in the source's dtype; mxfp4 g32 from bfloat16 only, see SKIP): <out>/<variant>. A stamp file skips
 an up-to-date build.
 
   quant_e2b.py --out DIR [--layers N] [--seed S] [--dtype bfloat16|float32]
@@ -14,6 +14,7 @@ an up-to-date build.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import shutil
@@ -40,6 +41,15 @@ VARIANTS = {
 
 
 SOURCE_NAME = {"bfloat16": "bf16", "float32": "f32"}
+
+# libmlx's CPU mxfp4 quantize of a float32 matrix peaks at about 17x its input (65,536 x 1,536:
+# 7 GB measured); the E2B's 262,144-row embeddings then exhaust a 23 GB machine (the process was
+# killed, then segfaulted). mxfp4 is built from the bfloat16 source only.
+SKIP = {"float32": {"mxfp4"}}
+
+
+def variants(dtype: str) -> dict[str, dict]:
+    return {k: v for k, v in VARIANTS.items() if k not in SKIP.get(dtype, set())}
 
 
 def stamp_of(layers: int, seed: int, dtype: str) -> str:
@@ -69,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = a.out.resolve()
     src_name = SOURCE_NAME[a.dtype]
     stamp = stamp_of(a.layers, a.seed, a.dtype)
-    if (out / ".stamp").exists() and (out / ".stamp").read_text() == stamp and all((out / v).is_dir() for v in [src_name, *VARIANTS]):
+    if (out / ".stamp").exists() and (out / ".stamp").read_text() == stamp and all((out / v).is_dir() for v in [src_name, *variants(a.dtype)]):
         print(f"[quant_e2b] {out}: up to date", flush=True)
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -85,16 +95,35 @@ def main(argv: list[str] | None = None) -> int:
     model.update(tree_map(lambda v: v.astype(dt), model.parameters()))
     mx.eval(model.parameters())
     source = tree_flatten(model.parameters())
-    save(out, src_name, model, cfg)
-    print(f"[quant_e2b] {src_name} saved", flush=True)
-    for name, q in VARIANTS.items():
+    del model
+    # each checkpoint written is stamped, so a run killed part way (memory) resumes after it
+    done = lambda name: (out / f".stamp-{name}").exists() and (out / f".stamp-{name}").read_text() == stamp and (out / name).is_dir()  # noqa: E731
+    if not done(src_name):
+        m = gemma4_text.Model(args)
+        m.update(tree_unflatten(source))
+        save(out, src_name, m, cfg)
+        (out / f".stamp-{src_name}").write_text(stamp)
+        print(f"[quant_e2b] {src_name} saved", flush=True)
+    for name in SKIP.get(a.dtype, ()):
+        print(f"[quant_e2b] {name}: not built from a {a.dtype} source (libmlx's CPU quantize needs too much memory)", flush=True)
+    for name, q in variants(a.dtype).items():
+        if done(name):
+            print(f"[quant_e2b] {name}: up to date", flush=True)
+            continue
         m = gemma4_text.Model(args)
         m.update(tree_unflatten(source))
         _, qcfg = quantize_model(m, json.loads(json.dumps(cfg)), q["group_size"], q["bits"], mode=q["mode"])
-        mx.eval(m.parameters())
+        # one parameter at a time: evaluated all at once, mxfp4 of the float32 source took over
+        # 15 GB (the 262,144-row embeddings' temporaries side by side)
+        for _, v in tree_flatten(m.parameters()):
+            mx.eval(v)
+            mx.clear_cache()
         save(out, name, m, qcfg)
+        (out / f".stamp-{name}").write_text(stamp)
         print(f"[quant_e2b] {name} saved", flush=True)
         del m
+        gc.collect()
+        mx.clear_cache()
     (out / ".stamp").write_text(stamp)
     return 0
 
