@@ -18,6 +18,8 @@ import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "./device.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
 import { checkMediaCheckpoint, checkpointTowers, MEDIA_FLAGS, type MediaRequest, mediaRequest, prepareMedia, wantsMedia } from "./media.ts";
 import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
+import { modelConfigFromDict } from "../model/gemma4_unified/index.ts";
+import { inlineScenario, unifiedInputs, unifiedScenario } from "../oracle/unified_fixtures.ts";
 import { fmtDivergence, fmtNum, pct, REFERENCE_HEADER, referenceRow, SUMMARY_HEADER, summaryRow, textTable } from "./format.ts";
 import { compareWithReference, readReferenceManifest, REFERENCE_BOUND, referenceBoundApplies, relDiff } from "../oracle/reference.ts";
 import { renderHtml } from "./html.ts";
@@ -89,6 +91,10 @@ const FIXTURE_SCENARIOS = { all: "gen_P9_S5", moe: "gen_P40_S36" };
 // The multimodal fixtures (mlx-vlm) run 20 decode steps after an image prompt; those with an
 // audio tower also a chunked image + audio prefill.
 const MM_FIXTURE_SCENARIOS = { all: "mm_gen_image", audio: "mm_gen_chunked_av" };
+
+// The gemma4_unified fixtures run 20 decode steps after an image prompt (fixtures/
+// unified_scenarios.json), their inputs made by the TS processor (oracle/unified_fixtures.ts).
+const UNIFIED_FIXTURE_SCENARIO = "u_gen_image";
 
 /** Comma-separated globs ('*' wildcards): an id matches if it matches any of them. */
 function globRe(globs: string): RegExp {
@@ -167,6 +173,7 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
     checkpoints: { id: string; moe: boolean }[];
     mm_checkpoints: { id: string; towers: string[] }[];
     mm_scenarios: { id: string; kind: string }[];
+    unified_checkpoints?: { id: string }[];
   }>("plan");
   const scenarios = new Map(
     (JSON.parse(readFileSync(join(REPO_ROOT, "fixtures", "scenarios.json"), "utf8")) as { scenarios: ScenarioEntry[] }).scenarios.map((s) => [s.id, s]),
@@ -174,11 +181,12 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
   const re = only ? globRe(only) : null;
   const ckpts = plan.checkpoints.filter((c) => !re || re.test(c.id));
   const mmCkpts = plan.mm_checkpoints.filter((c) => !re || re.test(c.id));
-  if (ckpts.length + mmCkpts.length === 0) throw new UsageError(`--only '${only}' matches no fixture checkpoint (ids look like c3_e2b/bf16 or m2_e2b/f32)`);
+  const unifiedCkpts = (plan.unified_checkpoints ?? []).filter((c) => !re || re.test(c.id));
+  if (ckpts.length + mmCkpts.length + unifiedCkpts.length === 0) throw new UsageError(`--only '${only}' matches no fixture checkpoint (ids look like c3_e2b/bf16, m2_e2b/f32 or u1_dense/f32)`);
   const build = new ProgressBar("[checkpoints]");
   build.update(0, "building the fixture checkpoints with mlx-lm (cached after the first run)");
   await oracle.request("make_checkpoints", {}, 1_800_000);
-  build.done(`${plan.checkpoints.length + plan.mm_checkpoints.length} fixture checkpoints ready`);
+  build.done(`${plan.checkpoints.length + plan.mm_checkpoints.length + (plan.unified_checkpoints ?? []).length} fixture checkpoints ready`);
   const specs: RunSpec[] = [];
   for (const c of ckpts) {
     for (const sid of c.moe ? [FIXTURE_SCENARIOS.all, FIXTURE_SCENARIOS.moe] : [FIXTURE_SCENARIOS.all]) {
@@ -192,6 +200,12 @@ async function fixtureRuns(oracle: OracleClient, budget: Budget, only: string | 
       const s = mmScenarios.scenarios.find((x) => x.id === sid)!;
       specs.push(fixtureSpec(c.id, s, budget, { prompt: [], media: { scenario: sid } }));
     }
+  }
+  for (const c of unifiedCkpts) {
+    const s = unifiedScenario(UNIFIED_FIXTURE_SCENARIO);
+    const dir = join(REPO_ROOT, ".cache", "checkpoints", c.id);
+    const unified = () => unifiedInputs(s, modelConfigFromDict(JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<string, unknown>, join(dir, "config.json")));
+    specs.push(fixtureSpec(c.id, { id: s.id, prefill_step_size: s.prefill_step_size, max_tokens: s.max_tokens }, budget, { prompt: [], media: { scenario: inlineScenario(s), unified } }));
   }
   // The oracle captures run k+1 while TS compares run k (two processes, two cores).
   const runs: RunResult[] = [];

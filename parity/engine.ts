@@ -7,7 +7,8 @@ import { existsSync, readFileSync, unlinkSync } from "node:fs";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { type GenerateModel, generateStep } from "../model/generate.ts";
-import { loadModel, loadMultimodalModel } from "../model/gemma4/index.ts";
+import { type LoadedMultimodalModel, loadModel, loadMultimodalModel } from "../model/gemma4/index.ts";
+import { disposeUnifiedMedia, isUnifiedCheckpoint, loadUnifiedModel, type UnifiedPrompt, unifiedGenerationModel } from "../model/gemma4_unified/index.ts";
 import type { TapMeta, TapValue } from "../model/gemma4/taps.ts";
 import { generationModel, type MediaPrompt, mediaGenerationModel, stepTaps } from "../model/runtime.ts";
 import { type DivergentTap, kvLengthAt, mlxBugAtTap } from "../oracle/mlx_bugs.ts";
@@ -46,6 +47,8 @@ export interface RunSpec {
     scenario: string | Record<string, unknown>;
     /** The processor's outputs when known before the capture (the TS processor on the face's files); else read from the capture. */
     prepared?: MediaPrompt;
+    /** A gemma4_unified checkpoint: its TS inputs (ids and the TS processor's outputs), made when the run starts and disposed after it. */
+    unified?: () => UnifiedPrompt;
   };
 }
 
@@ -118,7 +121,8 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
   const cap = await (capture ?? captureOracle(oracle, spec));
   const theirs = cap.taps;
   const calls = new Set(theirs.map((t) => parseTapName(t.name).call));
-  const loaded = spec.media ? loadMultimodalModel(spec.tsDir) : loadModel(spec.tsDir);
+  const unified = spec.media && isUnifiedCheckpoint(spec.tsDir) ? loadUnifiedModel(spec.tsDir) : null;
+  const loaded = unified ?? (spec.media ? loadMultimodalModel(spec.tsDir) : loadModel(spec.tsDir));
   const layers = "text" in loaded ? loaded.text.args.num_hidden_layers : loaded.config.text.num_hidden_layers;
 
   const taps: TapResult[] = [];
@@ -189,11 +193,20 @@ export async function runParity(oracle: OracleClient, spec: RunSpec, progress?: 
     let run: { generate: GenerateModel; chunked: boolean; dispose(): void };
     if ("text" in loaded) {
       run = { generate: generationModel(loaded, sink), chunked: true, dispose: () => {} };
+    } else if (unified) {
+      if (!spec.media!.unified) throw new Error(`${spec.tsDir}: a gemma4_unified run needs its TS inputs (spec.media.unified)`);
+      const up = spec.media!.unified();
+      prompt = [...up.ids];
+      try {
+        run = unifiedGenerationModel(unified.model, up, sink);
+      } finally {
+        disposeUnifiedMedia(up.media);
+      }
     } else {
       const rec = spec.media!.prepared ?? recordedMedia(theirs);
       prompt = [...rec.ids];
       try {
-        run = mediaGenerationModel(loaded.model, rec, sink);
+        run = mediaGenerationModel((loaded as LoadedMultimodalModel).model, rec, sink);
       } finally {
         if (!spec.media!.prepared) disposeMediaInputs(rec.media);
       }

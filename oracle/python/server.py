@@ -321,7 +321,9 @@ class Server:
                 "scenarios": [{k: v for k, v in s.items() if k in ("id", "kind", "applies_to")}
                               for s in load_scenarios()],
                 "mm_checkpoints": mm_ck,
-                "mm_scenarios": [{k: v for k, v in s.items() if k in ("id", "kind", "needs")} for s in mm_sc]}
+                "mm_scenarios": [{k: v for k, v in s.items() if k in ("id", "kind", "needs")} for s in mm_sc],
+                # gemma4_unified fixtures (fixtures/unified_configs; scenarios: fixtures/unified_scenarios.json, inline)
+                "unified_checkpoints": [{"id": t[0], "fixture": t[1], "variant": t[2]} for t in mmc.unified_matrix_ids()]}
 
     def cmd_make_mask(self, req: dict) -> dict:
         """base.create_attention_mask(h, cache, window_size, return_array) with h of length N,
