@@ -62,6 +62,8 @@ export interface EngineRequest {
   stop: StopSequences;
   /** Checked before the request starts and after every token. */
   cancelled: () => boolean;
+  /** A name for the schedule's records (the server gives the response id). */
+  tag?: string;
 }
 
 export interface EngineOptions {
@@ -314,13 +316,13 @@ export class Engine {
       return;
     }
     this.active.set(uid, { job, detok: this.tokenizer.newDetokenizer(), samplerKey: key, tokens: [], logprobs: [], shas: [] });
-    this.record({ event: "insert", session: this.session, step: this.step, uid, request: job.n, prompt: r.prompt, max_tokens: r.maxTokens, sampler: samplerRecord(r.sampler), stop_sequences: r.stop.sequences });
+    this.record({ event: "insert", session: this.session, step: this.step, uid, request: job.n, tag: r.tag ?? null, prompt: r.prompt, max_tokens: r.maxTokens, sampler: samplerRecord(r.sampler), stop_sequences: r.stop.sequences });
   }
 
   private finish(uid: number, a: Active, reason: string): void {
     this.active.delete(uid);
     a.job.ch.end();
-    this.record({ event: "leave", session: this.session, step: this.step, uid, request: a.job.n, reason, tokens: a.tokens, logprobs: a.logprobs, logprobs_sha256: a.shas });
+    this.record({ event: "leave", session: this.session, step: this.step, uid, request: a.job.n, tag: a.job.req.tag ?? null, reason, tokens: a.tokens, logprobs: a.logprobs, logprobs_sha256: a.shas });
   }
 
   /** One TimeBudget of next() calls, then the removal of sequences whose clients went away. */
@@ -423,7 +425,7 @@ export class Engine {
       job.ch.fail(e as Error);
     } finally {
       await steps?.return(undefined);
-      this.record({ event: "single", request: job.n, prompt: req.prompt, max_tokens: req.maxTokens, seed: req.seed, sampler: samplerRecord(req.sampler), prefill_step_size: this.opts.prefillStepSize, reason, tokens, logprobs, logprobs_sha256: shas });
+      this.record({ event: "single", request: job.n, tag: req.tag ?? null, prompt: req.prompt, max_tokens: req.maxTokens, seed: req.seed, sampler: samplerRecord(req.sampler), prefill_step_size: this.opts.prefillStepSize, reason, tokens, logprobs, logprobs_sha256: shas });
     }
   }
 

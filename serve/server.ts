@@ -219,6 +219,7 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
       topLogprobs: args.topLogprobs,
       stop: makeStopSequences(tok.eosTokenIds, args.stopWords, (w) => tok.encode(w, false)),
       cancelled: () => gone || req.signal.aborted,
+      tag: ctx.id,
     });
     const respond = complete(ctx, built, tokens);
     if (!args.stream) {

@@ -8,6 +8,8 @@ export interface ScheduleEvent {
   step?: number;
   uid?: number;
   request?: number;
+  /** The response id the server gave the request. */
+  tag?: string | null;
   prompt?: number[];
   reason?: string;
   tokens?: number[];
