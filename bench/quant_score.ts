@@ -309,6 +309,14 @@ export function renderMarkdown(r: Results): string {
 
 // ------------------------------------------------------------------ main
 
+function write(results: Results): void {
+  const ordered: Results = { ...results, sets: Object.fromEntries(["fixtures", "e2b"].filter((s) => results.sets[s]).map((s) => [s, results.sets[s]!])) };
+  for (const [file, text] of [[OUT_JSON, JSON.stringify(ordered, null, 1) + "\n"], [OUT_MD, renderMarkdown(ordered)]] as const) {
+    writeFileSync(`${file}.tmp`, text);
+    renameSync(`${file}.tmp`, file);
+  }
+}
+
 function globRegex(glob: string): RegExp {
   return new RegExp(`^${glob.replace(/[.+^${}()|[\]\\]/g, "\\$&").replace(/\*/g, ".*").replace(/\?/g, ".")}$`);
 }
@@ -324,7 +332,7 @@ function log(msg: string): void {
   process.stderr.write(`[quant] ${msg}\n`);
 }
 
-async function scorePairs(oracle: OracleClient, pairs: Pair[], tokens: number, seed: number): Promise<PairResult[]> {
+async function scorePairs(oracle: OracleClient, pairs: Pair[], tokens: number, seed: number, onPair: (done: PairResult[]) => void): Promise<PairResult[]> {
   const out: PairResult[] = [];
   let cached = null as { dir: string; prompt: number[]; cap: Map<string, RawTensor> } | null;
   for (const [i, p] of pairs.entries()) {
@@ -346,6 +354,7 @@ async function scorePairs(oracle: OracleClient, pairs: Pair[], tokens: number, s
     const seconds = (performance.now() - t0) / 1000;
     log(`${i + 1}/${pairs.length} ${p.id}: KL mean ${sci(score.logits.klMean)} p99 ${sci(score.logits.klP99)} max ${sci(score.logits.klMax)}, top-1 ${pct(score.logits.top1)} (${seconds.toFixed(1)} s)`);
     out.push({ ...p, prompt: { tokens, seed }, score, seconds });
+    onPair(out);
   }
   return out;
 }
@@ -374,6 +383,7 @@ async function main(argv: string[]): Promise<number> {
   const e2bDtype = String(a["e2b-dtype"]);
   if (!(e2bDtype in SOURCE_NAME)) throw new UsageError("--e2b-dtype must be float32 or bfloat16");
   if (sets.includes("e2b")) buildE2b(a["e2b-layers"] as number, e2bDtype);
+  let scored = 0;
   const oracle = await OracleClient.start();
   try {
     results.versions = { ...(oracle.versions ?? {}), bun: Bun.version };
@@ -385,19 +395,19 @@ async function main(argv: string[]): Promise<number> {
       const old = results.sets[set];
       // a partial run keeps the other rows only when they were scored on the same prompt
       const keep = old && old.pairs.every((r) => r.prompt.tokens === tokens && r.prompt.seed === seed) && old.e2bLayers === extra.e2bLayers && old.e2bDtype === extra.e2bDtype ? old.pairs : [];
-      const fresh = strip(await scorePairs(oracle, pairs, tokens, seed));
-      results.sets[set] = { date, ...extra, pairs: mergeRows(keep, fresh, all.map((p) => p.id)) };
+      // the results are written after every pair: a long run stopped part way keeps what it scored
+      await scorePairs(oracle, pairs, tokens, seed, (done) => {
+        results.sets[set] = { date, ...extra, pairs: mergeRows(keep, strip(done), all.map((p) => p.id)) };
+        write(results);
+      });
+      scored += pairs.length;
     };
     if (sets.includes("fixtures")) await run("fixtures", fixturePairs(), a.tokens as number, {});
     if (sets.includes("e2b")) await run("e2b", e2bPairs(a["e2b-layers"] as number, e2bDtype), a["e2b-tokens"] as number, { e2bLayers: a["e2b-layers"] as number, e2bDtype });
   } finally {
     await oracle.close();
   }
-  const ordered: Results = { ...results, sets: Object.fromEntries(["fixtures", "e2b"].filter((s) => results.sets[s]).map((s) => [s, results.sets[s]!])) };
-  for (const [file, text] of [[OUT_JSON, JSON.stringify(ordered, null, 1) + "\n"], [OUT_MD, renderMarkdown(ordered)]] as const) {
-    writeFileSync(`${file}.tmp`, text);
-    renameSync(`${file}.tmp`, file);
-  }
+  if (scored === 0) throw new UsageError("--match matched no checkpoint of the chosen sets");
   log(`wrote ${relative(ROOT, OUT_MD)} and ${relative(ROOT, OUT_JSON)}`);
   return 0;
 }
