@@ -335,6 +335,13 @@ export class MultimodalModel extends Module {
         if (!media.video_position_ids) throw new MediaError("pixel_values_videos given without video_position_ids");
         using vis = this.vision_tower.callWithPositions(media.pixel_values_videos, media.video_position_ids, taps);
         using f = this.embed_vision!.call(vis, taps, "embed_vision/");
+        // checkMedia counted real patches // pool² per frame; the pooler is the authority (a frame
+        // grid that is not a multiple of the kernel, e.g. do_resize off, can pool otherwise)
+        using eq = mx.equal(input_ids, this.config.video_token_id!);
+        using nTok = mx.sum(eq);
+        const placeholders = nTok.item() as number;
+        if (f.shape[1]! * f.shape[0]! !== placeholders)
+          throw new MediaError(`the prompt has ${placeholders} video placeholder tokens but the vision tower gives ${f.shape[0]! * f.shape[1]!} video feature rows (mlx-vlm would silently misplace them)`);
         scatter(f, this.config.video_token_id!, "video");
       }
       if (media.input_features && this.audio_tower) {

@@ -579,10 +579,7 @@ describe("video mutations: each known port bug caught at its own block", () => {
         expect(first, m).toBe(CAUGHT[m]);
         caught++;
       }
-      // and without a mutation nothing differs (the same comparison is live)
-      const p = new Gemma4VideoProcessor().processOne(frames, py.sampled_fps);
-      const f = tsForward(model, ids, types, p);
-      for (const k of ["vision_tower", "video_features", "merged", "per_layer_inputs", "logits"]) expect(f[k]!.bytes.equals(want[k]!), k).toBe(true);
+      // (without a mutation the same comparison agrees: the forward test above, on 2 frames)
     } finally {
       model.dispose();
     }
