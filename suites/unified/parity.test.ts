@@ -18,7 +18,8 @@
 // (oracle/taps.ts, media condition "unified") equal to mlx-vlm's recorded names and order; the two
 // unified mutations, each caught first at its own tap; the bad inputs. UNIFIED_FULL=1: every
 // fixture × scenario live (16 pairs, about 2 minutes on 2 cores), tokens and prefill chunks equal,
-// the per-block tap counts equal to the table checked in at suites/unified/RESULTS.md.
+// the per-block tap counts equal to the table checked in at suites/unified/RESULTS.md, and the
+// generations' prompt-call masks open the image block on u1 ('vision') and nowhere on u2.
 // Bar: byte-identical, in the same order.
 
 import { describe, expect, it } from "vitest";
@@ -176,6 +177,19 @@ describe("gemma4_unified taps vs mlx-vlm", () => {
       for (const scn of UNIFIED_SCENARIOS) {
         it(`UNIFIED_FULL ${ckpt} ${scn.id}: every tap byte-identical to live mlx-vlm, counts as RESULTS.md`, async () => {
           const c = await livePair(ckpt, scn);
+          if (scn.kind === "generate") {
+            // which mask a generation compares: under the 'vision' text config (u1) the prompt call's
+            // masks are arrays with the image block open (a query sees a later image token);
+            // under the causal one (u2) no mask opens anything
+            const ref = await reference(ckpt, scn);
+            const open = ref.taps.filter((t) => /^(step0|prefill\d+)\/mask\//.test(t.name) && t.kind === "array").some((t) => {
+              const [q, k] = t.shape!.slice(-2) as [number, number];
+              const off = k - q;
+              for (let i = 0; i < q; i++) for (let j = i + off + 1; j < k; j++) if (t.data![i * k + j]) return true;
+              return false;
+            });
+            expect({ pair: `${ckpt} ${scn.id}`, imageBlockOpen: open }).toEqual({ pair: `${ckpt} ${scn.id}`, imageBlockOpen: ckpt.startsWith("u1_") });
+          }
           const total = c.embedder + c.embed_vision + c.merge + c.language;
           lines.push(`| ${ckpt} | ${scn.id} | ${c.embedder} | ${c.embed_vision} | ${c.merge} | ${c.language.toLocaleString("en")} | ${total.toLocaleString("en")} |`);
           expect({ pair: `${ckpt} ${scn.id}`, ...c, total }).toEqual({ pair: `${ckpt} ${scn.id}`, ...table.get(`${ckpt} ${scn.id}`) });
