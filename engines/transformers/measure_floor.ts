@@ -272,7 +272,7 @@ async function main(argv: string[]): Promise<number> {
     fixtures,
   };
   writeFileSync(outPath, `${JSON.stringify(file, null, 2)}\n`);
-  process.stderr.write(`[floor] wrote ${outPath}: ${Object.keys(floorKinds).length} kinds over ${fixtures.length} checkpoints\n`);
+  process.stderr.write(`[floor] wrote ${outPath}: ${Object.keys(floorKinds).length} kinds over ${new Set(fixtures.map((f) => f.fixture)).size} checkpoints (${fixtures.length} runs)\n`);
   return 0;
 }
 
