@@ -72,3 +72,30 @@ def unified_processor_config(model_dir: str) -> dict:
 
 
 FUNCTIONS = {f.__name__: f for f in (unified_image, unified_audio, unified_processor_config)}
+
+
+_models: dict = {}
+
+
+def unified_embed(model_dir: str, pixel_values: np.ndarray, image_position_ids: np.ndarray) -> dict:
+    """mlx-vlm's gemma4_unified Model (mlx_vlm.utils.load_model) on given embedder inputs: the
+    VisionEmbedder's output and get_image_features' (embed_vision, valid prefix rows), float32."""
+    import mlx.core as mx
+    from mlx_vlm.utils import load_model
+
+    from pathlib import Path
+
+    key = str(Path(model_dir).resolve())
+    if key not in _models:
+        _models[key] = load_model(Path(model_dir))
+    model = _models[key]
+    pv, pos = mx.array(pixel_values), mx.array(image_position_ids)
+    emb = model.vision_embedder(pv, pos)
+    feats = model.get_image_features(pv, pos)
+    mx.eval(emb, feats)
+    if emb.dtype != mx.float32 or feats.dtype != mx.float32:
+        raise TypeError(f"expected float32 outputs, got {emb.dtype} and {feats.dtype}")
+    return {"embedded": np.array(emb), "features": np.array(feats)}
+
+
+FUNCTIONS["unified_embed"] = unified_embed
