@@ -16,7 +16,8 @@ import { checkCheckpoint, loadModel } from "../model/gemma4/index.ts";
 import { type FlagSpec, helpText, isInputError, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
 import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "./device.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
-import { checkMediaCheckpoint, checkpointTowers, MEDIA_FLAGS, type MediaRequest, mediaRequest, prepareMedia, wantsMedia } from "./media.ts";
+import { checkMediaCheckpoint, checkpointTowers, MEDIA_FLAGS, type MediaRequest, mediaRequest, prepareMedia, VIDEO_FLAGS, wantsMedia } from "./media.ts";
+import { videoParity, videoParityPreflight } from "./video_parity.ts";
 import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { modelConfigFromDict } from "../model/gemma4_unified/index.ts";
 import { inlineScenario, unifiedInputs, unifiedScenario } from "../oracle/unified_fixtures.ts";
@@ -42,6 +43,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "with --model: prefill chunk size (generate_step's prefill_step_size)", default: 2048 },
   { name: "oracle-model", kind: "string", valueName: "dir", help: "with --model: let mlx-lm load this copy instead (e.g. the original of a modified checkpoint)" },
   ...MEDIA_FLAGS,
+  ...VIDEO_FLAGS,
   { name: "bisect", kind: "bool", help: "on a divergence, re-run the block of the first divergent tap op by op and name the first MLX op that differs" },
   { name: "only", kind: "string", valueName: "glob", help: "fixtures: only checkpoints whose id (e.g. c3_e2b/bf16) matches; '*' wildcards, several globs comma-separated" },
   { name: "skip-ops", kind: "bool", help: "fixtures: skip the op-level section" },
@@ -418,7 +420,7 @@ export async function parityPlan(argv: readonly string[]): Promise<ParityPlan | 
   if (a.help) return null;
   if (a.mode === "batch") batchModeCheck(a);
   else if (a.scenario !== undefined) throw new UsageError("--scenario applies to --mode batch");
-  for (const k of ["prompt", "chat", "tokens", "oracle-model", "image", "audio"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
+  for (const k of ["prompt", "chat", "tokens", "oracle-model", "image", "audio", "video"]) if (a[k] !== undefined && a.model === undefined) throw new UsageError(`--${k} needs --model`);
   if (a.model !== undefined && (a.only !== undefined || a["skip-ops"])) throw new UsageError("--only and --skip-ops apply to the fixture run, not to --model");
   // The device first: it applies to every mode, and a missing GPU fails before any oracle starts.
   const dev = applyDeviceFlag(a.device);
@@ -430,6 +432,12 @@ export async function parityPlan(argv: readonly string[]): Promise<ParityPlan | 
   }
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
   if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
+  if (a.video !== undefined) {
+    // video: block by block against mlx-vlm (parity/video_parity.ts), files checked before the oracle starts
+    if (mode) throw new UsageError("--video does not take --mode");
+    await videoParityPreflight(a);
+    return { a, dev, mode: videoParity, budget, spec: null };
+  }
   const spec = a.model === undefined || mode ? null : await modelSpec(a, budget);
   if (spec?.mediaRequest) {
     // the TS processor's output, checked before the capture (mlx-vlm would silently wrap a

@@ -204,7 +204,7 @@ export async function mediaRequest(dir: string, a: Parsed): Promise<MediaRequest
 }
 
 /** The video flags as load_video's VideoSampling (caller's overrides). */
-function videoSampling(a: Parsed): VideoSampling {
+export function videoSampling(a: Parsed): VideoSampling {
   const num = (flag: string, int: boolean) => {
     const v = a[flag];
     if (v === undefined) return null;

@@ -207,7 +207,8 @@ def video_generate(model_dir: str, input_ids: np.ndarray, pixel_values_videos: n
     return {"tokens": toks, "logprobs": np.stack(lps)}
 
 
-def video_prepare(model_dir: str, prompt: str, videos: list, fps: float | None = None, nframes: int | None = None) -> dict:
+def video_prepare(model_dir: str, prompt: str, videos: list, fps: float | None = None, nframes: int | None = None,
+                  min_frames: int | None = None, max_frames: int | None = None) -> dict:
     """`mlx_vlm.utils.prepare_inputs(load_processor(model_dir), videos=..., prompts=prompt)` as
     mlx_vlm.generate calls it (OpenCV decoding, sampling, the processor, the tokenizer): every
     model input, and the expanded text the tokenizer saw."""
@@ -227,7 +228,7 @@ def video_prepare(model_dir: str, prompt: str, videos: list, fps: float | None =
 
     type(tok).__call__ = spy
     try:
-        kw = {k: v for k, v in (("fps", fps), ("nframes", nframes)) if v is not None}
+        kw = {k: v for k, v in (("fps", fps), ("nframes", nframes), ("min_frames", min_frames), ("max_frames", max_frames)) if v is not None}
         out = prepare_inputs(proc, videos=videos, prompts=prompt, **kw)
     finally:
         type(tok).__call__ = saved

@@ -482,7 +482,7 @@ describe("bad input: one typed error each", () => {
   }, limit(60_000));
 });
 
-describe("npm run generate --video", () => {
+describe("npm run generate / parity --video", () => {
   it("the face's prompt ids, token types and positions equal mlx-vlm's prepare_inputs on the same file (2 frames); the face runs; bad files exit 2", async () => {
     const ck = faceCheckpoint();
     const v = videos()[0]!;
@@ -523,6 +523,19 @@ describe("npm run generate --video", () => {
       const plain = run(["--model", join(REPO_ROOT, ".cache/checkpoints/m2_e2b/f32"), "--video", v.path, "--prompt", prompt, "--max-tokens", "1"]);
       expect(plain.status).toBe(2);
       expect(`${plain.stdout}${plain.stderr}`).toMatch(/no video_token_id/);
+    }
+    // npm run parity --video: bad input exits 2 before the oracle starts; under VIDEO_FULL a
+    // whole run (sampling, processor, forward blocks, 4 greedy steps) against live mlx-vlm
+    const parity = (args: string[]) => spawnSync(process.execPath, [join(REPO_ROOT, "parity/cli.ts"), ...args], { cwd: REPO_ROOT, encoding: "utf8", timeout: limit(300_000) });
+    const badParity = parity(["--model", ck, "--video", files.find((f) => f.name === "bad_empty")!.path, "--prompt", prompt]);
+    expect(badParity.status, `${badParity.stdout}${badParity.stderr}`).toBe(2);
+    expect(`${badParity.stdout}${badParity.stderr}`).toMatch(/video file is empty/);
+    if (FULL) {
+      const pr = parity(["--model", ck, "--video", v.path, "--prompt", prompt, "--video-num-frames", "2", "--steps", "4"]);
+      expect(pr.status, `${pr.stdout}${pr.stderr}`).toBe(0);
+      expect(pr.stdout).toMatch(/6 of 6 blocks byte-identical/);
+      expect(pr.stdout).toMatch(/tokens and log-probs byte-identical/);
+      expect(pr.stdout).toMatch(/Verdict: PASS/);
     }
   }, limit(240_000));
 });
