@@ -10,8 +10,8 @@
 //  - requests are taken from the queue only between "time budgets": once the batch has work, the
 //    loop calls BatchGenerator.next() repeatedly for up to 0.5 s (TimeBudget), then removes the
 //    sequences whose clients went away (seen on one of their responses in that budget), then
-//    takes every queued request (inserted one by one, each as one segment: see the README's
-//    "Serving" section for the segmentation not ported) before the next budget.
+//    takes every queued request (inserted one by one, a chat prompt in the segments the server's
+//    _tokenize split it into: system prompt, the rest, a thinking tail) before the next budget.
 // Unlike mlx_lm.server's generation thread, this loop shares the one JavaScript thread with the
 // HTTP server: it yields to the event loop after every next() call (and every token of a seeded
 // request), so health checks and new requests are answered between steps.
@@ -64,6 +64,8 @@ export interface EngineRequest {
   cancelled: () => boolean;
   /** A name for the schedule's records (the server gives the response id). */
   tag?: string;
+  /** The prompt split as mlx_lm.server's _tokenize splits it (their concatenation is `prompt`); default: one segment. */
+  segments?: readonly (readonly number[])[];
 }
 
 export interface EngineOptions {
@@ -310,13 +312,13 @@ export class Engine {
       const shared = this.sampler(r.sampler);
       // one sampler object per request, as mlx_lm.server makes one per request: the batch samples row by row
       const own: Sampler = (lp) => shared(lp);
-      [uid] = this.gen!.insert([r.prompt], { maxTokens: [r.maxTokens], samplers: [own], stopSequences: [new BatchStopSequences(r.stop.sequences)] }) as [number];
+      [uid] = this.gen!.insertSegments([r.segments ?? [r.prompt]], { maxTokens: [r.maxTokens], samplers: [own], stopSequences: [new BatchStopSequences(r.stop.sequences)] }) as [number];
     } catch (e) {
       job.ch.fail(e as Error);
       return;
     }
     this.active.set(uid, { job, detok: this.tokenizer.newDetokenizer(), samplerKey: key, tokens: [], logprobs: [], shas: [] });
-    this.record({ event: "insert", session: this.session, step: this.step, uid, request: job.n, tag: r.tag ?? null, prompt: r.prompt, max_tokens: r.maxTokens, sampler: samplerRecord(r.sampler), stop_sequences: r.stop.sequences });
+    this.record({ event: "insert", session: this.session, step: this.step, uid, request: job.n, tag: r.tag ?? null, prompt: r.prompt, segments: r.segments ?? [r.prompt], max_tokens: r.maxTokens, sampler: samplerRecord(r.sampler), stop_sequences: r.stop.sequences });
   }
 
   private finish(uid: number, a: Active, reason: string): void {

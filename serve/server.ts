@@ -114,20 +114,55 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
   };
 
   /** The prompt ids of a request (ResponseGenerator._tokenize); an Error here is mlx_lm.server's 404. */
-  const tokenize = (kind: "text" | "chat", body: Record<string, PyJson>, args: GenerationArgs): { prompt: number[]; initialState: string } => {
+  const tokenize = (kind: "text" | "chat", body: Record<string, PyJson>, args: GenerationArgs): { prompt: number[]; initialState: string; segments: number[][] } => {
     if (kind === "text") {
       const p = body.prompt;
       if (typeof p !== "string") throw new Error("text input must be of type `str` (this server takes `prompt` as a string only)");
-      return { prompt: tok.encode(p, true), initialState: "normal" };
+      const prompt = tok.encode(p, true);
+      return { prompt, initialState: "normal", segments: [prompt] };
     }
     const messages = chatMessages(body.messages!);
     if (!tok.hasChatTemplate) throw new Error("the checkpoint has no chat template (mlx_lm.server's role_mapping fallback is not ported)");
-    const text = tok.renderChat(messages, { ...cfg.chatTemplateArgs, ...(args.chatTemplateKwargs ?? {}) });
+    const kwargs = { ...cfg.chatTemplateArgs, ...(args.chatTemplateKwargs ?? {}) };
+    const text = tok.renderChat(messages, kwargs);
     const prompt = tok.encode(text, false);
     let initialState = "normal";
     const th = tok.thinking;
     if (th && rfind(prompt, th.startTokens) > rfind(prompt, th.endTokens)) initialState = "reasoning";
-    return { prompt, initialState };
+    return { prompt, initialState, segments: chatSegments(messages, prompt, kwargs) };
+  };
+
+  /**
+   * _tokenize's segments of a chat prompt whose last message is the user's: the system prompt
+   * (where the prompt stops agreeing with the system messages followed by an empty user turn,
+   * rendered without a generation prompt), the rest, and a thinking tail (from the last think-start
+   * marker among the last 11 tokens). BatchGenerator prefills each segment separately.
+   */
+  const chatSegments = (messages: unknown[], prompt: number[], kwargs: Record<string, unknown>): number[][] => {
+    if ((messages.at(-1) as { role?: unknown } | undefined)?.role !== "user") return [prompt];
+    const segments: number[][] = [];
+    let numSystem = 0;
+    while (numSystem < messages.length && (messages[numSystem] as { role?: unknown }).role === "system") numSystem++;
+    let sysEnd = 0;
+    if (numSystem > 0) {
+      const sys = tok.encode(tok.renderChat([...messages.slice(0, numSystem), { role: "user", content: "" }], kwargs, false), false);
+      for (let i = 0; i < Math.min(sys.length, prompt.length); i++) {
+        if (sys[i] !== prompt[i]) {
+          sysEnd = i;
+          break;
+        }
+      }
+      if (sysEnd > 0 && sysEnd < prompt.length) segments.push(prompt.slice(0, sysEnd));
+    }
+    let tailStart = prompt.length;
+    const th = tok.thinking;
+    if (th) {
+      const at = rfind(prompt, th.startTokens, Math.max(tailStart - 11, 0));
+      if (at >= 0) tailStart = at;
+    }
+    if (sysEnd < tailStart) segments.push(prompt.slice(sysEnd, tailStart));
+    if (tailStart < prompt.length) segments.push(prompt.slice(tailStart));
+    return segments.length ? segments : [prompt];
   };
 
   const server = Bun.serve({
@@ -193,7 +228,7 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
     if (args.model !== "default_model" && args.model !== cfg.modelArg && args.model !== cfg.modelId) {
       throw new RequestError(404, `model '${args.model}' is not served here: this server serves only the model it was started with (use "default_model", "${cfg.modelArg}" or "${cfg.modelId}", or leave 'model' out); it never loads another path`);
     }
-    let built: { prompt: number[]; initialState: string };
+    let built: { prompt: number[]; initialState: string; segments: number[][] };
     try {
       built = tokenize(kind, body, args);
     } catch (e) {
@@ -220,6 +255,7 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
       stop: makeStopSequences(tok.eosTokenIds, args.stopWords, (w) => tok.encode(w, false)),
       cancelled: () => gone || req.signal.aborted,
       tag: ctx.id,
+      segments: built.segments,
     });
     const respond = complete(ctx, built, tokens);
     if (!args.stream) {
@@ -373,9 +409,9 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
   };
 }
 
-/** TokenizerWrapper._find(reverse=True): the last start of `seq` in `tokens`, or -1. */
-function rfind(tokens: readonly number[], seq: readonly number[]): number {
-  for (let i = tokens.length - seq.length; i >= 0; i--) {
+/** TokenizerWrapper._find(reverse=True): the last start of `seq` in `tokens` at or after `start`, or -1. */
+function rfind(tokens: readonly number[], seq: readonly number[], start = 0): number {
+  for (let i = tokens.length - seq.length; i >= start; i--) {
     let ok = true;
     for (let j = 0; j < seq.length; j++) if (tokens[i + j] !== seq[j]) ok = false;
     if (ok) return i;

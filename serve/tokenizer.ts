@@ -29,8 +29,8 @@ export interface ServedTokenizer {
   /** tokenizer.convert_ids_to_tokens(id): the vocabulary piece ("▁the", "<0x0A>", "<eos>"). */
   piece(id: number): string;
   hasChatTemplate: boolean;
-  /** apply_chat_template(messages, add_generation_prompt=True, tools=None, tokenize=False, **kwargs). */
-  renderChat(messages: unknown[], kwargs: Record<string, unknown>): string;
+  /** apply_chat_template(messages, add_generation_prompt=addGenerationPrompt (True), tools=None, tokenize=False, **kwargs). */
+  renderChat(messages: unknown[], kwargs: Record<string, unknown>, addGenerationPrompt?: boolean): string;
   eosTokenIds: ReadonlySet<number>;
   /** null when the vocabulary has no thinking markers. */
   thinking: { start: string; end: string; startTokens: number[]; endTokens: number[] } | null;
@@ -254,10 +254,10 @@ export async function loadServedTokenizer(dir: string): Promise<ServedTokenizer>
     encode,
     piece,
     hasChatTemplate: templateText !== null,
-    renderChat(messages, kwargs) {
+    renderChat(messages, kwargs, addGenerationPrompt = true) {
       if (templateText === null) throw new Error("the checkpoint has no chat template");
       template ??= new Template(templateText);
-      return template.render({ ...specials, enable_thinking: thinking !== null, ...kwargs, messages, tools: null, add_generation_prompt: true });
+      return template.render({ ...specials, enable_thinking: thinking !== null, ...kwargs, messages, tools: null, add_generation_prompt: addGenerationPrompt });
     },
     eosTokenIds: eos,
     thinking,

@@ -5,8 +5,8 @@ and writes what each request generated there.
 The schedule is JSON lines (serve/engine.ts writes them):
   open    {session, rng_seed, prefill_batch_size, completion_batch_size, prefill_step_size}
           a new BatchGenerator; mx.random.seed(rng_seed) (unseeded sampling draws from it)
-  insert  {session, step, uid, request, prompt, max_tokens, sampler, stop_sequences}
-          insert_segments([[prompt]]) before the generator's next() call number `step` (0-based),
+  insert  {session, step, uid, request, tag, prompt, segments, max_tokens, sampler, stop_sequences}
+          insert_segments([segments]) before the generator's next() call number `step` (0-based),
           with make_sampler(**sampler) (one sampler per request, as mlx_lm.server makes them)
   remove  {session, step, uids}     BatchGenerator.remove(uids) before call `step`
   leave   {session, step, uid, request, reason, tokens, logprobs, logprobs_sha256}
@@ -67,7 +67,10 @@ def replay_session(model, opened: dict, events: list[dict], out: dict) -> int:
     request_of: dict[int, int] = {}
     for k in range(calls + 1):
         for ev in inserts.get(k, []):
-            (uid,) = gen.insert_segments([[list(ev["prompt"])]], max_tokens=[int(ev["max_tokens"])],
+            segments = [list(x) for x in ev.get("segments") or [ev["prompt"]]]
+            if [t for seg in segments for t in seg] != list(ev["prompt"]):
+                raise SystemExit(f"replay: request {ev['request']}'s segments are not its prompt")
+            (uid,) = gen.insert_segments([segments], max_tokens=[int(ev["max_tokens"])],
                                          samplers=[sampler_of(ev["sampler"])],
                                          stop_sequences=[StopSequences(ev["stop_sequences"])])
             if uid != int(ev["uid"]):

@@ -1,7 +1,7 @@
 // Concurrent serving checked against mlx-lm: `npm run serve` (started here with
 // --record-schedule on the tokenizer fixture, a tiny bfloat16 Gemma 4 with a sliding window of 8
 // over the real 262,144-piece tokenizer) answers 16 clients at once: completions and chat,
-// streaming and not, greedy and sampled (temperature with top-p, top-k or min-p), one seeded
+// streaming and not (4 chats with a system message: two prompt segments), greedy and sampled (temperature with top-p, top-k or min-p), one seeded
 // request (mlx_lm.server runs those alone: the batch drains first), a stop word (in the
 // recorded stop sequences; whether the tiny model writes it is not asserted), clients
 // arriving while the batch runs, and one client that goes away mid-stream. Then:
@@ -62,7 +62,7 @@ function clients(): Sent[] {
   for (let i = 0; i < 16; i++) {
     const chat = i % 2 === 0;
     const body: Record<string, unknown> = chat
-      ? { messages: [{ role: "user", content: `Client ${i}: ${"tell me about the sea ".repeat(1 + (i % 4))}` }] }
+      ? { messages: [...(i % 4 === 2 ? [{ role: "system", content: `You are client ${i}'s terse guide.` }] : []), { role: "user", content: `Client ${i}: ${"tell me about the sea ".repeat(1 + (i % 4))}` }] }
       : { prompt: `Client ${i} writes: ${"the river runs on ".repeat(1 + (i % 5))}` };
     body.max_tokens = 3 + (i % 5);
     if (i % 4 === 1) Object.assign(body, { temperature: 0.7, top_p: 0.9 });
@@ -150,6 +150,8 @@ describe("16 concurrent clients, replayed through mlx-lm's BatchGenerator", () =
       expect(inserts.length).toBe(15);
       expect(singles).toHaveLength(1);
       expect(inserts.some((e) => e.step! > 0)).toBe(true);
+      // chat prompts with a system message are inserted in two segments, as mlx_lm.server's _tokenize splits them
+      expect(inserts.filter((e) => (e as { segments?: number[][] }).segments?.length === 2)).toHaveLength(4);
       expect(events.filter((e) => e.event === "remove")).toHaveLength(1);
       expect(ends.filter((e) => e.reason === "cancelled")).toHaveLength(1);
 

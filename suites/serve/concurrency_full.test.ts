@@ -1,9 +1,10 @@
 // SERVE_FULL=1 only: the serving engine's continuous batching (serve/engine.ts, in this process,
 // without HTTP) on the dense, E2B-like and MoE fixtures (c1_dense/f32, c3_e2b/f32, c5_moe/f32:
 // 256-token vocabularies, no tokenizer, so a stub names the pieces), 16 clients at once per
-// fixture with random arrival times, prompt lengths (past the sliding window of 8), samplers
+// fixture (half arriving while earlier ones generate), prompt lengths (past the sliding window of 8), samplers
 // (greedy, temperature with top-p/top-k/min-p, two seeded requests that drain the batch) and
-// token budgets, two clients that stop reading mid-generation; the recorded schedule is replayed
+// token budgets, two clients that stop reading after 2 of 32 tokens (both removed from the batch);
+// at least one request joins a running batch; the recorded schedule is replayed
 // through mlx-lm's BatchGenerator (oracle/python/serve_replay.py) and every request's tokens,
 // logprobs and per-step logprobs-row sha256 must be equal. Results: serve/CONCURRENCY.md.
 import { describe, expect, it } from "vitest";
@@ -71,8 +72,11 @@ describe.skipIf(!FULL)("SERVE_FULL: 16 concurrent clients per fixture, replayed 
         const rand = rng(FIXTURES.indexOf(fixture) + 28);
         const t0 = performance.now();
         try {
+          // clients 8..15 arrive once client i-8 has its first token: while a batch is running
+          const firstToken = Array.from({ length: 16 }, () => Promise.withResolvers<void>());
           const clients = Array.from({ length: 16 }, async (_, i) => {
-            await Bun.sleep(Math.floor(rand() * 400));
+            if (i >= 8) await firstToken[i - 8]!.promise;
+            await Bun.sleep(Math.floor(rand() * 100));
             const len = 3 + Math.floor(rand() * 40);
             const prompt = [2, ...Array.from({ length: len }, () => 3 + Math.floor(rand() * 250))];
             const kind = i % 4;
@@ -81,7 +85,7 @@ describe.skipIf(!FULL)("SERVE_FULL: 16 concurrent clients per fixture, replayed 
             let got = 0;
             const gen = engine.run({
               prompt,
-              maxTokens: 2 + Math.floor(rand() * 14),
+              maxTokens: stopAfter === Infinity ? 2 + Math.floor(rand() * 14) : 32,
               sampler,
               seed: i === 3 || i === 13 ? 100 + i : null,
               topLogprobs: 0,
@@ -90,8 +94,10 @@ describe.skipIf(!FULL)("SERVE_FULL: 16 concurrent clients per fixture, replayed 
             });
             for await (const _t of gen) {
               got++;
+              firstToken[i]!.resolve();
               if (got >= stopAfter) break;
             }
+            firstToken[i]!.resolve();
             return got;
           });
           const counts = await Promise.all(clients);
@@ -109,6 +115,8 @@ describe.skipIf(!FULL)("SERVE_FULL: 16 concurrent clients per fixture, replayed 
           const inserts = events.filter((e) => e.event === "insert");
           const late = inserts.filter((e) => e.step! > 0).length;
           const removed = events.filter((e) => e.event === "remove").reduce((a, e) => a + ((e as { uids?: number[] }).uids?.length ?? 0), 0);
+          expect(late).toBeGreaterThan(0);
+          expect(removed).toBe(2);
           const reasons = events.filter((e) => e.event === "leave" || e.event === "single").map((e) => e.reason);
           console.log(
             `SERVE_FULL ${fixture}: 16 requests (${inserts.length} batched in ${r.sessions} generator sessions, ${late} joined a running batch, ${events.filter((e) => e.event === "single").length} seeded alone, ${removed} removed on disconnect), ${r.tokens} tokens, ${r.mismatches.length} mismatches, ` +
