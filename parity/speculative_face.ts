@@ -3,7 +3,7 @@
 //   --draft-model DIR        mlx_lm.generate's: a draft Gemma 4 checkpoint (speculative decoding),
 //                            or, as mlx_vlm.generate auto-detects from its model_type, a
 //                            gemma4_assistant / gemma4_unified_assistant drafter (MTP) or a
-//                            gemma4_dflash drafter (DFlash)
+//                            gemma4_dflash / gemma4_dspark drafter (DFlash round loop)
 //   --num-draft-tokens N     mlx_lm.generate's (default 3)
 //   --draft-kind mtp|dflash  mlx_vlm.generate's (a drafter's model_type overrides it, as there)
 //   --draft-block-size N     mlx_vlm.generate's: tokens per round instead of the drafter's block_size
@@ -27,7 +27,7 @@ import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
 import { inspectCheckpoint } from "./inputs.ts";
 
 export const SPECULATIVE_FLAGS: FlagSpec[] = [
-  { name: "draft-model", kind: "string", valueName: "dir", help: "speculative decoding: a draft Gemma 4 checkpoint with the target's vocabulary (mlx-lm), or a gemma4_assistant / gemma4_unified_assistant (MTP) or gemma4_dflash (DFlash) drafter, as mlx-vlm" },
+  { name: "draft-model", kind: "string", valueName: "dir", help: "speculative decoding: a draft Gemma 4 checkpoint with the target's vocabulary (mlx-lm), or a gemma4_assistant / gemma4_unified_assistant (MTP) or gemma4_dflash / gemma4_dspark (DFlash) drafter, as mlx-vlm" },
   { name: "num-draft-tokens", kind: "int", valueName: "N", help: "draft tokens per round with a draft checkpoint", default: 3 },
   { name: "draft-kind", kind: "string", valueName: "mtp|dflash", help: "drafter family, as mlx_vlm.generate (default: from the drafter's model_type, which overrides it)" },
   { name: "draft-block-size", kind: "int", valueName: "N", help: "MTP / DFlash: tokens per round (drafts + 1) instead of the drafter's block_size" },
@@ -157,7 +157,7 @@ export function speculativeFaceStream(a: Parsed, dir: string, loaded: LoadedMode
   let drafted = 0;
   const blockSize = a["draft-block-size"] === undefined ? undefined : Number(a["draft-block-size"]);
   const MTP_TYPES = ["gemma4_assistant", "gemma4_unified_assistant"];
-  const DFLASH_TYPES = ["gemma4_dflash", "qwen3_dflash"];
+  const DFLASH_TYPES = ["gemma4_dflash", "qwen3_dflash", "gemma4_dspark"];
   if (kind === "dflash" && normalized !== null && DFLASH_TYPES.includes(normalized)) {
     if ((o.samplerOptions.temp ?? 0) !== 0) throw new UsageError("DFlash decoding runs greedy (--temp 0) in this port");
     if (o.promptCache) throw new UsageError("--prompt-cache-file is not supported with a DFlash drafter");
@@ -179,7 +179,7 @@ export function speculativeFaceStream(a: Parsed, dir: string, loaded: LoadedMode
     }
   }
   if (kind !== null && kind !== "mtp" && a["draft-kind"] !== "mtp") {
-    throw new UsageError(`--draft-model ${draftDir} is a ${normalized} drafter (kind ${kind}), which this port does not run (it has gemma4_assistant, gemma4_unified_assistant and gemma4_dflash)`);
+    throw new UsageError(`--draft-model ${draftDir} is a ${normalized} drafter (kind ${kind}), which this port does not run (it has gemma4_assistant, gemma4_unified_assistant, gemma4_dflash and gemma4_dspark)`);
   }
   if (MTP_TYPES.includes(draftType) || kind === "mtp" || a["draft-kind"] === "mtp") {
     if (!MTP_TYPES.includes(draftType)) throw new UsageError(`--draft-kind mtp needs a gemma4_assistant or gemma4_unified_assistant drafter, ${draftDir} is a ${draftType || "(no model_type)"}`);

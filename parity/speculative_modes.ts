@@ -5,7 +5,7 @@
 //                 divergence from greedy past the window is shown
 //   mtp           MTP decoding with gemma4_assistant (and gemma4_unified_assistant) drafters vs
 //                 mlx-vlm, round by round, and Gemma4ExactSpeculativeVerifier vs mlx-vlm's
-//   dflash        DFlash decoding with gemma4_dflash drafters vs mlx-vlm, round by round
+//   dflash        DFlash-loop decoding with gemma4_dflash and gemma4_dspark drafters vs mlx-vlm, round by round
 //                 (oracle/speculative_dflash.ts), and vs plain greedy decoding
 // Writes <out>/parity-<mode>.json; the verdict is PASS when every comparison is bit-exact.
 import { mkdirSync, writeFileSync } from "node:fs";
@@ -127,22 +127,27 @@ async function dflashMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
       { fx: "c1_dense", P: 5, N: 32, block: 8 },
       { fx: "c3_e2b", P: 9, N: 24 },
       { fx: "c5_moe", P: 3, N: 24 },
+      { fx: "c1_dense", P: 3, N: 24, kind: "dspark" },
+      { fx: "c1_dense", P: 12, N: 24, kind: "dspark" },
+      { fx: "c3_e2b", P: 3, N: 24, kind: "dspark" },
+      { fx: "c5_moe", P: 9, N: 24, kind: "dspark" },
     ].filter((s) => selected(a)(s.fx));
     for (const s of scenarios) {
-      const bar = new ProgressBar(`[dflash ${s.fx}_dflash]`);
+      const drafterName = `${s.fx}_${s.kind ?? "dflash"}`;
+      const bar = new ProgressBar(`[dflash ${drafterName}]`);
       bar.update(0, `P=${s.P} N=${s.N}`);
-      const r = await dflashParity(oracle, pool, drafters, { target: join(CK, s.fx, "f32"), drafter: join(SP, `${s.fx}_dflash`), prompt: prompt(s.P), maxTokens: s.N, draftBlockSize: s.block });
+      const r = await dflashParity(oracle, pool, drafters, { target: join(CK, s.fx, "f32"), drafter: join(SP, drafterName), prompt: prompt(s.P), maxTokens: s.N, draftBlockSize: s.block });
       // plain greedy is a relation only where block rows equal single-token rows (the CPU backend; suites/speculative/rows.ts)
       ok &&= r.vsOracle.first === null && (mx.defaultDevice() !== "cpu" || r.vsGreedy?.first === null);
       results.push(r);
-      rows.push([`${s.fx}_dflash`, `P=${s.P} N=${s.N}${s.block ? ` block ${s.block}` : ""}`, `${r.rounds} (${r.acceptRounds} with accepts, ${r.rejectRounds} with rejections)`, `${r.accepted}/${r.drafted}`, verdict(r.vsOracle), r.vsGreedy?.first ? "DIFFERS" : "equal"]);
+      rows.push([drafterName, `P=${s.P} N=${s.N}${s.block ? ` block ${s.block}` : ""}`, `${r.rounds} (${r.acceptRounds} with accepts, ${r.rejectRounds} with rejections)`, `${r.accepted}/${r.drafted}`, verdict(r.vsOracle), r.vsGreedy?.first ? "DIFFERS" : "equal"]);
       bar.done(r.vsOracle.first ? "DIVERGES" : "bit-exact");
     }
   } finally {
     pool.dispose();
     drafters.dispose();
   }
-  process.stdout.write(`\nDFlash speculative decoding (gemma4_dflash drafters) vs mlx-vlm 0.7.10, round by round\n${textTable(["drafter", "run", "rounds", "accepted/drafted", "TS vs mlx-vlm", "vs greedy"], rows)}\n`);
+  process.stdout.write(`\nDFlash-loop speculative decoding (gemma4_dflash and gemma4_dspark drafters) vs mlx-vlm 0.7.10, round by round\n${textTable(["drafter", "run", "rounds", "accepted/drafted", "TS vs mlx-vlm", "vs greedy"], rows)}\n`);
   process.stdout.write(`Report: ${writeReport(a, "dflash", results, ok)}\nVerdict: ${ok ? "PASS" : "FAIL"}\n`);
   return ok;
 }

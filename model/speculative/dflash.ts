@@ -85,15 +85,24 @@ export function dflashBlockTotal(draft: DFlashDraftModel, requested: number | un
   return Math.min(configured, Math.max(1, runtime));
 }
 
-/** _dflash_next_block_size: back off when deep positions are mostly rejected, grow back on full accepts (DFlashDraftModel: no initial size, min 4). */
-export function dflashNextBlockSize(requestedTotal: number, remaining: number, acceptLens: readonly number[], draftLens: readonly number[], minBlockSize = 4): number {
+/**
+ * _dflash_next_block_size: the requested size with prefer_requested_block_size (DSpark's fixed
+ * policy); else the initial size first, then back off when deep positions are mostly rejected and
+ * grow back on full accepts.
+ */
+export function dflashNextBlockSize(requestedTotal: number, remaining: number, acceptLens: readonly number[], draftLens: readonly number[], hooks: { preferRequested?: boolean; initialBlockSize?: number | null; minBlockSize?: number } = {}): number {
   const blockTotal = Math.min(requestedTotal, remaining);
   if (blockTotal <= 1) return blockTotal;
+  if (hooks.preferRequested) return blockTotal;
+  const minBlockSize = hooks.minBlockSize ?? 4;
   const a8 = acceptLens.slice(-8);
   const d8 = draftLens.slice(-8);
   const recent: [number, number][] = [];
   for (let i = 0; i < Math.min(a8.length, d8.length); i++) if (d8[i]! > 0) recent.push([a8[i]!, d8[i]!]);
-  if (!recent.length) return blockTotal;
+  if (!recent.length) {
+    const initial = hooks.initialBlockSize ?? null;
+    return initial !== null ? Math.min(blockTotal, Math.max(2, Math.trunc(initial))) : blockTotal;
+  }
   const current = Math.min(blockTotal, Math.max(2, recent[recent.length - 1]![1] + 1));
   const minTotal = Math.min(blockTotal, Math.max(2, minBlockSize));
   const drafted = recent.reduce((s, [, d]) => s + d, 0);
@@ -175,6 +184,11 @@ function validate(target: TargetModel, draft: DFlashDraftModel, prompt: readonly
   const V = target.args.vocab_size;
   checkPromptIds(prompt, V);
   const c = draft.config;
+  try {
+    draft.validateTargetCompatibility?.(target); // validate_drafter_compatibility: the drafter's own check first
+  } catch (e) {
+    throw new GenerateError((e as Error).message);
+  }
   if (c.hidden_size !== target.args.hidden_size) {
     throw new GenerateError(`the drafter is for a target of hidden size ${c.hidden_size}, this target has ${target.args.hidden_size}: use the drafter checkpoint for the same target family and size`);
   }
@@ -228,7 +242,11 @@ async function* run(target: TargetModel, draft: DFlashDraftModel, prompt: readon
 /** _dflash_rounds: takes ownership of `hidden0` (the prompt's captured hidden). */
 async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache: KVCacheLike[], hidden0: MlxArray, firstBonus: number, maxTokens: number, opts: DFlashOptions): AsyncGenerator<DFlashToken> {
   const layerIds = draft.config.target_layer_ids;
-  const blockTotal = dflashBlockTotal(draft, opts.draftBlockSize);
+  let blockTotal = dflashBlockTotal(draft, opts.draftBlockSize);
+  const contextLength = hidden0.shape[1]!;
+  if (draft.chooseBlockCeiling) blockTotal = draft.chooseBlockCeiling(contextLength, blockTotal);
+  let initialBlockSize = draft.dflash_initial_block_size;
+  if (draft.chooseInitialBlockSize) initialBlockSize = draft.chooseInitialBlockSize(contextLength, blockTotal);
   const draftCache = draft.reset(target);
   reserveDFlashTargetCache(cache, blockTotal);
   let hidden = hidden0;
@@ -237,7 +255,11 @@ async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache
   const keepRejected = opts._keepRejected ?? 0;
   try {
     while (emitted < maxTokens) {
-      const bs = dflashNextBlockSize(blockTotal, maxTokens - emitted + 1, draft.accept_lens, draft.draft_lens);
+      const bs = dflashNextBlockSize(blockTotal, maxTokens - emitted + 1, draft.accept_lens, draft.draft_lens, {
+        preferRequested: draft.prefer_requested_block_size,
+        initialBlockSize,
+        minBlockSize: draft.dflash_min_block_size,
+      });
       if (bs <= 1) break;
       let draftLogits: MlxArray | null = null;
       using draftTokens = draft.draftBlock(b, hidden, draftCache, bs, greedySampler, (l) => (draftLogits = mx.alias(l)));

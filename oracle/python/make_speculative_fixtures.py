@@ -19,6 +19,8 @@ this file or a source checkpoint changes):
   <fx>_dflash          a gemma4_dflash drafter for <fx> (mlx-vlm's Gemma4DFlashDraftModel, saved with
                        mlx-vlm's save_weights / save_config; model_type "gemma4" + dflash_config, the
                        mask token left to Gemma4DFlashConfig's default 4); see build_dflash
+  <fx>_dspark          a gemma4_dspark drafter for <fx> (mlx-vlm's Gemma4DSparkDraftModel: model_type
+                       gemma4_text + the Gemma4DSparkModel architecture); see build_dspark
 
 fx in c1_dense (dense), c3_e2b (E2B-like: per-layer inputs, KV sharing), c5_moe (MoE, k_eq_v).
 """
@@ -244,6 +246,71 @@ def build_dflash(fx: str):
     return build
 
 
+def dspark_config(fx: str) -> dict:
+    t = json.loads((source(fx) / "config.json").read_text())
+    n = t["num_hidden_layers"]
+    return dict(model_type="gemma4_text", architectures=["Gemma4DSparkModel"], hidden_size=t["hidden_size"],
+                intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                head_dim=t["hidden_size"] // 4, global_head_dim=t["hidden_size"] // 4, num_global_key_value_heads=4,
+                attention_k_eq_v=False, rms_norm_eps=1e-6, vocab_size=t["vocab_size"], max_position_embeddings=4096,
+                layer_types=["full_attention", "sliding_attention"], sliding_window=4, final_logit_softcapping=30.0,
+                rope_parameters=t["rope_parameters"],
+                dflash_config={"target_layer_ids": [1, n // 2, n - 1], "num_target_layers": n, "mask_token_id": 4,
+                               "block_size": 5, "markov_rank": 8})
+
+
+def build_dspark(fx: str):
+    """A gemma4_dspark drafter built with mlx-vlm's Gemma4DSparkDraftModel (own untied embed_tokens
+    and lm_head: both the target's embedding here; attention_k_eq_v off, see below).
+
+    Shaped like build_dflash's "repeat the bonus" drafter: layer 0's queries damped, its value
+    projection without the mask token's direction, an identity output projection whose (normed)
+    output post_attention_layernorm scales by 3; the Markov head, the context and layer 1 perturb.
+    attention_k_eq_v (Gemma4DsparkConfig's default) is off because mlx-vlm 0.7.10 fails on it at the
+    first draft (DFlashDraftModel._project_context_kv reads the v_proj the attention leaves out).
+    """
+
+    def build(tmp: Path) -> None:
+        from mlx_vlm.speculative.drafters.gemma4_dspark import Gemma4DsparkConfig, Gemma4DSparkDraftModel
+        from mlx_vlm.utils import save_config, save_weights
+
+        cfg = dspark_config(fx)
+        model = Gemma4DSparkDraftModel(Gemma4DsparkConfig.from_dict(json.loads(json.dumps(cfg))))
+        H = cfg["hidden_size"]
+        emb = mx.load(str(source(fx) / "model.safetensors"))["model.embed_tokens.weight"]
+        ln0 = mx.array(_init_value(SEED, "dspark:layers.0.input_layernorm.weight", (H,)))
+        xm = mx.fast.rms_norm(emb[model.config.mask_token_id] * (H ** 0.5), ln0, cfg["rms_norm_eps"])
+        u = xm / mx.sqrt(mx.sum(xm * xm))
+        new = []
+        for name, p in tree_flatten(model.parameters()):
+            v = mx.array(_init_value(SEED, f"dspark:{name}", tuple(p.shape)))
+            if name in ("embed_tokens.weight", "lm_head.weight"):
+                v = emb
+            elif name.endswith("layer_scalar"):
+                v = mx.ones(p.shape)
+            elif name == "layers.0.self_attn.v_proj.weight":
+                v = mx.eye(H) - u[:, None] * u[None, :]
+            elif name == "layers.0.self_attn.o_proj.weight":
+                v = mx.eye(H)
+            elif name == "layers.0.self_attn.q_norm.weight":
+                v = v * 0.01
+            elif name == "layers.0.post_attention_layernorm.weight":
+                v = mx.full(p.shape, 3.0)
+            elif name == "hidden_norm.weight":
+                v = v * 0.05
+            elif name.endswith("post_feedforward_layernorm.weight") or name == "layers.1.post_attention_layernorm.weight":
+                v = v * 0.1
+            elif name.startswith("markov_head."):
+                v = v * 0.1
+            new.append((name, v))
+        model.update(tree_unflatten(new))
+        mx.eval(model.parameters())
+        save_weights(tmp, model)
+        save_config(cfg, tmp / "config.json")
+
+    return build
+
+
 def plan() -> list[tuple[str, str, object]]:
     out: list[tuple[str, str, object]] = []
     for fx in TARGETS:
@@ -252,6 +319,7 @@ def plan() -> list[tuple[str, str, object]]:
         out.append((f"{fx}_w64_draft", fx, text_variant(fx, window=64, perturb=PERTURB)))
         out.append((f"{fx}_assistant", fx, build_assistant(fx, ordered=False)))
         out.append((f"{fx}_dflash", fx, build_dflash(fx)))
+        out.append((f"{fx}_dspark", fx, build_dspark(fx)))
     out.append(("c3_e2b_assistant_ordered", "c3_e2b", build_assistant("c3_e2b", ordered=True)))
     out.append(("c1_dense_unified_assistant", "c1_dense", build_assistant("c1_dense", False, "gemma4_unified_assistant")))
     out.append(("c1_dense_vocab128", "c1_dense", text_variant("c1_dense", perturb=PERTURB, vocab=128)))

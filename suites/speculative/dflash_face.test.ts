@@ -1,6 +1,6 @@
 // `npm run generate --draft-model` with the issue-26 drafters: the kind comes from the drafter's
-// config (model_type / dflash_config, as mlx_vlm.generate resolves it): a gemma4_dflash drafter
-// runs DFlash, a gemma4_unified_assistant drafter runs MTP; both print plain greedy decoding's
+// config (model_type / dflash_config / architectures, as mlx_vlm.generate resolves it): gemma4_dflash and gemma4_dspark drafters
+// run the DFlash loop, a gemma4_unified_assistant drafter runs MTP; all print plain greedy decoding's
 // tokens and mlx-vlm's statistics line. Bad input is one clear error, exit 2: a DFlash drafter for
 // a target of another hidden size, or whose vocabulary differs from the target's, a drafter kind
 // this port does not run, --draft-kind other than mtp/dflash.
@@ -42,10 +42,10 @@ function drafterVariant(src: string, name: string, edit: (c: Record<string, unkn
 }
 
 describe("npm run generate --draft-model: DFlash and the unified assistant", () => {
-  it("a gemma4_dflash and a gemma4_unified_assistant drafter print greedy's tokens and the statistics line", () => {
+  it("gemma4_dflash, gemma4_dspark and gemma4_unified_assistant drafters print greedy's tokens and the statistics line", () => {
     const plain = generate(["--model", C1, ...TOKENS]);
     expect(plain.code).toBe(0);
-    for (const draft of [join(SP, "c1_dense_dflash"), join(SP, "c1_dense_unified_assistant")]) {
+    for (const draft of [join(SP, "c1_dense_dflash"), join(SP, "c1_dense_dspark"), join(SP, "c1_dense_unified_assistant")]) {
       const r = generate(["--model", C1, ...TOKENS, "--draft-model", draft]);
       expect(r.code).toBe(0);
       expect(ids(r.stdout)).toBe(ids(plain.stdout));

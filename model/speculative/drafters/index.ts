@@ -10,6 +10,8 @@ import { loadWeights, loadWeightsStrict, quantizeModel, WeightsError } from "../
 import { dflashConfigFromDict } from "./qwen3_dflash/config.ts";
 import { DFlashDraftModel } from "./qwen3_dflash/dflash.ts";
 import { Gemma4DFlashDraftModel, gemma4DFlashConfigFromDict } from "./gemma4_dflash/index.ts";
+import { gemma4DsparkConfigFromDict } from "./gemma4_dspark/config.ts";
+import { Gemma4DSparkDraftModel } from "./gemma4_dspark/gemma4_dspark.ts";
 
 export type DrafterKind = "dflash" | "mtp" | "eagle3";
 
@@ -90,14 +92,15 @@ export function resolveDrafterKind(dir: string, kind?: DrafterKind): { kind: Dra
   return { kind: expected ?? kind ?? DEFAULT_DRAFTER_KIND, modelType };
 }
 
-/** load_drafter for the DFlash drafters this port has (gemma4_dflash, qwen3_dflash): config, sanitize, quantization, strict weights. */
+/** load_drafter for the DFlash-kind drafters this port has (gemma4_dflash, qwen3_dflash, gemma4_dspark): config, sanitize, quantization, strict weights. */
 export function loadDFlashDrafter(dir: string): DFlashDraftModel {
   const { raw, file } = readDrafterConfig(dir);
   const type = drafterModelType(raw);
   let model: DFlashDraftModel;
   if (type === "gemma4_dflash") model = new Gemma4DFlashDraftModel(gemma4DFlashConfigFromDict(raw, file));
   else if (type === "qwen3_dflash") model = new DFlashDraftModel(dflashConfigFromDict(raw, file));
-  else throw new ConfigError(file, "model_type", `a DFlash drafter (model_type "gemma4" or "qwen3" with a dflash_config) was expected, this is ${JSON.stringify(type)}`);
+  else if (type === "gemma4_dspark") model = new Gemma4DSparkDraftModel(gemma4DsparkConfigFromDict(raw, file));
+  else throw new ConfigError(file, "model_type", `a DFlash drafter (model_type "gemma4" or "qwen3" with a dflash_config, or a Gemma4DSparkModel) was expected, this is ${JSON.stringify(type)}`);
   let weights = loadWeights(dir);
   try {
     weights = model.sanitize(weights);

@@ -16,8 +16,9 @@ import type { MlxArray } from "@mlx-bun/mlx";
 import { type KVCacheLike, KVCache, RotatingKVCache } from "../../../cache/index.ts";
 import { BufferedRotatingKVCache } from "../../../cache/buffered_rotating.ts";
 import { type AnyEmbedding, type AnyLinear, logit_softcap, type Model as TargetModel } from "../../../gemma4/gemma4_text.ts";
-import { Embedding, Linear, Module, RMSNorm, RoPE } from "../../../gemma4/nn.ts";
+import { Embedding, Linear, Module, RMSNorm, RoPE, type RopeLike } from "../../../gemma4/nn.ts";
 import { createCausalMask } from "../../../mask.ts";
+import { pyPow } from "../../../gemma4/pymath.ts";
 import type { Sampler } from "../../../sample.ts";
 import type { DFlashConfig } from "./config.ts";
 
@@ -44,7 +45,13 @@ function buildRope(config: DFlashConfig): RoPE {
   return new RoPE(config.head_dim, traditional, config.rope_theta, scale);
 }
 
-type KV = [MlxArray, MlxArray];
+export type KV = [MlxArray, MlxArray];
+
+/** What DFlashDraftModel needs of a layer class (DFlashDecoderLayer, Gemma4DSparkDecoderLayer). */
+export interface DFlashLayer extends Module {
+  self_attn: DFlashAttention;
+  call(x: MlxArray, xCtx: MlxArray, rope: RopeLike, cache: KVCacheLike, projectedContext: KV | null): MlxArray;
+}
 
 const reshape4 = (x: MlxArray, B: number, L: number, H: number): MlxArray => mx.reshape(x, [B, L, H, -1]);
 const sliceFrom = (x: MlxArray, skip: number): MlxArray => {
@@ -53,28 +60,34 @@ const sliceFrom = (x: MlxArray, skip: number): MlxArray => {
 };
 
 export class DFlashAttention extends Module {
-  readonly n_heads: number;
-  readonly n_kv_heads: number;
-  readonly head_dim: number;
-  readonly scale: number;
-  readonly is_sliding: boolean;
-  readonly sliding_window: number | null;
-  readonly is_causal: boolean;
+  n_heads!: number;
+  n_kv_heads!: number;
+  head_dim!: number;
+  scale!: number;
+  is_sliding!: boolean;
+  sliding_window!: number | null;
+  is_causal!: boolean;
   attention_sink_bias?: MlxArray;
-  q_proj: AnyLinear;
-  k_proj: AnyLinear;
-  v_proj: AnyLinear;
-  o_proj: AnyLinear;
-  q_norm: RMSNorm;
-  k_norm: RMSNorm;
+  q_proj!: AnyLinear;
+  k_proj!: AnyLinear;
+  /** Absent where a subclass shares one projection for keys and values. */
+  v_proj?: AnyLinear;
+  o_proj!: AnyLinear;
+  q_norm!: RMSNorm;
+  k_norm!: RMSNorm;
 
   constructor(config: DFlashConfig, layerIdx: number) {
     super();
+    this.init(config, layerIdx);
+  }
+
+  /** Python's __init__ body (a subclass replaces it, as Gemma4DSparkAttention skips DFlashAttention.__init__). */
+  protected init(config: DFlashConfig, layerIdx: number): void {
     const dim = config.hidden_size;
     this.n_heads = config.num_attention_heads;
     this.n_kv_heads = config.num_key_value_heads;
     this.head_dim = config.head_dim;
-    this.scale = Math.pow(this.head_dim, -0.5);
+    this.scale = pyPow(this.head_dim, -0.5); // self.head_dim**-0.5
     const layerTypes = config.layer_types.length ? config.layer_types : Array(config.num_hidden_layers).fill("full_attention");
     this.is_sliding = layerTypes[layerIdx] === "sliding_attention";
     this.sliding_window = this.is_sliding ? config.sliding_window : null;
@@ -88,11 +101,12 @@ export class DFlashAttention extends Module {
     this.k_norm = new RMSNorm(this.head_dim, config.rms_norm_eps);
   }
 
+  /** Project keys and values. Subclasses may share one projection. */
   _project_kv(x: MlxArray): KV {
-    return [this.k_proj.call(x), this.v_proj.call(x)];
+    return [this.k_proj.call(x), this.v_proj!.call(x)];
   }
 
-  call(x: MlxArray, xCtx0: MlxArray, rope: RoPE, cache: KVCacheLike, projectedContext: KV | null): MlxArray {
+  call(x: MlxArray, xCtx0: MlxArray, rope: RopeLike, cache: KVCacheLike, projectedContext: KV | null): MlxArray {
     using stack = new DisposableStack();
     const [B, L] = x.shape as [number, number, number];
     let xCtx = xCtx0;
@@ -166,7 +180,7 @@ export class DFlashDecoderLayer extends Module {
     this.input_layernorm = new RMSNorm(config.hidden_size, config.rms_norm_eps);
     this.post_attention_layernorm = new RMSNorm(config.hidden_size, config.rms_norm_eps);
   }
-  call(x: MlxArray, xCtx: MlxArray, rope: RoPE, cache: KVCacheLike, projectedContext: KV | null): MlxArray {
+  call(x: MlxArray, xCtx: MlxArray, rope: RopeLike, cache: KVCacheLike, projectedContext: KV | null): MlxArray {
     using n = this.input_layernorm.call(x);
     using a = this.self_attn.call(n, xCtx, rope, cache, projectedContext);
     using h = mx.add(x, a);
@@ -177,18 +191,30 @@ export class DFlashDecoderLayer extends Module {
 }
 
 export class DFlashDraftModel extends Module {
+  /** Python's class attribute layer_class. */
+  static layerClass: new (config: DFlashConfig, layerIdx: number) => DFlashLayer = DFlashDecoderLayer;
   readonly config: DFlashConfig;
   fc: AnyLinear;
   hidden_norm: RMSNorm;
-  layers: DFlashDecoderLayer[];
+  layers: DFlashLayer[];
   norm: RMSNorm;
   /** The drafter's own embedding, only when its checkpoint has embed_tokens.weight (sanitize). */
   embed_tokens?: AnyEmbedding;
   // Bound state (underscore: not parameters)
-  private readonly _rope: RoPE;
-  private _embed: AnyEmbedding | null = null;
-  private _embedScale = 1.0;
+  protected _rope: RopeLike;
+  protected _embed: AnyEmbedding | null = null;
+  protected _embedScale = 1.0;
+  /** The bound lm_head: the target's, else the (own or bound) embedding as a linear map. */
+  protected _lmHead: ((h: MlxArray) => MlxArray) | null = null;
   private _fusedContextKvWeight: MlxArray | null = null;
+  /** Round-loop hooks (DSpark sets them): a fixed block size, an initial size, ceilings by context length. */
+  prefer_requested_block_size = false;
+  dflash_initial_block_size: number | null = null;
+  dflash_min_block_size = 4;
+  chooseInitialBlockSize?(contextLength: number, requested: number): number | null;
+  chooseBlockCeiling?(contextLength: number, requested: number): number;
+  /** validate_target_compatibility (DSpark); an Error naming the mismatch. */
+  validateTargetCompatibility?(target: TargetModel): void;
   /** Accepted drafts per round and drafts per round (_record_speculative_round). */
   accept_lens: number[] = [];
   draft_lens: number[] = [];
@@ -200,7 +226,8 @@ export class DFlashDraftModel extends Module {
     const concatDim = config.target_layer_ids.length * config.hidden_size;
     this.fc = new Linear(concatDim, config.hidden_size);
     this.hidden_norm = new RMSNorm(config.hidden_size, config.rms_norm_eps);
-    this.layers = Array.from({ length: config.num_hidden_layers }, (_, i) => new DFlashDecoderLayer(config, i));
+    const layerClass = (this.constructor as typeof DFlashDraftModel).layerClass;
+    this.layers = Array.from({ length: config.num_hidden_layers }, (_, i) => new layerClass(config, i));
     this.norm = new RMSNorm(config.hidden_size, config.rms_norm_eps);
     this._rope = buildRope(config);
   }
@@ -214,6 +241,9 @@ export class DFlashDraftModel extends Module {
       this._embed = target.model.embed_tokens;
       this._embedScale = target.model.embed_scale;
     }
+    // mlx-vlm's Gemma 4 model has no lm_head: the embedding as a linear map
+    const embed = this._embed;
+    this._lmHead = (h) => embed.asLinear(h);
     return this;
   }
 
@@ -269,7 +299,11 @@ export class DFlashDraftModel extends Module {
 
   /** _project_context_kv: every layer's k_proj / v_proj on the context as one fused matmul (null unless all are plain Linear). */
   _project_context_kv(hidden: MlxArray): KV[] | null {
-    const projections = this.layers.flatMap((l) => [l.self_attn.k_proj, l.self_attn.v_proj]);
+    const projections = this.layers.flatMap((l) => {
+      // Python reads layer.self_attn.v_proj unconditionally: an AttributeError without one
+      if (!l.self_attn.v_proj) throw new Error(`'${l.self_attn.constructor.name}' object has no attribute 'v_proj'`);
+      return [l.self_attn.k_proj, l.self_attn.v_proj];
+    });
     if (!projections.every((p) => p instanceof Linear)) return null;
     this._fusedContextKvWeight ??= mx.concatenate(projections.map((p) => p.weight), 0);
     using wt = mx.transpose(this._fusedContextKvWeight);
@@ -288,8 +322,8 @@ export class DFlashDraftModel extends Module {
 
   /** _logits: lm_head (the embedding as a linear map), then the drafter's final_logit_softcapping if set. */
   _logits(hidden: MlxArray): MlxArray {
-    if (this._embed === null) throw new Error("DFlashDraftModel: bind(target) first");
-    const logits = this._embed.asLinear(hidden);
+    if (this._lmHead === null) throw new Error("DFlashDraftModel: bind(target) first");
+    const logits = this._lmHead(hidden);
     const cap = this.config.final_logit_softcapping;
     if (cap === null) return logits;
     using l = logits;
@@ -308,6 +342,7 @@ export class DFlashDraftModel extends Module {
     this._fusedContextKvWeight?.dispose();
     this._fusedContextKvWeight = null;
     this._embed = null;
+    this._lmHead = null;
     this.disposeArrays();
   }
 }
