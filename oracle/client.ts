@@ -143,6 +143,17 @@ interface Pending {
   timer: ReturnType<typeof setTimeout>;
 }
 
+/**
+ * The oracle's package versions with a package it does not have (null from Python: mlx-vlm or
+ * mlx-audio on a machine staged for text only) written "not installed", so every report can print
+ * them (a null here once crashed the HTML report on the H200 after its verdict).
+ */
+export function installedVersions(v: unknown): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, x] of Object.entries((v ?? {}) as Record<string, unknown>)) out[k] = x === null || x === undefined ? "not installed" : String(x);
+  return out;
+}
+
 export class OracleClient {
   private proc: ResultPromise | undefined;
   private pending = new Map<number, Pending>();
@@ -252,7 +263,7 @@ export class OracleClient {
             this.ready = {
               pid: Number(msg.pid),
               tmpdir: String(msg.tmpdir),
-              versions: msg.versions as Record<string, string>,
+              versions: installedVersions(msg.versions),
             };
             clearTimeout(startTimer);
             resolveReady();
