@@ -146,7 +146,8 @@ def cmd_cache_ops(job: dict) -> dict:
     """A TurboQuantKVCache driven directly: mx.random.seed(seed); keys/values (1, H, P, D) normal;
     update; trim(n); update with (1, H, S, D) more; then a decode attention (q (1, 2H, 1, D)) and a
     prefill one (q (1, 2H, 3, D), "causal"); a second cache restored from state + meta_state attends
-    the same. Returns sha256 of each state array, of each output, meta_state, offsets, trim's value."""
+    the same. Returns sha256 of each state array, of each output, meta_state, offsets, trim's value;
+    for a head dim that is not a power of two, the key/value rotation matrices (float32 hex)."""
     from mlx_vlm.models.base import scaled_dot_product_attention
     from mlx_vlm.turboquant import TurboQuantKVCache
 
@@ -170,7 +171,14 @@ def cmd_cache_ops(job: dict) -> dict:
     r._ensure_codecs(k1, v1)
     out1r = scaled_dot_product_attention(q1, r.state[0], r.state[1], r, 1.0, None)
     st = c.state
-    return {"trimmed": trimmed, "offset": c.offset, "meta_state": list(c.meta_state), "restored_meta_state": list(r.meta_state),
+    rotations = {}
+    if D & (D - 1):
+        # _rotation_matrix (numpy LAPACK QR): not portable, so the port takes it as an input
+        from mlx_vlm.turboquant import _rotation_matrix
+        for seed in (0, 1):
+            m = np.array(_rotation_matrix(D, seed)).astype(np.float32)
+            rotations[str(seed)] = m.tobytes().hex()
+    return {"rotations": rotations, "trimmed": trimmed, "offset": c.offset, "meta_state": list(c.meta_state), "restored_meta_state": list(r.meta_state),
             "state": [sha(a) for a in leaves(st[0]) + leaves(st[1])], "decode": sha(out1), "prefill": sha(out3), "restored_decode": sha(out1r)}
 
 

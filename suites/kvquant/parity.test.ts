@@ -9,8 +9,9 @@
 //   cache types and offsets; prompts crossing quantized_kv_start and the sliding window, prefill
 //   chunks after the conversion (dequantize + SDPA) and decode steps (the quantized decode path);
 //   uniform's RotatingKVCache NYI after the same tokens;
-// - a TurboQuantKVCache driven directly (D 32/64/256): update, trim, update, decode and prefill
-//   attention, and a copy restored from state + meta_state: state and output sha256 equal;
+// - a TurboQuantKVCache driven directly (D 32/64/256, and 48 with mlx-vlm's numpy-QR rotation
+//   matrices taken as an input): update, trim, update, decode and prefill attention, and a copy
+//   restored from state + meta_state: state and output sha256 equal;
 // - the generate face refusing a model whose KV-shared layers read a cache that would be
 //   converted (exit 2), where mlx-vlm fails inside attention (bench/kvquant/kv_shared_repro.py).
 // KVQUANT_FULL=1 runs the whole grid (5 f32 fixtures x 4 schemes x 3 prompt shapes, 3 bf16/f16
@@ -108,7 +109,7 @@ const GEN_CASES: GenCase[] = FULL
       gen("c1_dense bf16 turboquant 4, P=13 start 0 chunks of 4", "c1_dense/bf16", "turboquant", 4, 13, 0, 4, 6),
     ];
 
-const CODEBOOK_DIMS = FULL ? [32, 64, 128, 256, 512] : [32];
+const CODEBOOK_DIMS = FULL ? [32, 48, 64, 96, 128, 256, 512] : [32];
 const CODEBOOK_BITS = FULL ? [1, 2, 3, 4, 5, 6, 7, 8] : [3, 4];
 const SIGN_DIMS = [16, 32, 64, 128, 256, 512];
 const SIGN_SEEDS = [0, 1, 7];
@@ -120,6 +121,8 @@ const CACHE_OPS = [
   { seed: 5, heads: 2, dim: 32, prompt: 9, more: 3, trim: 4, bits: 3.5 },
   { seed: 6, heads: 1, dim: 256, prompt: 300, more: 2, trim: 40, bits: 4 },
   { seed: 7, heads: 2, dim: 64, prompt: 5, more: 1, trim: 9, bits: 2 },
+  // not a power of two: mlx-vlm's numpy-QR rotation, handed to the port as an input
+  { seed: 8, heads: 2, dim: 48, prompt: 7, more: 2, trim: 3, bits: 3.5 },
 ];
 
 let ref: { policy: any[]; signs: Record<string, number[]>; codebooks: Record<string, string[]>; cacheOps: any[]; gens: GenerationRecord[] };
@@ -213,8 +216,12 @@ describe("TurboQuantKVCache: trim, state and meta_state, attention", () => {
       const n = (shape: number[]) => mx.random.normal({ shape });
       const [k1, v1, k2, v2] = [n([1, op.heads, op.prompt, op.dim]), n([1, op.heads, op.prompt, op.dim]), n([1, op.heads, op.more, op.dim]), n([1, op.heads, op.more, op.dim])];
       const [q1, q3] = [n([1, 2 * op.heads, 1, op.dim]), n([1, 2 * op.heads, 3, op.dim])];
-      const c = new TurboQuantKVCache(op.bits);
-      const r = new TurboQuantKVCache(1);
+      const { rotations, ...expected } = want as { rotations: Record<string, string> } & Record<string, unknown>;
+      const isPow2 = (op.dim & (op.dim - 1)) === 0;
+      expect(Object.keys(rotations).length).toBe(isPow2 ? 0 : 2);
+      const rotation = isPow2 ? undefined : (dim: number, seed: number) => mx.fromBytes(Uint8Array.from(Buffer.from(rotations[String(seed)]!, "hex")), [dim, dim], "float32");
+      const c = new TurboQuantKVCache(op.bits, { rotation });
+      const r = new TurboQuantKVCache(1, { rotation });
       try {
         for (const a of c.updateAndFetch(k1, v1)) a.dispose();
         const trimmed = c.trim(op.trim);
@@ -226,7 +233,7 @@ describe("TurboQuantKVCache: trim, state and meta_state, attention", () => {
         r.metaState = c.metaState;
         r.ensureCodecs(k1, v1);
         using out1r = r.quantizedAttention(q1, 1, null);
-        expect({ trimmed, offset: c.offset, meta_state: c.metaState, restored_meta_state: r.metaState, state: st.map(sha), decode: sha(out1), prefill: sha(out3), restored_decode: sha(out1r) }).toEqual(want);
+        expect({ trimmed, offset: c.offset, meta_state: c.metaState, restored_meta_state: r.metaState, state: st.map(sha), decode: sha(out1), prefill: sha(out3), restored_decode: sha(out1r) }).toEqual(expected);
         for (const a of st) a.dispose();
       } finally {
         c.dispose();
