@@ -43,8 +43,6 @@ export interface DFlashSpec {
   prompt: number[];
   maxTokens: number;
   draftBlockSize?: number;
-  /** Suites' mutation hook: the TS rollback keeps this many rejected positions. */
-  keepRejected?: number;
   /** Skip the plain greedy run (the mutation check needs only the oracle comparison). */
   skipGreedy?: boolean;
 }
@@ -62,6 +60,8 @@ export interface DFlashResult {
   vsOracle: TallySummary;
   /** TS DFlash tokens vs TS plain greedy generate_step; null when skipped. */
   vsGreedy: TallySummary | null;
+  /** The drafter config mlx-vlm resolved (the `config` comparison's expected side). */
+  oracleConfig: Record<string, unknown>;
   /** mlx-vlm's DFlash tokens equal TS greedy (a relation of the oracle's own output). */
   oracleEqualsGreedy: boolean | null;
   ms: number;
@@ -108,7 +108,6 @@ export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafte
   for await (const tok of dflashGenerateStep(target, drafter, spec.prompt, {
     maxTokens: spec.maxTokens,
     draftBlockSize: spec.draftBlockSize,
-    _keepRejected: spec.keepRejected,
     onPrefill: (p) => {
       t.value("first token", p.token, orc.first.token);
       using lp = mx.squeeze(p.logprobs, 0);
@@ -134,5 +133,5 @@ export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafte
     vsGreedy.value("length", tokens.length, greedy.length);
     oracleEqualsGreedy = JSON.stringify(orc.tokens) === JSON.stringify(greedy);
   }
-  return { spec, tokens, rounds: k, acceptRounds, rejectRounds, accepted, drafted, blockSizes, vsOracle: t.summary(), vsGreedy: vsGreedy?.summary() ?? null, oracleEqualsGreedy, ms: performance.now() - t0 };
+  return { spec, tokens, rounds: k, acceptRounds, rejectRounds, accepted, drafted, blockSizes, vsOracle: t.summary(), vsGreedy: vsGreedy?.summary() ?? null, oracleConfig: orc.config, oracleEqualsGreedy, ms: performance.now() - t0 };
 }

@@ -34,6 +34,7 @@ import { GenerateError } from "../generate.ts";
 import { checkPromptIds, positiveIntOption } from "../generate_speculative.ts";
 import { greedySampler } from "../sample.ts";
 import type { DFlashDraftModel } from "./drafters/qwen3_dflash/dflash.ts";
+import { drafterMutated } from "./mutations.ts";
 
 export interface DFlashOptions {
   /** Tokens to generate (> 0). Default 256. */
@@ -44,8 +45,6 @@ export interface DFlashOptions {
   onPrefill?: (p: { token: number; logprobs: MlxArray; cache: readonly KVCacheLike[]; hidden: MlxArray }) => void;
   /** After each round's commit; arrays are borrowed (valid during the call). */
   onRound?: (r: DFlashRound) => void;
-  /** Mutation hook for the suites: the rollback keeps this many rejected positions (default 0 = mlx-vlm's). */
-  _keepRejected?: number;
 }
 
 export interface DFlashRound {
@@ -252,7 +251,7 @@ async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache
   let hidden = hidden0;
   let b = firstBonus;
   let emitted = 1; // the first bonus has already been yielded
-  const keepRejected = opts._keepRejected ?? 0;
+  const keepRejected = drafterMutated("drafter_rollback_keeps_one") ? 1 : 0;
   try {
     while (emitted < maxTokens) {
       const bs = dflashNextBlockSize(blockTotal, maxTokens - emitted + 1, draft.accept_lens, draft.draft_lens, {
@@ -284,7 +283,7 @@ async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache
         const newTokens = [...drafted.slice(0, accepted), ...targetRow.slice(accepted, accepted + 1)].slice(0, maxTokens - emitted);
         draft.accept_lens.push(accepted);
         draft.draft_lens.push(bs - 1);
-        const nextHidden = accepted < bs - 1 ? mx.slice(vHidden, [0, 0, 0], [1, accepted + 1, vHidden.shape[2]!]) : mx.alias(vHidden);
+        const nextHidden = accepted < bs - 1 && !drafterMutated("dflash_context_all_rows") ? mx.slice(vHidden, [0, 0, 0], [1, accepted + 1, vHidden.shape[2]!]) : mx.alias(vHidden);
         hidden.dispose();
         hidden = nextHidden;
         b = newTokens.length ? newTokens[newTokens.length - 1]! : b;

@@ -10,6 +10,7 @@ import type { KVCacheLike } from "../../../cache/index.ts";
 import type { AnyEmbedding, AnyLinear, Model as TargetModel } from "../../../gemma4/gemma4_text.ts";
 import { Embedding, Linear, Module } from "../../../gemma4/nn.ts";
 import type { Sampler } from "../../../sample.ts";
+import { drafterMutated } from "../../mutations.ts";
 import { DFlashDraftModel } from "../qwen3_dflash/dflash.ts";
 import type { DSparkConfig } from "./config.ts";
 
@@ -43,7 +44,8 @@ export class VanillaMarkov extends Module {
     for (let step = 0; step < P; step++) {
       using sl = mx.slice(baseLogits, [0, step, 0], [B, step + 1, V]);
       using stepBase = mx.squeeze(sl, 1); // base_logits[:, step]
-      using stepLogits = this.apply_step_logits(stepBase, previous);
+      using anchorPrev = drafterMutated("dspark_markov_from_anchor") ? mx.reshape(firstPrevTokens, [-1]) : null;
+      using stepLogits = this.apply_step_logits(stepBase, anchorPrev ?? previous);
       using s = sampler(stepLogits);
       previous = stack.use(mx.reshape(s, [-1]));
       sampled.push(stack.use(mx.expandDims(previous, 1)));
