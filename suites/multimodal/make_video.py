@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Writes the synthetic videos of suites/multimodal/video.test.ts into OUT_DIR (from fixed seeds).
 
-Motion-JPEG in AVI, written by OpenCV's VideoWriter (the library mlx-vlm decodes with): moving
+Motion-JPEG in AVI (4:2:0), written by OpenCV's VideoWriter through its FFmpeg backend (the
+library mlx-vlm decodes with): moving
 colour gradients plus seeded noise, so that every frame differs and the JPEG coder has detail
 to keep. Each entry: name, width, height, fps, frames. Also the bad files: an empty file, random
 bytes, an AVI whose writer got no frame, and a video cut in half.
