@@ -100,7 +100,11 @@ export interface LoadedVideo {
   note?: string;
 }
 
-/** load_video(path, sampling): the sampled frames of an MJPEG AVI file. */
+/**
+ * load_video(path, sampling): the sampled frames of an MJPEG AVI file. `sampling` is the resolved
+ * one (resolveVideoSampling with the processor's defaults, as prepare_inputs does); left empty,
+ * DEFAULT_VIDEO_SAMPLING alone applies (up to 768 frames, more than Gemma 4's processor keeps).
+ */
 export async function loadVideo(path: string, sampling: VideoSampling = {}, maxPixels = 2 * 89478485): Promise<LoadedVideo> {
   const file = path.startsWith("file://") ? path.slice(7) : path;
   let bytes: Uint8Array;

@@ -16,7 +16,10 @@
 // - the <|video|> expansion and mm_token_type_ids against Gemma4Processor.__call__'s own code on
 //   random layouts, and the video (type 2) masks against mlx-vlm's _make_masks on random layouts;
 // - bad input: one typed error each (empty, corrupt, zero frames, truncated, too many frames,
-//   placeholder count != media, a config without video_token_id).
+//   placeholder count != media, a config without video_token_id);
+// - the faces: `npm run generate --video`'s prompt ids and token types equal mlx-vlm's
+//   prepare_inputs on the same file, bad files exit 2 from generate and parity;
+// - 4 video mutations (model/gemma4/mutations.ts VIDEO_MUTATIONS), each caught first at its block.
 // The fixture checkpoints have no video_token_id (gemma4's default None); the oracle writes a
 // variant with video_token_id 249 (video_media.make_video_variant), shared by both sides.
 // Default: 3 videos decoded and processed; one forward (the first 2 sampled frames of a video)
