@@ -10,11 +10,13 @@
 //   then a group size / bits mx.quantize refuses for the full-attention head dim (checked even
 //   when the run would not reach the start, where mlx-vlm would never call mx.quantize);
 // - TurboQuant on a model whose KV-shared layers read a cache that would be converted (mlx-vlm
-//   fails inside attention: bench/kvquant/kv_shared_repro.py);
+//   fails inside attention: bench/kvquant/kv_shared_repro.py); a full-attention head dim that is
+//   not a power of two (mlx-vlm's rotation is numpy QR: not portable); bits with no carried codebook;
 // - with --draft-model, --prompt-cache-file, media or a batch: not ported.
-import { kvSharedDonorConflict, kvSharedRefusal, type KVQuantConfig } from "../model/cache/kv_quantize.ts";
+import { kvSharedDonorConflict, kvSharedRefusal, type KVQuantConfig, makeKvQuantizer } from "../model/cache/kv_quantize.ts";
+import { codebookValues } from "../model/cache/turboquant.ts";
 import { modelArgsFromDict } from "../model/gemma4/config.ts";
-import { DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, fromLegacy, KVQuantError, TURBOQUANT_SCHEME, turboquantEnabled, UNIFORM_SCHEME, validateUniformGroup } from "../model/kv_quant.ts";
+import { DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, fromLegacy, KVQuantError, resolveKvBits, TURBOQUANT_SCHEME, turboquantEnabled, UNIFORM_SCHEME, validateUniformGroup } from "../model/kv_quant.ts";
 import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
 
 export const KV_QUANT_FLAGS: FlagSpec[] = [
@@ -48,9 +50,13 @@ export function kvQuantPlan(a: Parsed, text: Record<string, unknown>, run: KvQua
     if (turboquantEnabled(bits, scheme)) {
       const conflict = kvSharedDonorConflict(args.layer_types, args.num_kv_shared_layers);
       if (conflict) throw new UsageError(kvSharedRefusal(conflict));
-      for (const d of new Set([args.head_dim, args.global_head_dim || args.head_dim])) {
-        if ((d & (d - 1)) !== 0) throw new UsageError(`TurboQuant on head dim ${d} (not a power of two) needs mlx-vlm's numpy-QR rotation matrix, which the generate face does not take`);
-      }
+      // only full-attention caches are converted (sliding layers keep RotatingKVCache)
+      const d = args.global_head_dim || args.head_dim;
+      if ((d & (d - 1)) !== 0) throw new UsageError(`TurboQuant on head dim ${d} (not a power of two) needs mlx-vlm's numpy-QR rotation matrix, which the generate face does not take`);
+      makeKvQuantizer(cfg); // the bits as the caches will take them (the split codec is refused here)
+      const [, keyBits, valueBits] = resolveKvBits(bits);
+      codebookValues(d, keyBits);
+      codebookValues(d, valueBits);
       return cfg;
     }
     if (args.layer_types.includes("sliding_attention") && run.prompt + run.maxTokens >= start) {
