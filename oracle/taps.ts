@@ -175,12 +175,14 @@ export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; au
     if (!media.imageList) conds.add("image_batch");
     if (cfg.vision_clip) conds.add("vision_clip");
   }
-  if (media.audio) {
+  if (media.audio && cfg.unified) {
+    conds.add("unified_audio");
+  } else if (media.audio) {
     conds.add("audio");
     if (cfg.audio_clip) conds.add("audio_clip");
     if (cfg.audio_proj) conds.add("audio_proj");
   }
-  const layers: Record<string, number> = { vision_layer: media.image && !media.imageList && !cfg.unified ? cfg.vision_layers : 0, audio_layer: media.audio ? cfg.audio_layers : 0 };
+  const layers: Record<string, number> = { vision_layer: media.image && !media.imageList && !cfg.unified ? cfg.vision_layers : 0, audio_layer: media.audio && !cfg.unified ? cfg.audio_layers : 0 };
   const out: string[] = [];
   const entries = TAP_SPEC.media_taps;
   for (let k = 0; k < entries.length; ) {

@@ -149,11 +149,24 @@ export interface UnifiedMediaInputs {
   pixel_values?: MlxArray | null;
   /** (B, N, 2) int positions [x, y], -1 at padding. */
   image_position_ids?: MlxArray | null;
+  /** (B, T, S) float32 raw audio frames (Gemma4UnifiedAudioFeatureExtractor). */
+  input_features?: MlxArray | null;
+  /** (B, T) bool, True = a real frame. */
+  input_features_mask?: MlxArray | null;
 }
 
 export function disposeUnifiedMedia(m: UnifiedMediaInputs): void {
   m.pixel_values?.dispose();
   m.image_position_ids?.dispose();
+  m.input_features?.dispose();
+  m.input_features_mask?.dispose();
+}
+
+/** Per row, how many entries of a (B, T) mask are true (the prefix _compact_prefix_rows keeps). */
+function trueCounts(mask: MlxArray): number[] {
+  const [B, T] = mask.shape as [number, number];
+  const flat = mask.toNumbers() as number[];
+  return Array.from({ length: B }, (_, b) => flat.slice(b * T, (b + 1) * T).filter((v) => v !== 0).length);
 }
 
 export interface UnifiedCallOptions extends UnifiedMediaInputs {
@@ -212,8 +225,38 @@ export class Model extends Module {
    * placeholder count other than the valid rows the images give (mlx-vlm's masked_scatter wraps
    * the features around or drops the extra ones), images without positions.
    */
-  checkMedia(input_ids: MlxArray, media: UnifiedMediaInputs): number[] | null {
+  checkMedia(input_ids: MlxArray, media: UnifiedMediaInputs): { image: number[] | null; audio: number[] | null } {
     const ids = input_ids.toNumbers() as number[];
+    return { image: this.checkImages(ids, media), audio: this.checkAudio(ids, media) };
+  }
+
+  /** Audio: the placeholder count must equal the frames the clips give (their mask counts, or every frame). */
+  private checkAudio(ids: readonly number[], media: UnifiedMediaInputs): number[] | null {
+    const n = ids.filter((t) => t === this.config.audio_token_id).length;
+    const x = media.input_features;
+    if (!x) {
+      if (this.embed_audio && n > 0) throw new MediaError(`the prompt has ${n} audio placeholder tokens (id ${this.config.audio_token_id}) but no audio input`);
+      return null;
+    }
+    if (!this.embed_audio) throw new MediaError("audio input given, but this checkpoint has no embed_audio (no embed_audio weights, or audio_config null)");
+    const S = this.config.audio!.output_proj_dims;
+    if (x.ndim !== 3 || x.shape[2] !== S) throw new MediaError(`input_features of shape (${x.shape.join(", ")}): expected (B, T, ${S}) raw frames`);
+    const m = media.input_features_mask;
+    if (m && (m.ndim !== 2 || m.shape[0] !== x.shape[0] || m.shape[1] !== x.shape[1])) {
+      throw new MediaError(`input_features_mask of shape (${m.shape.join(", ")}) does not match input_features (${x.shape.join(", ")})`);
+    }
+    const counts = m ? trueCounts(m) : Array<number>(x.shape[0]!).fill(x.shape[1]!);
+    const rows = counts.reduce((a, b) => a + b, 0);
+    if (n !== rows) {
+      throw new MediaError(
+        `the prompt has ${n} audio placeholder token${n === 1 ? "" : "s"} (id ${this.config.audio_token_id}) but the audio gives ${rows} frame${rows === 1 ? "" : "s"} ` +
+          `(mlx-vlm would silently ${n > rows ? "wrap the features around" : "drop the extra features"})`,
+      );
+    }
+    return counts;
+  }
+
+  private checkImages(ids: readonly number[], media: UnifiedMediaInputs): number[] | null {
     const n = ids.filter((t) => t === this.config.image_token_id).length;
     if (!media.pixel_values) {
       if (this.vision_embedder && n > 0) throw new MediaError(`the prompt has ${n} image placeholder tokens (id ${this.config.image_token_id}) but no image input`);
@@ -244,9 +287,20 @@ export class Model extends Module {
     return _compact_prefix_rows(projected, counts);
   }
 
-  /** get_input_embeddings: scaled token embeddings, per-layer inputs (media ids → 0), image features scattered. */
+  /** get_audio_features: embed_audio on the raw frames, each clip's valid prefix rows. */
+  get_audio_features(input_features: MlxArray, input_features_mask: MlxArray | null, counts: readonly number[], taps?: TapSink): MlxArray {
+    if (taps) {
+      taps("embed_audio/input_features", input_features);
+      taps("embed_audio/input_features_mask", input_features_mask);
+    }
+    using projected = this.embed_audio!.call(input_features, taps, "embed_audio/");
+    if (input_features_mask === null) return mx.reshape(projected, [-1, projected.shape[projected.ndim - 1]!]);
+    return _compact_prefix_rows(projected, counts);
+  }
+
+  /** get_input_embeddings: scaled token embeddings, per-layer inputs (media ids → 0), image then audio features scattered. */
   get_input_embeddings(input_ids: MlxArray, media: UnifiedMediaInputs = {}, taps?: TapSink): InputEmbeddings {
-    const counts = this.checkMedia(input_ids, media);
+    const { image: counts, audio: audioCounts } = this.checkMedia(input_ids, media);
     const lm = this.language_model.model;
     using stack = new DisposableStack();
     if (taps) taps("inputs", input_ids);
@@ -274,6 +328,16 @@ export class Model extends Module {
         using mask = mx.broadcastTo(ee, inputs_embeds.shape);
         inputs_embeds = stack.use(masked_scatter(inputs_embeds, mask, features));
         if (taps) taps("merge/image", inputs_embeds);
+      }
+      if (media.input_features && audioCounts) {
+        using projected = this.get_audio_features(media.input_features, media.input_features_mask ?? null, audioCounts, taps);
+        using features = mx.astype(projected, inputs_embeds.dtype);
+        if (taps) taps("audio_features", features);
+        using e = mx.equal(input_ids, this.config.audio_token_id);
+        using ee = mx.expandDims(e, -1);
+        using mask = mx.broadcastTo(ee, inputs_embeds.shape);
+        inputs_embeds = stack.use(masked_scatter(inputs_embeds, mask, features));
+        if (taps) taps("merge/audio", inputs_embeds);
       }
       return { inputs_embeds: mx.alias(inputs_embeds), per_layer_inputs };
     } catch (e) {

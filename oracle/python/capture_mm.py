@@ -86,6 +86,20 @@ def pattern_image(seed: int, height: int, width: int) -> np.ndarray:
     return (v >> np.uint64(24)).astype(np.uint8)
 
 
+def pattern_wave(seed: int, samples: int) -> np.ndarray:
+    """A gemma4_unified fixture waveform: float32 in [-0.5, 0.5) from the same 32-bit integer hash
+    as pattern_image over (seed, i) (channel 0), exact in float32, so the TS side rebuilds it."""
+    i = np.arange(samples, dtype=np.uint64)
+    m = np.uint64(0xFFFFFFFF)
+    v = (np.uint64(seed) * np.uint64(0x9E3779B1) + i * np.uint64(0xC2B2AE3D)) & m
+    v ^= v >> np.uint64(15)
+    v = (v * np.uint64(0x2C1B3C6D)) & m
+    v ^= v >> np.uint64(12)
+    v = (v * np.uint64(0x297A2D39)) & m
+    v ^= v >> np.uint64(15)
+    return ((v >> np.uint64(8)).astype(np.float32) / np.float32(2 ** 24) - np.float32(0.5)).astype(np.float32)
+
+
 def file_processor(model_dir: str | Path | None) -> SimpleNamespace:
     """The image processor, feature extractor and audio token counts that mlx-vlm's
     `load_processor(model_dir)` builds (`Gemma4Processor.from_pretrained`, which reads
@@ -140,6 +154,15 @@ def build_media(spec: dict, proc: SimpleNamespace | None = None, unified: bool =
         kw = {"max_soft_tokens": spec["max_soft_tokens"]} if spec.get("max_soft_tokens") is not None else {}
         data, n = Gemma4UnifiedImageProcessor()(img, **kw)
         return {"kind": "image", "pixels": data["pixel_values"][0], "positions": data["image_position_ids"][0], "n": int(n[0])}
+    if spec["kind"] == "audio" and unified:
+        # gemma4_unified: raw 640-sample frames (Gemma4UnifiedAudioFeatureExtractor, run over all
+        # clips in build_inputs); the placeholder count as Gemma4Processor counts it
+        from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedAudioFeatureExtractor
+
+        fe = Gemma4UnifiedAudioFeatureExtractor()
+        wave = pattern_wave(spec["seed"], spec["samples"])
+        n = Gemma4Processor._compute_audio_num_tokens(SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750), wave, fe.sampling_rate)
+        return {"kind": "audio", "wave": wave, "extractor": fe, "n": int(n)}
     if spec["kind"] == "image":
         if "path" in spec:
             img, ip = load_image(spec["path"]), (proc.image if proc else Gemma4ImageProcessor())
@@ -206,7 +229,7 @@ def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None, u
     if audios:
         fe = audios[0]["extractor"]
         feats = fe([a["wave"] for a in audios])
-        out["input_features"] = mx.array(np.asarray(feats["input_features"], np.float32))
+        out["input_features"] = mx.array(np.asarray(feats["input_features"], np.float32))  # (unified: raw frames)
         out["input_features_mask"] = mx.array(np.asarray(feats["input_features_mask"], bool))
     return out
 
@@ -253,6 +276,7 @@ class MMRecorder(cap.Recorder):
         # gemma4_unified: its own get_input_embeddings, and masked_scatter imported into its module
         self._patch(v.unified.Model, "get_input_embeddings", self._wrap_embed(v.unified.Model.__dict__["get_input_embeddings"]))
         self._patch(v.unified, "masked_scatter", self._wrap_scatter(v.unified.masked_scatter))
+        self._patch(v.unified.Model, "get_audio_features", self._wrap_unified_audio(v.unified.Model.__dict__["get_audio_features"]))
         self._patch(v.lang, "scaled_dot_product_attention", self._wrap_sdpa(v.lang.scaled_dot_product_attention))
         self._patch(v.lang, "geglu", self._wrap_geglu(v.lang.geglu))
         self._patch(nn, "gelu_approx", self._wrap_gelu(nn.gelu_approx))
@@ -310,7 +334,8 @@ class MMRecorder(cap.Recorder):
             unified = isinstance(model, rec.v.unified.Model)
             tower = model.vision_embedder if unified else model.vision_tower
             has_img = pixel_values is not None and tower is not None
-            has_aud = (kwargs.get("input_features") is not None or kwargs.get("audio_features") is not None) and getattr(model, "audio_tower", None) is not None
+            has_aud = (kwargs.get("input_features") is not None or kwargs.get("audio_features") is not None) and \
+                (model.embed_audio if unified else model.audio_tower) is not None
             rec.begin("embed/", "embed", 0, input_ids, int(input_ids.shape[1]), int(input_ids.shape[0]), None,
                       {"image": has_img, "audio": has_aud, "image_list": isinstance(pixel_values, list), "unified": unified})
             rec.record("inputs", input_ids)
@@ -479,6 +504,15 @@ class MMRecorder(cap.Recorder):
             self.record(f"{parent}/depthwise_conv1d", x)
         elif name.startswith("audio_tower/layers.") and name.endswith("self_attn/post"):
             self.record(f"{parent}/context", x)
+
+    def _wrap_unified_audio(self, orig: Callable) -> Callable:
+        def wrapper(model, input_features, input_features_mask=None):
+            # gemma4_unified: the raw frames go straight into embed_audio (no tower)
+            self.record("embed_audio/input_features", input_features)
+            self.record("embed_audio/input_features_mask", input_features_mask)
+            self._last_media = "audio"
+            return orig(model, input_features, input_features_mask)
+        return wrapper
 
     def _wrap_scatter(self, orig: Callable) -> Callable:
         def wrapper(input_tensor, mask, source):

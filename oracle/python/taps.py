@@ -121,7 +121,9 @@ def media_conditions(text: Any, vision: Any, audio: Any, *, image: bool, with_au
             conds.add("image_batch")
         if _get(vision, "use_clipped_linears", False):
             conds.add("vision_clip")
-    if with_audio:
+    if with_audio and unified:
+        conds.add("unified_audio")
+    elif with_audio:
         conds.add("audio")
         if _get(audio, "use_clipped_linears", True):
             conds.add("audio_clip")
@@ -136,7 +138,7 @@ def expand_media(text: Any, vision: Any, audio: Any, *, image: bool, with_audio:
     conds = media_conditions(text, vision, audio, image=image, with_audio=with_audio, image_list=image_list,
                              unified=unified)
     layers = {"vision_layer": _get(vision, "num_hidden_layers", 0) if image and not image_list and not unified else 0,
-              "audio_layer": _get(audio, "num_hidden_layers", 0) if with_audio else 0}
+              "audio_layer": _get(audio, "num_hidden_layers", 0) if with_audio and not unified else 0}
     entries = spec()["media_taps"]
     out: list[str] = []
     idx = 0

@@ -29,9 +29,10 @@ import * as mx from "@mlx-bun/mlx";
 import { sharedOracle } from "../../oracle/client.ts";
 import { callPrefix, expandMediaTaps, expandTaps, mediaTapConfig, mmCallShape, tapConfig } from "../../oracle/taps.ts";
 import { MediaError } from "../../model/gemma4/gemma4.ts";
-import { type LoadedUnifiedModel, loadUnifiedModel, UNIFIED_MUTATIONS, type UnifiedMutation, withUnifiedMutation } from "../../model/gemma4_unified/index.ts";
+import { type LoadedUnifiedModel, loadUnifiedModel, modelConfigFromDict, UNIFIED_MUTATIONS, type UnifiedMutation, withUnifiedMutation } from "../../model/gemma4_unified/index.ts";
 import { compareTapLists, formatVerdict, type TapData } from "../gemma4/tap_compare.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { scenarioFits } from "../../oracle/unified_fixtures.ts";
 import { CKPT_ROOT, UNIFIED_SCENARIOS, type UnifiedReference, type UnifiedScenario, unifiedForwardTaps, unifiedInputs, unifiedReference, unifiedScenario, unifiedTaps } from "./run.ts";
 
 const FULL = process.env.UNIFIED_FULL === "1";
@@ -56,17 +57,18 @@ function model(id: string): LoadedUnifiedModel {
 }
 
 /** Which block a tap belongs to (the counts of RESULTS.md). */
-function block(name: string): "embedder" | "embed_vision" | "merge" | "language" {
+function block(name: string): "embedder" | "embed_vision" | "embed_audio" | "merge" | "language" {
   if (name.startsWith("embed/vision_embedder/")) return "embedder";
   if (name.startsWith("embed/embed_vision/")) return "embed_vision";
-  if (name === "embed/image_features" || name === "embed/merge/image") return "merge";
+  if (name.startsWith("embed/embed_audio/")) return "embed_audio";
+  if (/^embed\/((image|audio)_features|merge\/(image|audio))$/.test(name)) return "merge";
   return "language";
 }
 
 type Counts = Record<ReturnType<typeof block>, number>;
 
 function countBlocks(taps: readonly TapData[]): Counts {
-  const c: Counts = { embedder: 0, embed_vision: 0, merge: 0, language: 0 };
+  const c: Counts = { embedder: 0, embed_vision: 0, embed_audio: 0, merge: 0, language: 0 };
   for (const t of taps) c[block(t.name)]++;
   return c;
 }
@@ -94,15 +96,21 @@ async function livePair(ckpt: string, scn: UnifiedScenario): Promise<Counts> {
   return countBlocks(ours.taps);
 }
 
-/** The checked-in table: `| checkpoint | scenario | embedder | embed_vision | merge | language | total | ... |`. */
+/** The checked-in table: `| checkpoint | scenario | embedder | embed_vision | embed_audio | merge | language | total | ... |`. */
 function resultsTable(): Map<string, Counts & { total: number }> {
   const text = readFileSync(join(import.meta.dir, "RESULTS.md"), "utf8");
   const rows = new Map<string, Counts & { total: number }>();
-  for (const m of text.matchAll(/^\| (u\d_\w+\/\w+) \| (u_\w+) \| (\d+) \| (\d+) \| (\d+) \| ([\d,]+) \| ([\d,]+) \|/gm)) {
+  for (const m of text.matchAll(/^\| (u\d_\w+\/\w+) \| (u_\w+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ([\d,]+) \| ([\d,]+) \|/gm)) {
     const n = (s: string) => Number(s.replace(/,/g, ""));
-    rows.set(`${m[1]} ${m[2]}`, { embedder: n(m[3]!), embed_vision: n(m[4]!), merge: n(m[5]!), language: n(m[6]!), total: n(m[7]!) });
+    rows.set(`${m[1]} ${m[2]}`, { embedder: n(m[3]!), embed_vision: n(m[4]!), embed_audio: n(m[5]!), merge: n(m[6]!), language: n(m[7]!), total: n(m[8]!) });
   }
   return rows;
+}
+
+/** The fixture × scenario pairs: the scenarios whose parts (vision, audio) the checkpoint has. */
+function pairsOf(ckpt: string): UnifiedScenario[] {
+  const cfg = modelConfigFromDict(JSON.parse(readFileSync(join(CKPT_ROOT, ckpt, "config.json"), "utf8")) as Record<string, unknown>);
+  return UNIFIED_SCENARIOS.filter((s) => scenarioFits(s, { vision: cfg.vision !== null, audio: cfg.audio !== null }));
 }
 
 describe("gemma4_unified taps vs mlx-vlm", () => {
@@ -173,13 +181,15 @@ describe("gemma4_unified taps vs mlx-vlm", () => {
   if (FULL) {
     const table = resultsTable();
     const lines: string[] = [];
-    for (const ckpt of CHECKPOINTS) {
-      for (const scn of UNIFIED_SCENARIOS) {
+    const pairs = CHECKPOINTS.flatMap((ckpt) => pairsOf(ckpt).map((scn) => ({ ckpt, scn })));
+    for (const { ckpt, scn } of pairs) {
+      {
         it(`UNIFIED_FULL ${ckpt} ${scn.id}: every tap byte-identical to live mlx-vlm, counts as RESULTS.md`, async () => {
           const c = await livePair(ckpt, scn);
           if (scn.kind === "generate") {
             // which mask a generation compares: under the 'vision' text config (u1) the prompt call's
-            // masks are arrays with the image block open (a query sees a later image token);
+            // masks are arrays with the image block open (a query sees a later image token), unless
+            // the prompt has audio too (then mlx-vlm prefills in causal chunks, no block opened);
             // under the causal one (u2) no mask opens anything
             const ref = await reference(ckpt, scn);
             const open = ref.taps.filter((t) => /^(step0|prefill\d+)\/mask\//.test(t.name) && t.kind === "array").some((t) => {
@@ -188,18 +198,18 @@ describe("gemma4_unified taps vs mlx-vlm", () => {
               for (let i = 0; i < q; i++) for (let j = i + off + 1; j < k; j++) if (t.data![i * k + j]) return true;
               return false;
             });
-            expect({ pair: `${ckpt} ${scn.id}`, imageBlockOpen: open }).toEqual({ pair: `${ckpt} ${scn.id}`, imageBlockOpen: ckpt.startsWith("u1_") });
+            expect({ pair: `${ckpt} ${scn.id}`, imageBlockOpen: open }).toEqual({ pair: `${ckpt} ${scn.id}`, imageBlockOpen: ckpt.startsWith("u1_") && !scn.needs.includes("audio") });
           }
-          const total = c.embedder + c.embed_vision + c.merge + c.language;
-          lines.push(`| ${ckpt} | ${scn.id} | ${c.embedder} | ${c.embed_vision} | ${c.merge} | ${c.language.toLocaleString("en")} | ${total.toLocaleString("en")} |`);
+          const total = c.embedder + c.embed_vision + c.embed_audio + c.merge + c.language;
+          lines.push(`| ${ckpt} | ${scn.id} | ${c.embedder} | ${c.embed_vision} | ${c.embed_audio} | ${c.merge} | ${c.language.toLocaleString("en")} | ${total.toLocaleString("en")} |`);
           expect({ pair: `${ckpt} ${scn.id}`, ...c, total }).toEqual({ pair: `${ckpt} ${scn.id}`, ...table.get(`${ckpt} ${scn.id}`) });
         }, limit(300_000));
       }
     }
-    it("UNIFIED_FULL: all 16 pairs ran", () => {
-      expect(lines.length).toBe(CHECKPOINTS.length * UNIFIED_SCENARIOS.length);
-      expect(lines.length).toBe(16);
+    it("UNIFIED_FULL: all 22 pairs ran (u1 × 6 scenarios × 3 variants, u2 × the 4 without audio)", () => {
       console.log(`[unified parity] live rows:\n${lines.join("\n")}`);
+      expect(lines.length).toBe(pairs.length);
+      expect(lines.length).toBe(22);
       loaded?.m.model.dispose();
       loaded = null;
     });
