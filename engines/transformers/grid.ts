@@ -98,9 +98,10 @@ function runCase(c: GridCase, work: string): GridResult {
     return { ...base, status: "REFUSED", headline: msg.split("\n")[0]!, notes: "", refused: msg };
   }
   const out = join(work, "report");
-  const r = spawnSync(join(REPO_ROOT, "node_modules", ".bin", "bun"), [join(REPO_ROOT, "parity", "conform_cli.ts"), "--dump", dump, "--checkpoint", dir, "--out", out, "--json"], { cwd: REPO_ROOT, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 28 });
+  const r = spawnSync(join(REPO_ROOT, "node_modules", ".bin", "bun"), [join(REPO_ROOT, "parity", "conform_cli.ts"), "--dump", dump, "--checkpoint", dir, "--out", out], { cwd: REPO_ROOT, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 28 });
   if (r.status !== 0 && r.status !== 1) throw new Error(`npm run conform on ${dump} exited ${r.status}: ${(r.stderr ?? "").trim().split("\n").slice(-3).join(" ")}`);
-  const rep = JSON.parse(r.stdout) as {
+  // the report file, not --json on stdout (a large report piped to a process that exits came back cut short)
+  const rep = JSON.parse(readFileSync(join(out, "conform.json"), "utf8")) as {
     dump: { level: number };
     verdict: { status: string; headline: string; firstOutside: string | null; firstLayerOutside: number | null; firstTokenDiff: number | null };
     compared: number;
