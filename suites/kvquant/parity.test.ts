@@ -9,7 +9,7 @@
 //   cache types and offsets; prompts crossing quantized_kv_start and the sliding window, prefill
 //   chunks after the conversion (dequantize + SDPA) and decode steps (the quantized decode path);
 //   uniform's RotatingKVCache NYI after the same tokens;
-// - a TurboQuantKVCache driven directly (D 32/64/256, and 48 with mlx-vlm's numpy-QR rotation
+// - a TurboQuantKVCache driven directly (D 32/64/256/512, and 48 with mlx-vlm's numpy-QR rotation
 //   matrices taken as an input): update, trim, update, decode and prefill attention, and a copy
 //   restored from state + meta_state: state and output sha256 equal;
 // - the generate face refusing a model whose KV-shared layers read a cache that would be
@@ -121,6 +121,7 @@ const CACHE_OPS = [
   { seed: 5, heads: 2, dim: 32, prompt: 9, more: 3, trim: 4, bits: 3.5 },
   { seed: 6, heads: 1, dim: 256, prompt: 300, more: 2, trim: 40, bits: 4 },
   { seed: 7, heads: 2, dim: 64, prompt: 5, more: 1, trim: 9, bits: 2 },
+  { seed: 9, heads: 1, dim: 512, prompt: 3, more: 1, trim: 1, bits: 3.5 },
   // not a power of two: mlx-vlm's numpy-QR rotation, handed to the port as an input
   { seed: 8, heads: 2, dim: 48, prompt: 7, more: 2, trim: 3, bits: 3.5 },
 ];
