@@ -145,7 +145,8 @@ def _np(a) -> np.ndarray:
 
 
 def video_forward(model_dir: str, input_ids: np.ndarray, pixel_values_videos: np.ndarray,
-                  video_position_ids: np.ndarray, mm_token_type_ids: np.ndarray) -> dict:
+                  video_position_ids: np.ndarray, mm_token_type_ids: np.ndarray,
+                  pixel_values_videos_2: np.ndarray | None = None, video_position_ids_2: np.ndarray | None = None) -> dict:
     """One forward of mlx-vlm's Model on a video prompt; the block outputs, recorded by
     wrapping VisionModel.__call__, gemma4.masked_scatter and Model.get_input_embeddings for the
     call (class attributes, restored afterwards)."""
@@ -155,12 +156,14 @@ def video_forward(model_dir: str, input_ids: np.ndarray, pixel_values_videos: np
 
     model = _model(model_dir)
     ids, pv, pos, tt = _inputs(input_ids, pixel_values_videos, video_position_ids, mm_token_type_ids)
+    if pixel_values_videos_2 is not None:  # two videos of different shapes: the processor's list form
+        pv, pos = [pv, mx.array(pixel_values_videos_2)], [pos, mx.array(video_position_ids_2)]
     got: dict[str, Any] = {}
     saved_vm, saved_ms = vv.VisionModel.__call__, vg.masked_scatter
 
     def vm_call(self, *a, **k):
         out = saved_vm(self, *a, **k)
-        got.setdefault("vision_tower", out)
+        got["vision_tower"] = out  # the list form calls itself per video: the outermost call returns last
         return out
 
     def ms(inp, mask, source):

@@ -22,9 +22,10 @@
 // - 4 video mutations (model/gemma4/mutations.ts VIDEO_MUTATIONS), each caught first at its block.
 // The fixture checkpoints have no video_token_id (gemma4's default None); the oracle writes a
 // variant with video_token_id 249 (video_media.make_video_variant), shared by both sides.
-// Default: 3 videos decoded and processed; one forward (the first 2 sampled frames of a video)
-// and one generation (1 frame) on m2_e2b/f32 (per-layer inputs, bidirectional vision); the
-// generate face's prompt ids against mlx-vlm's prepare_inputs, and one bad file through the face. VIDEO_FULL=1: 5 videos x 4 checkpoints (m1_dense bf16, m2_e2b f32 and
+// Default: 3 videos decoded and processed; on m2_e2b/f32 (per-layer inputs, bidirectional
+// vision) one forward (1 frame), two videos stacked in one prompt (1 frame each) and one
+// generation (1 frame); the generate face's prompt ids against mlx-vlm's prepare_inputs, and one
+// bad file through each face. VIDEO_FULL=1: 5 videos x 4 checkpoints (m1_dense bf16, m2_e2b f32 and
 // q4g64, m3_moe f32) forward (every sampled frame) + generation (2 videos), the face run end to
 // end and its other bad inputs; results recorded in suites/multimodal/README.md.
 
@@ -59,8 +60,8 @@ const FULL = process.env.VIDEO_FULL === "1";
 /** Measured max |d| between libjpeg-turbo's and OpenCV's (libavcodec + swscale) MJPEG frames over the 5 videos (README "Video"). */
 const DECODE_BOUND = 50;
 const VIDEO_TOKEN = 249;
-/** Frames per video in the model tests: all of them under VIDEO_FULL, else the first 2 (frames 0 and 1 of the sampled ones). */
-const MODEL_FRAMES = FULL ? Infinity : 2;
+/** Frames per video in the forward test: all of them under VIDEO_FULL, else the first one (two frames as tower rows: the two-video test). */
+const MODEL_FRAMES = FULL ? Infinity : 1;
 const CHECKPOINTS = FULL ? ["m2_e2b/f32", "m1_dense/bf16", "m3_moe/f32", "m2_e2b/q4g64"] : ["m2_e2b/f32"];
 
 interface VideoFile {
@@ -347,6 +348,83 @@ function tsForward(model: MultimodalModel, ids: number[], types: number[], p: Pr
   }
   return out;
 }
+
+describe("two videos in one prompt", () => {
+  it("stacked (same shape; default) and as a list (different frame counts; VIDEO_FULL): every block byte-identical", async () => {
+    const proc = new Gemma4VideoProcessor();
+    const [va, vb] = [videos()[0]!, videos()[2]!];
+    const [pa, pb] = [await pyLoad(va.path), await pyLoad(vb.path)];
+    const { model } = loadMultimodalModel(variants.get("m2_e2b/f32")!);
+    let n = 0;
+    try {
+      // stacked: 1 frame each -> (2, 1, L, D); list: 1 frame and 2 frames
+      const layouts: (readonly [number, number])[] = FULL ? [[1, 1], [1, 2]] : [[1, 1]];
+      for (const [ka, kb] of layouts) {
+        const a = proc.processOne(framesHWC(pa.frames, ka), pa.sampled_fps);
+        const b = proc.processOne(framesHWC(pb.frames, kb), pb.sampled_fps);
+        const ids = [...videoPromptIds(a), ...videoPromptIds(b).slice(1)];
+        const types = mmTokenTypes(ids, model.config);
+        const stacked = ka === kb;
+        const cat = <T extends Float32Array | BigInt64Array>(x: T, y: T, make: (n: number) => T): T => {
+          const o = make(x.length + y.length);
+          o.set(x as never);
+          o.set(y as never, x.length);
+          return o;
+        };
+        const args: Record<string, unknown> = {
+          model_dir: variants.get("m2_e2b/f32")!,
+          input_ids: rec("int64", [1, ids.length], BigInt64Array.from(ids, BigInt)),
+          mm_token_type_ids: rec("int64", [1, ids.length], BigInt64Array.from(types, BigInt)),
+        };
+        let media: { pixel_values_videos: MlxArray | MlxArray[]; video_position_ids: MlxArray | MlxArray[] };
+        if (stacked) {
+          const pvShape = [2, ...a.pixel_values_videos.shape.slice(1)];
+          const posShape = [2, ...a.video_position_ids.shape.slice(1)];
+          const pv = cat(a.pixel_values_videos.data, b.pixel_values_videos.data, (k) => new Float32Array(k));
+          const pos = cat(a.video_position_ids.data, b.video_position_ids.data, (k) => new BigInt64Array(k));
+          args.pixel_values_videos = rec("float32", pvShape, pv);
+          args.video_position_ids = rec("int64", posShape, pos);
+          media = { pixel_values_videos: mx.array(pv, pvShape, "float32"), video_position_ids: mx.array(pos, posShape, "int64") };
+        } else {
+          args.pixel_values_videos = rec("float32", a.pixel_values_videos.shape, a.pixel_values_videos.data);
+          args.video_position_ids = rec("int64", a.video_position_ids.shape, a.video_position_ids.data);
+          args.pixel_values_videos_2 = rec("float32", b.pixel_values_videos.shape, b.pixel_values_videos.data);
+          args.video_position_ids_2 = rec("int64", b.video_position_ids.shape, b.video_position_ids.data);
+          media = { pixel_values_videos: [toMlx(a).pv, toMlx(b).pv], video_position_ids: [toMlx(a).pos, toMlx(b).pos] };
+        }
+        const ref = (await oracleMedia(oracle, "video_forward", args)) as Record<string, NpyRecord>;
+        const got: Record<string, Buffer> = {};
+        try {
+          using x = mx.array(Int32Array.from(ids), [1, ids.length], "int32");
+          using mm = mx.array(Int32Array.from(types), [1, types.length], "int32");
+          const e = model.get_input_embeddings(x, media, (name, v) => {
+            if (name === "vision_tower" || name === "video_features") got[name] = arrBytes(v as MlxArray);
+          });
+          try {
+            got.inputs_embeds = arrBytes(e.inputs_embeds);
+            got.per_layer_inputs = arrBytes(e.per_layer_inputs!);
+            using logits = model.language_model.call(null, { inputs_embeds: e.inputs_embeds, per_layer_inputs: e.per_layer_inputs, mm_token_type_ids: mm });
+            got.logits = arrBytes(logits);
+          } finally {
+            e.inputs_embeds.dispose();
+            e.per_layer_inputs?.dispose();
+          }
+        } finally {
+          for (const k of ["pixel_values_videos", "video_position_ids"] as const) {
+            const m = media[k];
+            if (Array.isArray(m)) for (const y of m) y.dispose();
+            else m.dispose();
+          }
+        }
+        for (const k of ["vision_tower", "video_features", "inputs_embeds", "per_layer_inputs", "logits"]) expect(got[k]!.equals(bytesOf(ref[k]!)), `${stacked ? "stacked" : "list"} ${k}`).toBe(true);
+        n++;
+      }
+    } finally {
+      model.dispose();
+    }
+    expect(n).toBe(FULL ? 2 : 1);
+  }, limit(120_000));
+});
 
 describe("properties against mlx-vlm's builders", () => {
   it("the <|video|> expansion and mm_token_type_ids equal Gemma4Processor.__call__'s on random layouts", async () => {
