@@ -1,26 +1,27 @@
 // Tap-by-tap parity of the TS gemma4_unified model (model/gemma4_unified: the encoder-free
-// VisionEmbedder, embed_vision, the merge, gemma4's language model and generate_step) against live
-// mlx-vlm 0.7.10, every input computed by TS (the prompt ids and the processor outputs from the
-// fixture images' seeds: nothing is fed from the oracle's record, so embed/inputs,
-// embed/vision_embedder/pixel_values and image_position_ids are compared too).
+// VisionEmbedder, embed_vision, embed_audio on raw frames, the merges, gemma4's language model and
+// generate_step) against live mlx-vlm 0.7.10, every input computed by TS (the prompt ids and the
+// processor outputs from the fixture media's seeds: nothing is fed from the oracle's record, so
+// embed/inputs, embed/vision_embedder/pixel_values and image_position_ids are compared too).
 //
 // Fixtures (make_mm_checkpoints.UNIFIED_MATRIX): u1_dense f32, bf16, q4g64 (text config 'vision':
-// generation makes image blocks bidirectional and never chunks an image prompt); u2_e2b f32
-// (per-layer inputs, KV-shared layers, text config causal: the chunked prefill cuts through the
-// image). Scenarios (fixtures/unified_scenarios.json): a single forward with a padded image; two
-// images in one batch (9 and 6 valid rows, compacted); 20 decode steps after an image prompt; a
-// chunked media prefill (prefill_step_size 5). Which mask each compares: the forwards are
-// Model.__call__, where mlx-vlm drops mm_token_type_ids (plain causal masks, asserted below); the
-// generations are generate_step, which passes them on (the bidirectional image-block masks).
+// generation makes image blocks bidirectional and never chunks an image-only prompt); u2_e2b f32
+// (per-layer inputs, KV-shared layers, causal text config, no audio part). Scenarios
+// (fixtures/unified_scenarios.json): a forward with a padded image; two images in one batch (9 and
+// 6 valid rows, compacted); 20 decode steps after an image prompt; a chunked media prefill
+// (prefill_step_size 5: chunks only on u2); an image + audio forward; an image + audio generation
+// (chunks of 7: audio lets mlx-vlm chunk under 'vision'). Which mask each compares: the forwards
+// are Model.__call__, where mlx-vlm drops mm_token_type_ids (plain causal masks, asserted below);
+// the generations are generate_step, which passes them on (the image-block overlay on u1).
 //
 // What `npm test` runs (a few seconds): one pair live, u1_dense/bf16 × u_fwd_image (bf16: the
 // embedder's float32 promotion and the cast at the merge), every tap, with the TS tap expansion
 // (oracle/taps.ts, media condition "unified") equal to mlx-vlm's recorded names and order; the two
 // unified mutations, each caught first at its own tap; the bad inputs. UNIFIED_FULL=1: every
-// fixture × scenario live (16 pairs, about 2 minutes on 2 cores), tokens and prefill chunks equal,
-// the per-block tap counts equal to the table checked in at suites/unified/RESULTS.md, and the
-// generations' prompt-call masks open the image block on u1 ('vision') and nowhere on u2.
-// Bar: byte-identical, in the same order.
+// fixture × scenario whose parts the checkpoint has, live (22 pairs, about 150 s on 2 cores),
+// tokens and prefill chunks equal, the per-block tap counts equal to the table checked in at
+// suites/unified/RESULTS.md, and the generations' prompt-call masks open the image block exactly
+// on u1 without audio. Bar: byte-identical, in the same order.
 
 import { describe, expect, it } from "vitest";
 import { readFileSync } from "node:fs";
@@ -29,7 +30,7 @@ import * as mx from "@mlx-bun/mlx";
 import { sharedOracle } from "../../oracle/client.ts";
 import { callPrefix, expandMediaTaps, expandTaps, mediaTapConfig, mmCallShape, tapConfig } from "../../oracle/taps.ts";
 import { MediaError } from "../../model/gemma4/gemma4.ts";
-import { type LoadedUnifiedModel, loadUnifiedModel, modelConfigFromDict, UNIFIED_MUTATIONS, type UnifiedMutation, withUnifiedMutation } from "../../model/gemma4_unified/index.ts";
+import { disposeUnifiedMedia, type LoadedUnifiedModel, loadUnifiedModel, modelConfigFromDict, UNIFIED_MUTATIONS, type UnifiedMutation, withUnifiedMutation } from "../../model/gemma4_unified/index.ts";
 import { compareTapLists, formatVerdict, type TapData } from "../gemma4/tap_compare.ts";
 import { limit } from "../../tests/time_limit.ts";
 import { scenarioFits } from "../../oracle/unified_fixtures.ts";
@@ -156,7 +157,7 @@ describe("gemma4_unified taps vs mlx-vlm", () => {
     expect(caught).toBe(2);
   }, limit(60_000));
 
-  it("bad input: one MediaError each (placeholders ≠ valid rows, positions missing or of another shape, image tokens without an image)", () => {
+  it("bad input: one MediaError each (image placeholders ≠ valid rows, positions missing or of another shape, image tokens without an image, audio placeholders ≠ frames, a mask of another shape)", () => {
     const m = model(DEFAULT.ckpt).model;
     const { ids, media } = unifiedInputs(unifiedScenario(DEFAULT.scn), m.config);
     try {
@@ -172,6 +173,17 @@ describe("gemma4_unified taps vs mlx-vlm", () => {
       using wrong = mx.zeros([1, 8, 2], "int64");
       expect(() => call(ids, { pixel_values: media.pixel_values, image_position_ids: wrong })).toThrow(/do not match pixel_values/);
       expect(() => call(ids, {})).toThrow(/no image input/);
+      // audio: a placeholder count other than the clips' frames, a mask of another shape
+      const av = unifiedInputs(unifiedScenario("u_fwd_image_audio"), m.config);
+      try {
+        const aud = m.config.audio_token_id;
+        const lastAudio = av.ids.lastIndexOf(aud);
+        expect(() => call(av.ids.filter((_, i) => i !== lastAudio), av.media)).toThrow(/25 audio placeholder tokens .* 26 frames/);
+        using badMask = mx.ones([1, 5], "bool");
+        expect(() => call(av.ids, { ...av.media, input_features_mask: badMask })).toThrow(/does not match input_features/);
+      } finally {
+        disposeUnifiedMedia(av.media);
+      }
     } finally {
       media.pixel_values?.dispose();
       media.image_position_ids?.dispose();
