@@ -12,6 +12,8 @@
 //    sequences whose clients went away (seen on one of their responses in that budget), then
 //    takes every queued request (inserted one by one, a chat prompt in the segments the server's
 //    _tokenize split it into: system prompt, the rest, a thinking tail) before the next budget.
+//    One difference: a request whose client left while it was queued is dropped there (mlx_lm.server
+//    inserts it and removes it after the next budget); nothing it would have computed is served.
 // Unlike mlx_lm.server's generation thread, this loop shares the one JavaScript thread with the
 // HTTP server: it yields to the event loop after every next() call (and every token of a seeded
 // request), so health checks and new requests are answered between steps.

@@ -345,6 +345,12 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
     let finished = false;
     const t0 = performance.now();
     let tFirst = 0;
+    const what = () => {
+      const decodeS = (performance.now() - tFirst) / 1000;
+      const timing = tokens.length === 0 ? "" : ` (first token after ${((tFirst - t0) / 1000).toFixed(3)} s incl. queue, then ${tokens.length > 1 && decodeS > 0 ? ((tokens.length - 1) / decodeS).toFixed(1) : "-"} tok/s)`;
+      return `${ctx.objectType.startsWith("chat") ? "chat" : "completion"} ${ctx.id}: ${built.prompt.length} prompt tokens, ${tokens.length} generated${timing}`;
+    };
+    let ended = false;
     try {
       for await (const g of gen) {
         if (tokens.length === 0) tFirst = performance.now();
@@ -376,18 +382,21 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
           finished = true;
         }
       }
+      ended = true;
+    } catch (e) {
+      ended = true; // a failure, not a disconnect: the caller logs it
+      throw e;
     } finally {
       await gen.return(undefined);
+      // the consumer stopped reading before the end (a stream whose client went away): cancelled too
+      if (!ended && !finished) cfg.log(`${what()}, cancelled (client disconnected)`);
     }
-    const decodeS = (performance.now() - tFirst) / 1000;
-    const timing = tokens.length === 0 ? "" : ` (first token after ${((tFirst - t0) / 1000).toFixed(3)} s incl. queue, then ${tokens.length > 1 && decodeS > 0 ? ((tokens.length - 1) / decodeS).toFixed(1) : "-"} tok/s)`;
-    const what = `${ctx.objectType.startsWith("chat") ? "chat" : "completion"} ${ctx.id}: ${built.prompt.length} prompt tokens, ${tokens.length} generated${timing}`;
     if (!finished) {
       // the client went away: nothing more is sent
-      cfg.log(`${what}, cancelled (client disconnected)`);
+      cfg.log(`${what()}, cancelled (client disconnected)`);
       return;
     }
-    cfg.log(`${what}, finish_reason ${finishReason}`);
+    cfg.log(`${what()}, finish_reason ${finishReason}`);
     if (args.stream) {
       yield `data: ${dumps(responseObject(ctx, text, finishReason, { reasoning }))}\n\n`;
       if (args.includeUsage) {

@@ -39,7 +39,7 @@ function rssKiB(pid: number): number {
 }
 
 type Outcome =
-  | { kind: "malformed"; k: number; expected: number; status: number; body: string }
+  | { kind: "malformed"; k: number; expected: number; status: number; body: string; hasError: boolean }
   | { kind: "done"; k: number; id: string; text: string; finish: string; completionTokens: number }
   | { kind: "cancelled"; k: number; id: string | null }
   | { kind: "failed"; k: number; error: string }
@@ -70,7 +70,14 @@ describe.skipIf(!LOAD)("SERVE_LOAD: the openai client under load, with cancellat
 
       const raw = async (k: number, body: string, expected: number): Promise<Outcome> => {
         const r = await fetch(`${server.url}/v1/chat/completions`, { method: "POST", body, headers: { "Content-Type": "application/json" } });
-        return { kind: "malformed", k, expected, status: r.status, body: await r.text() };
+        const text = await r.text();
+        let hasError = false;
+        try {
+          hasError = typeof (JSON.parse(text) as { error?: unknown }).error === "string";
+        } catch {
+          hasError = false;
+        }
+        return { kind: "malformed", k, expected, status: r.status, body: text, hasError };
       };
       const one = async (k: number): Promise<Outcome> => {
         if (performance.now() > deadline) return { kind: "skipped", k };
@@ -92,10 +99,11 @@ describe.skipIf(!LOAD)("SERVE_LOAD: the openai client under load, with cancellat
                 const bad = (k / 20) % 6 === 4 ? { temperature: -1 } : { logprobs: true, top_logprobs: 50 };
                 try {
                   await client.chat.completions.create({ model: "default_model", messages: [{ role: "user", content: `bad ${k}` }], max_tokens: 2, ...bad });
-                  return { kind: "malformed", k, expected: 400, status: 200, body: "" };
+                  return { kind: "malformed", k, expected: 400, status: 200, body: "", hasError: false };
                 } catch (e) {
+                  // the client's APIError: `error` is the body's "error" field
                   const err = e as { status?: number; error?: unknown; message: string };
-                  return { kind: "malformed", k, expected: 400, status: err.status ?? -1, body: JSON.stringify(err.error ?? err.message) };
+                  return { kind: "malformed", k, expected: 400, status: err.status ?? -1, body: JSON.stringify(err.error ?? err.message), hasError: typeof err.error === "string" && err.error.length > 0 };
                 }
               }
             }
@@ -170,7 +178,7 @@ describe.skipIf(!LOAD)("SERVE_LOAD: the openai client under load, with cancellat
       const problems: string[] = [];
       const by = (kind: Outcome["kind"]) => outcomes.filter((o) => o.kind === kind);
       for (const o of by("malformed") as Extract<Outcome, { kind: "malformed" }>[]) {
-        if (o.status !== o.expected || !/"error"|error/.test(o.body)) problems.push(`request ${o.k}: malformed, status ${o.status} (expected ${o.expected}) ${o.body.slice(0, 120)}`);
+        if (o.status !== o.expected || !o.hasError) problems.push(`request ${o.k}: malformed, status ${o.status} (expected ${o.expected}) ${o.body.slice(0, 120)}`);
       }
       for (const o of by("failed") as Extract<Outcome, { kind: "failed" }>[]) problems.push(`request ${o.k}: failed: ${o.error}`);
       let textChecked = 0;

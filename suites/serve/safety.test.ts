@@ -152,7 +152,7 @@ describe("npm run serve: safe by default", () => {
     expect(ran).toBe(cases.length);
   }, CASE);
 
-  it("requests sent at once wait their turn: each answer equals the same request's answer alone", async () => {
+  it("requests sent at once (batched together now): each answer equals the same request's answer alone on these short prompts", async () => {
     const reqs = ["The first prompt", "A second, different prompt", "third"].map((prompt, i) => ({ prompt, max_tokens: 4 + i, logprobs: true, stream: i === 1 }));
     const strip = (body: string) => body.replace(/"id": "cmpl-[0-9a-f-]+"/g, "").replace(/"created": \d+/g, "");
     const alone: string[] = [];
