@@ -8,7 +8,7 @@
 //  - limits: a body over --max-body-bytes → 413, max_tokens over --max-tokens-limit → 400, a
 //    prompt over --max-prompt-tokens → 400, a body without Content-Length → 411;
 //  - malformed JSON → 400 "Invalid JSON in request body: ...", a non-object body → 400;
-//  - requests sent at once are served one at a time, each as if alone;
+//  - requests sent at once are batched together; on these short prompts each answer equals its answer alone;
 //  - a client that disconnects mid-stream (and one that gives up on a non-streaming request)
 //    stops its generation: the server logs it cancelled well before its max_tokens, and the
 //    next request is served;
