@@ -12,7 +12,38 @@ from typing import Any
 
 import mlx.core as mx
 
-from speculative import patched, vlm_cache_states, vlm_target
+from speculative import TINY_VISION, patched, vlm_cache_states, vlm_target
+
+
+def dflash_target(ckpt: Path):
+    """speculative.vlm_target, and for a quantized fixture (a `quantization` block) the language
+    model quantized first as mlx-vlm's loader does it: nn.quantize on the modules whose .scales
+    the checkpoint holds, with the config's group size, bits and mode, or the per-module entry
+    (its own parameters, or false) where the config has one."""
+    import json
+
+    import mlx.nn as nn
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    q = cfg.get("quantization")
+    if not q:
+        return vlm_target(ckpt)
+    from mlx_vlm.models.gemma4 import Model, ModelConfig, TextConfig, VisionConfig
+
+    if cfg.get("model_type") != "gemma4_text" or cfg.get("tie_word_embeddings") is False:
+        raise ValueError(f"{ckpt}: the DFlash oracle takes a flat gemma4_text checkpoint with tied embeddings")
+    mcfg = ModelConfig.from_dict({"model_type": "gemma4", "text_config": cfg, "vision_config": TINY_VISION,
+                                  "vocab_size": cfg["vocab_size"]})
+    mcfg.text_config = TextConfig.from_dict(cfg)
+    mcfg.vision_config = VisionConfig.from_dict(TINY_VISION)
+    mcfg.audio_config = None
+    model = Model(mcfg)
+    weights = mx.load(str(ckpt / "model.safetensors"))
+    nn.quantize(model.language_model, group_size=q["group_size"], bits=q["bits"], mode=q.get("mode", "affine"),
+                class_predicate=lambda p, m: q[p] if p in q else f"{p}.scales" in weights)
+    model.language_model.load_weights(list(weights.items()), strict=True)
+    mx.eval(model.parameters())
+    return model
 
 
 def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft_block_size: int | None) -> dict:
@@ -26,7 +57,7 @@ def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, dr
     from mlx_vlm.speculative import utils as vutils
     from mlx_vlm.speculative.drafters import load_drafter
 
-    model = vlm_target(ckpt)
+    model = dflash_target(ckpt)
     draft, kind = load_drafter(str(drafter))
     if kind != "dflash":
         raise ValueError(f"{drafter}: drafter kind {kind!r}, expected 'dflash'")
