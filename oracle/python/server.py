@@ -626,6 +626,11 @@ class Server:
                            int(req.get("max_tokens", 20)), req.get("draft_block_size"))
         return self.out_tree(r)
 
+    def cmd_dflash_block_sizes(self, req: dict) -> dict:
+        """mlx-vlm's _dflash_next_block_size on many acceptance histories."""
+        import speculative_dflash as sdf
+        return {"sizes": sdf.block_sizes(req["cases"])}
+
     def cmd_exact_verify(self, req: dict) -> dict:
         """mlx-vlm's Gemma4ExactSpeculativeVerifier on a block after a prefilled prompt."""
         import speculative as spec

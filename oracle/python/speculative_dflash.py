@@ -136,3 +136,20 @@ def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, dr
               "sliding_window": c.sliding_window, "is_causal": bool(c.is_causal), "num_target_layers": c.num_target_layers}
     return {"tokens": tokens, "first": first, "prefill_hidden": holder.get("prefill_hidden"), "rounds": rounds,
             "accept_lens": list(draft.accept_lens), "draft_lens": list(draft.draft_lens), "config": config}
+
+
+def block_sizes(cases: list[dict]) -> list[int]:
+    """mlx-vlm's _dflash_next_block_size on each case {requested, remaining, accept_lens,
+    draft_lens, prefer, initial, min}, the drafter a plain namespace holding those attributes."""
+    from types import SimpleNamespace
+
+    from mlx_vlm.speculative.dflash import _dflash_next_block_size
+
+    out = []
+    for c in cases:
+        dm = SimpleNamespace(accept_lens=list(c["accept_lens"]), draft_lens=list(c["draft_lens"]),
+                             prefer_requested_block_size=bool(c.get("prefer", False)),
+                             dflash_min_block_size=int(c.get("min", 4)))
+        out.append(int(_dflash_next_block_size(dm, int(c["requested"]), int(c["remaining"]), c.get("initial"))))
+    return out
+

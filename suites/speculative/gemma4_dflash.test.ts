@@ -6,10 +6,12 @@
 // the target's verify logits and captured hidden, the accepted count and every target cache after
 // the rollback (raw buffers, byte for byte); then the tokens and accept/draft lengths. And the
 // DFlash tokens against plain greedy decoding for f32 targets on the CPU device (see rows.ts; for
-// bf16 / quantized targets, grid only, TS must reach mlx-vlm's own verdict). The drafters are the `<fx>_dflash` fixtures of make_speculative_fixtures.py (built
-// with mlx-vlm's Gemma4DFlashDraftModel). Three drafter mutations (the rollback keeping one
-// rejected position, the context keeping every verified row, the mask-token default lost) must
-// each be caught at the first value they change. SPEC_FULL=1 runs the larger grid and rewrites gemma4_dflash.full.json.
+// bf16 / quantized targets, grid only, TS must reach mlx-vlm's own verdict). The drafters are
+// make_speculative_fixtures.py's `<fx>_dflash` (built with mlx-vlm's Gemma4DFlashDraftModel).
+// Three drafter mutations (the rollback keeping one rejected position, the context keeping every
+// verified row, the mask-token default lost) must each be caught at the first value they change.
+// The adaptive block size against mlx-vlm's _dflash_next_block_size on 400 random histories.
+// SPEC_FULL=1 runs the larger grid and rewrites gemma4_dflash.full.json.
 import { afterAll, describe, expect, it } from "vitest";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -19,6 +21,7 @@ import { ModelPool } from "../../oracle/speculative.ts";
 import { DrafterPool, dflashParity, type DFlashResult } from "../../oracle/speculative_dflash.ts";
 import { loadDFlashDrafter } from "../../model/speculative/drafters/index.ts";
 import { withDrafterMutation } from "../../model/speculative/mutations.ts";
+import { dflashNextBlockSize } from "../../model/speculative/dflash.ts";
 import { limit } from "../../tests/time_limit.ts";
 
 const CK = join(REPO_ROOT, ".cache", "checkpoints");
@@ -123,5 +126,26 @@ describe("gemma4_dflash mutations (model/speculative/mutations.ts), each caught 
     } finally {
       mutant.dispose();
     }
+  }, limit(60_000));
+});
+
+describe("_dflash_next_block_size vs mlx-vlm's on random acceptance histories", () => {
+  it("every case equal (adaptive, fixed, initial sizes, min sizes)", async () => {
+    let seed = 26;
+    const rand = (n: number) => {
+      seed = (seed * 1103515245 + 12345) % 2147483648;
+      return seed % n;
+    };
+    const cases = Array.from({ length: 400 }, () => {
+      const n = rand(12);
+      const draft_lens = Array.from({ length: n }, () => rand(5) === 0 ? 0 : 1 + rand(15));
+      const accept_lens = draft_lens.map((d) => (rand(3) === 0 ? d : rand(d + 1)));
+      return { requested: 1 + rand(16), remaining: 1 + rand(20), accept_lens, draft_lens, prefer: rand(6) === 0, initial: rand(3) === 0 ? 2 + rand(8) : null, min: 2 + rand(5) };
+    });
+    const { sizes } = (await (await sharedOracle()).request("dflash_block_sizes", { cases })) as { sizes: number[] };
+    const ts = cases.map((c) => dflashNextBlockSize(c.requested, c.remaining, c.accept_lens, c.draft_lens, { preferRequested: c.prefer, initialBlockSize: c.initial, minBlockSize: c.min }));
+    expect(sizes.length).toBe(400);
+    expect(ts).toEqual(sizes);
+    expect(new Set(sizes).size).toBeGreaterThan(6); // the branches give many sizes
   }, limit(60_000));
 });
