@@ -165,14 +165,6 @@ export function fromLegacy(a: LegacyKVQuantArgs): KVQuantPolicy | null {
   return new KVQuantPolicy(bits, { scheme: keyScheme, bits: keyBits, groupSize }, { scheme: valueScheme, bits: valueBits, groupSize });
 }
 
-/**
- * The generation flag --kv-quant-scheme: mlx-vlm's argparse takes "uniform" or "turboquant"
- * (from_legacy itself treats any other value as uniform; the CLI never passes one).
- */
-export function checkSchemeName(scheme: string): string {
-  return validateScheme(scheme, UNIFORM_SCHEME);
-}
-
 /** What mx.quantize accepts for the uniform scheme (MLX 0.32: affine mode). */
 export const UNIFORM_BITS = [1, 2, 3, 4, 5, 6, 8] as const;
 export const UNIFORM_GROUP_SIZES = [32, 64, 128] as const;
