@@ -6,14 +6,14 @@ import { describe, expect, it } from "vitest";
 import { installedVersions } from "../../oracle/client.ts";
 import { renderHtml } from "../../parity/html.ts";
 import { renderMarkdown } from "../../parity/markdown.ts";
-import { reportVerdict, SCHEMA_ID } from "../../parity/schema.ts";
+import { type ParityReport, reportVerdict, SCHEMA_ID } from "../../parity/schema.ts";
 
 describe("oracle versions in reports", () => {
   it("a null version is written 'not installed', and the HTML and Markdown reports render it", () => {
     const versions = installedVersions({ mlx: "0.32.4", mlx_vlm: null, mlx_audio: undefined, numpy: "2.4.6" });
     expect(versions).toEqual({ mlx: "0.32.4", mlx_vlm: "not installed", mlx_audio: "not installed", numpy: "2.4.6" });
-    const rep = { schema: SCHEMA_ID, createdAt: "2026-12-02T00:00:00Z", versions, budget: { ulp: 0, atol: 0 }, opLevel: null, runs: [], reference: null, verdict: reportVerdict([], null, null, false) };
-    expect(renderHtml(rep as Parameters<typeof renderHtml>[0])).toContain("<b>mlx_vlm</b> not installed");
-    expect(renderMarkdown(rep as Parameters<typeof renderMarkdown>[0])).toContain("not installed");
+    const rep: ParityReport = { schema: SCHEMA_ID, createdAt: "2026-12-02T00:00:00Z", versions, budget: { ulp: 0, atol: 0 }, opLevel: null, runs: [], reference: null, verdict: reportVerdict([], null, null, false), ok: true };
+    expect(renderHtml(rep)).toContain("<b>mlx_vlm</b> not installed");
+    expect(renderMarkdown(rep)).toContain("not installed");
   });
 });
