@@ -6,6 +6,8 @@
 //   99th percentile equal numpy's percentile of the per-position KLs (each from logitMetrics on
 //   one position's row);
 // - a checkpoint scored against a second capture of itself: KL 0, top-1 1, every tap identical;
+// - metrics.ts's one-pass topK (made for the E2B's 262,144-token rows) = a full sort's order on
+//   seeded rows with ties and infinities;
 // - a planted defect, a copy of c1_dense/f32 with layer 3's MLP gate projection scaled by 1.05,
 //   is first seen at layers.3/output: embed_scaled and layers 0-2 bit-identical, layer 3 not
 //   (the gate goes through the GELU; a scaled down-projection would be undone by the
@@ -16,7 +18,7 @@ import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSy
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DEFAULT_PYTHON, type OracleClient, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
-import { logitMetrics, type RawTensor, tensorMetrics } from "../../oracle/conform/metrics.ts";
+import { logitMetrics, type RawTensor, tensorMetrics, topK } from "../../oracle/conform/metrics.ts";
 import { captureL1, percentile, type Score, scoreCaptures, seededPrompt } from "../../bench/quant_score.ts";
 import { limit } from "../../tests/time_limit.ts";
 
@@ -82,6 +84,24 @@ describe("quantization scoring", () => {
     const qs = [0, 1, 50, 90, 99, 100];
     const np = numpyPercentiles(v, qs);
     qs.forEach((q, i) => expect(percentile(v, q)).toBeCloseTo(np[i]!, 15));
+  });
+
+  it("topK (one pass) = the k first of a full sort, larger first, lower index on a tie", () => {
+    let seed = 11;
+    const rnd = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 4294967296;
+    let cases = 0;
+    for (let t = 0; t < 400; t++) {
+      const row = Float64Array.from({ length: 1 + Math.floor(rnd() * 40) }, () => {
+        const u = rnd();
+        return u < 0.1 ? Infinity : u < 0.2 ? -Infinity : u < 0.5 ? Math.floor(rnd() * 4) : rnd();
+      });
+      const sorted = Array.from(row.keys()).sort((i, j) => (row[j]! > row[i]! ? 1 : row[j]! < row[i]! ? -1 : i - j));
+      for (const k of [1, 3, 10, 50]) {
+        expect(topK(row, k)).toEqual(sorted.slice(0, k));
+        cases++;
+      }
+    }
+    expect(cases).toBe(1600);
   });
 
   it("a checkpoint against a second capture of itself: KL 0, top-1 1, every tap identical", async () => {
