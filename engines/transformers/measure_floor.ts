@@ -265,7 +265,7 @@ async function main(argv: string[]): Promise<number> {
       where: `CPU: ${cpus()[0]?.model ?? "unknown"}, ${cpus().length} cores, ${process.platform} ${process.arch}; MLX CPU device; torch on one thread, eager attention`,
       when: new Date().toISOString(),
       versions,
-      fixtures: fixtures.map((f) => f.fixture),
+      fixtures: [...new Set(fixtures.map((f) => f.fixture))],
     },
     kinds: floorKinds,
     default: { rel_l2: Math.max(...allRel), kl: (floorKinds as Record<string, { kl?: number }>).logits?.kl ?? 0 },
