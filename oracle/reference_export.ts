@@ -1,5 +1,7 @@
-// `npm run reference:export`: transformers' float32 logits and hidden states for every float32
+// The transformers reference export (the work of `npm run reference:export`; its command face is
+// parity/reference_export_cli.ts): transformers' float32 logits and hidden states for every float32
 // fixture checkpoint, into fixtures/reference/ (small committed files; versions in manifest.json).
+// Also what engines/ reuse: the reference venv (ensureVenv) and the seeded prompts (tokensFor).
 //
 // torch and transformers are installed on demand into a separate git-ignored venv,
 // .venv-reference (requirements-reference.txt; about 5.6 GB with torch's CUDA wheels, which
@@ -10,7 +12,6 @@ import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { loadConfig, loadModel } from "../model/gemma4/index.ts";
-import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "../parity/args.ts";
 import { REPO_ROOT } from "./client.ts";
 import { compareWithReference, REFERENCE_BOUND, REFERENCE_DIR, type ReferenceFixture, type ReferenceManifest, sha256File } from "./reference.ts";
 
@@ -19,11 +20,6 @@ const REQUIREMENTS = join(REPO_ROOT, "requirements-reference.txt");
 const CKPT = join(REPO_ROOT, ".cache", "checkpoints");
 /** Tokens per reference forward: twice the fixtures' sliding window (8), so the window masks. */
 export const TOKENS = 16;
-
-export const FLAGS: FlagSpec[] = [
-  { name: "only", kind: "string", valueName: "fixture", help: "export only this fixture (e.g. c1_dense); the others keep their files" },
-  { name: "help", kind: "bool", help: "show this help" },
-];
 
 const log = (m: string) => process.stderr.write(`[reference] ${m}\n`);
 
@@ -57,25 +53,18 @@ export function tokensFor(vocab: number, seed: number): number[] {
   return [2, ...Array.from({ length: TOKENS - 1 }, () => 3 + (next() % (vocab - 3)))];
 }
 
-/** The flags and the checkpoints to export (null for --help), before any install or run. */
-export function referencePlan(argv: readonly string[]): string[] | null {
-  const a = parseArgs(argv, FLAGS);
-  if (a.help) return null;
+/** The float32 fixture checkpoints (ids like "c1_dense/f32"), sorted: what the export covers. */
+export function float32Checkpoints(): string[] {
   const index = JSON.parse(readFileSync(join(CKPT, "index.json"), "utf8")) as { checkpoints: Record<string, { fixture: string }> };
-  let ids = Object.keys(index.checkpoints).filter((id) => id.endsWith("/f32")).sort();
-  if (typeof a.only === "string") {
-    ids = ids.filter((id) => id.split("/")[0] === a.only);
-    if (ids.length === 0) throw new UsageError(`--only ${a.only}: no float32 fixture checkpoint of that name`);
-  }
-  return ids;
+  return Object.keys(index.checkpoints).filter((id) => id.endsWith("/f32")).sort();
 }
 
-async function main(argv: string[]): Promise<number> {
-  const ids = referencePlan(argv);
-  if (ids === null) {
-    process.stdout.write(helpText("npm run reference:export -- [options]", "Exports transformers' float32 logits and hidden states for the float32 fixture checkpoints into fixtures/reference/.", FLAGS));
-    return 0;
-  }
+/**
+ * Runs transformers on `ids` (float32 fixture checkpoints), measures the TS model against it in
+ * float32 and float64, and swaps the new fixtures/reference/ into place; the fixtures not in
+ * `ids` keep their files. Installs the reference venv on first use.
+ */
+export async function exportReference(ids: readonly string[]): Promise<void> {
   const py = ensureVenv();
   const tmp = join(REPO_ROOT, ".cache", `reference-${process.pid}`);
   rmSync(tmp, { recursive: true, force: true });
@@ -146,10 +135,8 @@ async function main(argv: string[]): Promise<number> {
     renameSync(tmp, REFERENCE_DIR);
     rmSync(bak, { recursive: true, force: true });
     log(`wrote ${REFERENCE_DIR} (${Object.keys(fixtures).length} fixtures)`);
-    return 0;
   } finally {
     rmSync(tmp, { recursive: true, force: true });
   }
 }
 
-if (import.meta.main) runMain(main);

@@ -11,7 +11,7 @@ import fc from "fast-check";
 import { benchPlan, FLAGS as BENCH_FLAGS } from "../../../bench/run.ts";
 import { benchBatchPlan, FLAGS as BENCH_BATCH_FLAGS } from "../../../bench/batch.ts";
 import { regenArgs, FLAGS as REGEN_FLAGS } from "../../../parity/golden_regen_cli.ts";
-import { referencePlan, FLAGS as REFERENCE_FLAGS } from "../../../oracle/reference_export.ts";
+import { referencePlan, FLAGS as REFERENCE_FLAGS } from "../../../parity/reference_export_cli.ts";
 import type { FlagSpec } from "../../../parity/args.ts";
 import { cachePromptPlan, FLAGS as CACHE_PROMPT_FLAGS } from "../../../parity/cache_prompt_cli.ts";
 import { FLAGS as PARITY_FLAGS, parityPlan } from "../../../parity/cli.ts";
@@ -38,7 +38,7 @@ export const COMMANDS: CliCommand[] = [
   { name: "bench", script: "bench/run.ts", flags: BENCH_FLAGS, validate: benchPlan },
   { name: "golden:regen", script: "parity/golden_regen_cli.ts", flags: REGEN_FLAGS, validate: regenArgs },
   { name: "parity:ops", script: "parity/ops_report.ts", flags: OPS_FLAGS, validate: opsReportArgs, positionals: ["add", "fast.rope", "no_such_op", "add add"] },
-  { name: "reference:export", script: "oracle/reference_export.ts", flags: REFERENCE_FLAGS, validate: referencePlan },
+  { name: "reference:export", script: "parity/reference_export_cli.ts", flags: REFERENCE_FLAGS, validate: referencePlan },
   { name: "cache-prompt", script: "parity/cache_prompt_cli.ts", flags: CACHE_PROMPT_FLAGS, validate: cachePromptPlan },
   { name: "train", script: "parity/train_cli.ts", flags: TRAIN_FLAGS, validate: trainPlan },
   { name: "fuse", script: "parity/fuse_cli.ts", flags: FUSE_FLAGS, validate: fusePlan },
