@@ -14,7 +14,7 @@ import { isAbsolute, join, resolve } from "node:path";
 import { closeSharedOracle, expectReply, OracleClient, OracleError, REPO_ROOT, type ScenarioSpec } from "../oracle/client.ts";
 import { DumpError, splitName, type ValidDump, validateDump } from "../oracle/conform/dump.ts";
 import { firstDifferingStep } from "../oracle/conform/metrics.ts";
-import { compareMask, compareTensor, reorderTopK, type TensorComparison, TOPK_KINDS, topkPermutation } from "../oracle/conform/tensor_compare.ts";
+import { compareMask, compareTensor, isIdentityOrder, reorderTopK, type TensorComparison, type TopkOrder, TOPK_KINDS, topkPermutation } from "../oracle/conform/tensor_compare.ts";
 import { DEFAULT_FLOOR_PATH, exitCodeOf, judge, loadNoiseFloor, type NoiseFloor, NoiseFloorError } from "../oracle/conform/verdict.ts";
 import type { RawTensor } from "../oracle/tensor_diff.ts";
 import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "./args.ts";
@@ -151,8 +151,8 @@ function compareCapture(oracle: OracleClient, opts: ConformOptions, dump: ValidD
   const comparisons: TensorComparison[] = [];
   let k = 0;
   let lastCall = "";
-  /** Per call and MoE layer, the engine's top-k order mapped onto mlx-lm's (only where they differ). */
-  const topkOrder = new Map<string, Int32Array>();
+  /** Per call and MoE layer, the engine's top-k order mapped onto mlx-lm's, token by token, and the tokens whose expert sets differ. */
+  const topkOrder = new Map<string, TopkOrder>();
   for (const name of dumpNames) {
     const where = parseTapName(name);
     const oName = oracleNameFor(name, oracleNames);
@@ -179,23 +179,28 @@ function compareCapture(oracle: OracleClient, opts: ConformOptions, dump: ValidD
     const expected = theirs();
     let actual = dump.tensors.read(name);
     let reordered = false;
+    let topkRowsDiffering = 0;
     if (TOPK_KINDS.has(where.kind) && where.layer !== null && !opts.strict) {
-      // the router's top-k order is unspecified (argpartition): the engine's is put into mlx-lm's
-      // (not under --strict, whose bar is mlx-lm's bytes, order included)
+      // the router's top-k order is unspecified (argpartition): the engine's is put into mlx-lm's,
+      // token by token, on the tokens whose expert sets agree (not under --strict, whose bar is
+      // mlx-lm's bytes, order included)
       const key = `${where.call}|${where.layer}`;
       if (where.kind === "router/indices") {
-        const perm = topkPermutation(actual, expected);
-        if (perm && perm.some((p, i) => p !== i % (expected.shape[expected.shape.length - 1] ?? 1))) topkOrder.set(key, perm);
+        const order = topkPermutation(actual, expected);
+        if (order) topkOrder.set(key, order);
       }
-      const perm = topkOrder.get(key);
-      if (perm && actual.shape.length >= 3) {
-        actual = reorderTopK(actual, perm);
-        reordered = true;
+      const order = topkOrder.get(key);
+      if (order && actual.shape.length >= 3) {
+        topkRowsDiffering = order.differingRows.length;
+        if (!isIdentityOrder(order.perm, expected.shape[2] ?? 1)) {
+          actual = reorderTopK(actual, order.perm);
+          reordered = true;
+        }
       }
     }
     const cmp = compareTensor(name, where, actual, oName, expected);
     // reordered bytes equal to mlx-lm's are equal values, not the engine's bytes: not "bit-exact"
-    comparisons.push(reordered ? { ...cmp, reordered, bitExact: false } : cmp);
+    comparisons.push({ ...cmp, ...(reordered ? { reordered, bitExact: false } : {}), ...(topkRowsDiffering ? { topkRowsDiffering } : {}) });
   }
   const verdict = judge(comparisons, floor, { strict: opts.strict, firstTokenDiff: tokenDiff });
   bar?.done(verdict.headline);

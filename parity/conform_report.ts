@@ -102,7 +102,15 @@ export function logitSummary(cmp: readonly TensorComparison[]): ConformReport["l
   };
 }
 
-const REORDERED = (n: number) => `${n} MoE top-k tensors had their expert axis put into mlx-lm's order first (the router's top-k order is unspecified: mlx-lm's argpartition)`;
+const REORDERED = (n: number) => `${n} MoE top-k tensors had their expert axis put into mlx-lm's order first, token by token (the router's top-k order is unspecified: mlx-lm's argpartition)`;
+
+/** The MoE top-k tensors with tokens whose router picked another expert set than mlx-lm's (left in the engine's order), or null. */
+function topkSetsLine(r: ConformReport): string | null {
+  const hit = r.tensors.filter((t) => (t.topkRowsDiffering ?? 0) > 0);
+  if (!hit.length) return null;
+  const first = hit[0]!;
+  return `${hit.length} MoE top-k tensors have tokens whose expert set differs from mlx-lm's (left in the engine's order, counted in the distances as they are; first: ${first.name}, ${first.topkRowsDiffering} of ${(first.shape[0] ?? 1) * (first.shape[1] ?? 1)} tokens)`;
+}
 
 const STATUS_WORD: Record<Status, string> = { CONFORMS: "CONFORMS", DIVERGES: "DIVERGES", FLOOR_NOT_MEASURED: "FLOOR NOT MEASURED" };
 
@@ -137,6 +145,8 @@ export function renderText(r: ConformReport): string {
   for (const l of [logitLine(r), tokenLine(r)]) if (l) out.push(l);
   if (r.notCompared.length) out.push(`${r.notCompared.length} tensors not compared: ${r.notCompared[0]!.reason}`);
   if (r.reordered) out.push(REORDERED(r.reordered));
+  const sets = topkSetsLine(r);
+  if (sets) out.push(sets);
   const bad = r.kinds.filter((k) => k.outside > 0);
   const shown = bad.slice(0, 6).map((k) => `${k.kind} (${k.outside}/${k.tensors}, max rel L2 ${fmtErr(k.maxRelL2)})`);
   if (bad.length) out.push(`tap kinds outside the floor: ${shown.join(", ")}${bad.length > shown.length ? ` and ${bad.length - shown.length} more (conform.md lists every kind)` : ""}`);
@@ -170,6 +180,8 @@ export function renderMarkdown(r: ConformReport): string {
   }
   if (r.notCompared.length) out.push("", `${r.notCompared.length} tensors not compared: ${mdEsc(r.notCompared[0]!.reason)}.`);
   if (r.reordered) out.push("", `${REORDERED(r.reordered)}.`);
+  const sets = topkSetsLine(r);
+  if (sets) out.push("", `${sets}.`);
   out.push("");
   return out.join("\n");
 }
@@ -289,7 +301,7 @@ export function renderHtml(r: ConformReport): string {
     ? `<h2>Tensors outside the floor</h2><details id="outside-list"${allOutside.length <= 10 ? " open" : ""}><summary>${allOutside.length} tensors outside the floor${allOutside.length > outside.length ? ` (the first ${outside.length} in execution order listed; conform.json has every one)` : ""}</summary><table id="outside"><tr><th>tensor</th><th>dtypes</th><th>bit mismatches</th><th>max abs</th><th>max ULP</th><th>rel L2</th><th>cosine</th><th>KL max</th><th>reason</th></tr>${outside.map((t) => `<tr class="bad"><td>${esc(t.name)}</td><td>${t.engineDtype} / ${t.oracleDtype}</td><td>${t.mismatches ?? "-"}</td><td>${fmtErr(t.metrics?.maxAbs)}</td><td>${t.metrics?.maxUlp ?? "-"}</td><td>${fmtErr(t.metrics?.relL2)}</td><td>${t.metrics ? fmtNum(t.metrics.cosine) : "-"}</td><td>${fmtErr(t.logits?.klMax)}</td><td>${esc(t.reason ?? "")}</td></tr>`).join("")}</table></details>`
     : "";
   const e = r.dump.engine;
-  const lines = [logitLine(r), tokenLine(r), r.reordered ? REORDERED(r.reordered) : null].filter((l): l is string => l !== null).map((l) => `<li>${esc(l)}</li>`).join("");
+  const lines = [logitLine(r), tokenLine(r), r.reordered ? REORDERED(r.reordered) : null, topkSetsLine(r)].filter((l): l is string => l !== null).map((l) => `<li>${esc(l)}</li>`).join("");
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Gemma 4 conformance report</title>
 <style>

@@ -35,8 +35,10 @@ export interface TensorComparison {
   integerEqual?: boolean;
   /** A comparison that could not be made (element counts differ). */
   note?: string;
-  /** The engine's top-k axis was put into mlx-lm's expert order first (TOPK_KINDS). */
+  /** The engine's top-k axis was put into mlx-lm's expert order first (TOPK_KINDS), on the rows whose expert sets equal mlx-lm's. */
   reordered?: boolean;
+  /** TOPK_KINDS: rows (tokens) whose router picked another expert set than mlx-lm's, left in the engine's order. */
+  topkRowsDiffering?: number;
 }
 
 export const LOGIT_KINDS = new Set(["logits", "logprobs"]);
@@ -129,27 +131,52 @@ export function compareMask(name: string, where: { call: string; layer: number |
  */
 export const TOPK_KINDS = new Set(["router/indices", "router/weights", "experts/switch_glu/up_proj", "experts/switch_glu/gate_proj", "experts/switch_glu/activation", "experts/switch_glu/down_proj", "experts/switch_glu"]);
 
+/** How an engine's top-k axis maps onto mlx-lm's, token by token (topkPermutation). */
+export interface TopkOrder {
+  /** Per row (token), the engine's position of each of mlx-lm's experts in turn; the identity on rows left as they are. */
+  perm: Int32Array;
+  /** Rows (flat B·L index) whose expert sets differ from mlx-lm's: left in the engine's order (their distances count as they are). */
+  differingRows: number[];
+}
+
 /**
- * For router indices (..., K) of the engine and of mlx-lm: per row, the engine's position of each
- * of mlx-lm's experts in turn; null when a row's expert sets differ (then nothing is reordered).
+ * For router indices (..., K) of the engine and of mlx-lm, token by token: a row whose experts
+ * equal mlx-lm's as a set gets mlx-lm's order; a row whose set differs is left as it is and
+ * listed, so one token routed differently does not leave every other token of the layer
+ * misaligned. Null only when the shapes do not line up (nothing is reordered then).
  */
-export function topkPermutation(engine: RawTensor, oracle: RawTensor): Int32Array | null {
+export function topkPermutation(engine: RawTensor, oracle: RawTensor): TopkOrder | null {
   const K = oracle.shape[oracle.shape.length - 1] ?? 1;
   if (count(engine.shape) !== count(oracle.shape) || (engine.shape[engine.shape.length - 1] ?? 1) !== K) return null;
   const e = tensorValues(engine);
   const o = tensorValues(oracle);
   const perm = new Int32Array(o.length);
+  const differingRows: number[] = [];
+  const used = new Array<boolean>(K);
   for (let r = 0; r < o.length / K; r++) {
-    const used = new Array<boolean>(K).fill(false);
-    for (let k = 0; k < K; k++) {
+    used.fill(false);
+    let sameSet = true;
+    for (let k = 0; k < K && sameSet; k++) {
       let at = -1;
       for (let j = 0; j < K; j++) if (!used[j] && e[r * K + j] === o[r * K + k]) { at = j; break; }
-      if (at < 0) return null;
-      used[at] = true;
-      perm[r * K + k] = at;
+      if (at < 0) sameSet = false;
+      else {
+        used[at] = true;
+        perm[r * K + k] = at;
+      }
+    }
+    if (!sameSet) {
+      differingRows.push(r);
+      for (let k = 0; k < K; k++) perm[r * K + k] = k;
     }
   }
-  return perm;
+  return { perm, differingRows };
+}
+
+/** Whether `perm` moves anything (K experts per row). */
+export function isIdentityOrder(perm: Int32Array, K: number): boolean {
+  for (let i = 0; i < perm.length; i++) if (perm[i] !== i % K) return false;
+  return true;
 }
 
 /** `t` with axis 2 (the top-k axis after B and L) reordered: out[row, k] = t[row, perm[row, k]]. */

@@ -4,13 +4,14 @@
 // judges by relative L2 and, on logits, KL; a logprobs without a floor of its own by KL only;
 // --strict wants bytes); the first tensor and layer outside the floor in execution order; one
 // tensor's comparison (bit-exact count for the same dtype, (1,V) against (1,1,V) rows, logprobs
-// against logits by KL only, token ids); masks given as kinds; the MoE top-k order.
+// against logits by KL only, token ids); masks given as kinds; the MoE top-k order, put into mlx-lm's token by token (a token
+// whose expert set differs is left as it is and listed).
 import { describe, expect, it } from "vitest";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { logSoftmax, rawFromFloat64, type RawTensor } from "../../oracle/conform/metrics.ts";
-import { compareMask, compareTensor, materializeMask, reorderTopK, type TensorComparison, topkPermutation } from "../../oracle/conform/tensor_compare.ts";
+import { compareMask, compareTensor, isIdentityOrder, materializeMask, reorderTopK, type TensorComparison, topkPermutation } from "../../oracle/conform/tensor_compare.ts";
 import { exitCodeOf, floorFor, judge, loadNoiseFloor, type NoiseFloor, NOISE_FLOOR_SCHEMA, NoiseFloorError } from "../../oracle/conform/verdict.ts";
 
 const MEASURED: NoiseFloor = {
@@ -197,11 +198,41 @@ describe("masks given as a kind on either side", () => {
 
 describe("the MoE router's top-k axis (its order is unspecified)", () => {
   const u32 = (v: number[], shape: number[]): RawTensor => ({ dtype: "uint32", shape, data: new Uint8Array(Uint32Array.from(v).buffer) });
-  it("the engine's experts are put into mlx-lm's order by id; different sets are left as they are", () => {
+  it("token by token: a token routed to another expert set is left as it is and listed, the others still get mlx-lm's order", () => {
+    // 4 tokens × top-2: mlx-lm [5,1], [0,3], [2,7], [4,6]; the engine sorted each row, and token 1 picked {0,2}
+    const oracle = u32([5, 1, 0, 3, 2, 7, 4, 6], [1, 4, 2]);
+    const engine = u32([1, 5, 0, 2, 2, 7, 4, 6], [1, 4, 2]);
+    const order = topkPermutation(engine, oracle)!;
+    expect(order.differingRows).toEqual([1]);
+    expect(Array.from(order.perm)).toEqual([1, 0, 0, 1, 0, 1, 0, 1]);
+    expect(Array.from(new Uint32Array(reorderTopK(engine, order.perm).data.buffer))).toEqual([5, 1, 0, 2, 2, 7, 4, 6]);
+    // a (B, L, K, H) tap of the same layer, equal to mlx-lm's on the three tokens whose sets agree:
+    // after the reordering those three compare equal and only token 1 carries distance
+    const want = rawFromFloat64([50, 51, 10, 11, 0, 1, 30, 31, 20, 21, 70, 71, 40, 41, 60, 61], [1, 4, 2, 2], "float32");
+    const got = rawFromFloat64([10, 11, 50, 51, 0, 1, 99, 99, 20, 21, 70, 71, 40, 41, 60, 61], [1, 4, 2, 2], "float32");
+    const r = reorderTopK(got, order.perm);
+    expect(Array.from(new Float32Array(r.data.buffer))).toEqual([50, 51, 10, 11, 0, 1, 99, 99, 20, 21, 70, 71, 40, 41, 60, 61]);
+    const where = { call: "forward", layer: 0, kind: "experts/switch_glu/down_proj" };
+    const differ = (x: RawTensor) => {
+      const a = new Float32Array(x.data.buffer);
+      const b = new Float32Array(want.data.buffer);
+      return [...a.keys()].filter((i) => a[i] !== b[i]);
+    };
+    expect(differ(r)).toEqual([6, 7]); // token 1's second expert only
+    expect(compareTensor("layers.0/experts/switch_glu/down_proj", where, r, "layers.0/experts/switch_glu/down_proj", want).metrics!.relL2).toBeLessThan(
+      compareTensor("layers.0/experts/switch_glu/down_proj", where, got, "layers.0/experts/switch_glu/down_proj", want).metrics!.relL2,
+    );
+  });
+
+  it("the engine's experts are put into mlx-lm's order by id; shapes that do not line up are left alone", () => {
     // 2 tokens × top-2: mlx-lm [5,1], [0,3]; the engine sorted them [1,5], [0,3]
-    const perm = topkPermutation(u32([1, 5, 0, 3], [1, 2, 2]), u32([5, 1, 0, 3], [1, 2, 2]))!;
+    const order = topkPermutation(u32([1, 5, 0, 3], [1, 2, 2]), u32([5, 1, 0, 3], [1, 2, 2]))!;
+    const perm = order.perm;
     expect(Array.from(perm)).toEqual([1, 0, 0, 1]);
-    expect(topkPermutation(u32([1, 6, 0, 3], [1, 2, 2]), u32([5, 1, 0, 3], [1, 2, 2]))).toBeNull();
+    expect(order.differingRows).toEqual([]);
+    expect(isIdentityOrder(perm, 2)).toBe(false);
+    // shapes that do not line up: nothing to reorder
+    expect(topkPermutation(u32([1, 5, 0, 3], [1, 1, 4]), u32([5, 1, 0, 3], [1, 2, 2]))).toBeNull();
     // a (B, L, K, H) tensor follows: rows of H = 2 floats per expert
     const y = rawFromFloat64([10, 11, 50, 51, 0, 1, 30, 31], [1, 2, 2, 2], "float32");
     const r = reorderTopK(y, perm);
