@@ -8,7 +8,9 @@
 //     transformers float32 reaches level 2 and conforms on every f32 fixture (and level 1 with the
 //     same greedy tokens on generate_step), bfloat16 was measured
 //     on each, the port reached level 1 on every fixture it loaded and diverges exactly where
-//     engines/RESULTS.md says (the two MoE fixtures, at layer 0).
+//     engines/RESULTS.md says (the two MoE fixtures, at layer 0);
+//   - every DIVERGES headline there quotes the current floor file's value for its kind, and each
+//     grid ran after the floor's measurement.
 // With CONFORM_ENGINES=1 (torch in .venv-reference, installed on demand) it also runs both
 // engines on c1_dense/f32 and validates their dumps (level 2 and level 1).
 import { describe, expect, it } from "vitest";
@@ -136,6 +138,25 @@ describe("the engines' checked-in results (engines/*/results.json)", () => {
       ["c5_moe/f32", "layers.0/output"],
       ["c6_sink/f32", "layers.0/output"],
     ]);
+  });
+});
+
+describe("the engines' results were judged against the current noise floor", () => {
+  it("every DIVERGES headline of engines/*/results.json quotes the floor file's value for its kind, and each grid ran after the floor was measured", () => {
+    const floor = JSON.parse(readFileSync(join(REPO_ROOT, "oracle", "conform", "noise_floor.json"), "utf8")) as { measured: { when: string }; kinds: Record<string, { rel_l2: number; kl?: number }>; default: { rel_l2: number; kl?: number } };
+    let checked = 0;
+    for (const folder of ["transformers", "gemma4_pt_claude"]) {
+      const file = JSON.parse(readFileSync(join(REPO_ROOT, "engines", folder, "results.json"), "utf8")) as { when: string; results: { checkpoint: string; status: string; headline: string }[] };
+      expect(Date.parse(file.when), folder).toBeGreaterThan(Date.parse(floor.measured.when));
+      for (const x of file.results.filter((r) => r.status === "DIVERGES")) {
+        const m = /> floor (\S+) \((\S+)\)$/.exec(x.headline);
+        expect(m, `${folder} ${x.checkpoint}: ${x.headline}`).not.toBeNull();
+        const kind = floor.kinds[m![2]!] ?? floor.default;
+        expect([kind.rel_l2.toExponential(2), String(kind.kl?.toExponential(2))], `${folder} ${x.checkpoint}`).toContain(m![1]);
+        checked++;
+      }
+    }
+    expect(checked).toBeGreaterThanOrEqual(10);
   });
 });
 

@@ -2,12 +2,15 @@
 // Default (no install, no engine run): the checked-in results (engines/llama_cpp/results.json,
 // written by measure.ts) parse, cover every variant measure.ts lists with a measurement or the
 // engine's own refusal, reach level 0 on the dense, k_eq_v, E2B-like and MoE fixtures the issue
-// requires, and the table in engines/RESULTS.md is the one rendered from them. The parsers of the
+// requires, were judged against the current noise floor (its date, its values in the headlines),
+// and the table in engines/RESULTS.md is the one rendered from them. The parsers of the
 // adapter (flags, the converter's and llama.cpp's error lines) are checked on fixed inputs.
 // Opt-in (CONFORM_ENGINES=llama_cpp): the adapter runs on c1_dense/f32 for real and must reproduce
 // the recorded greedy tokens and metrics.
 import { describe, expect, it } from "vitest";
 import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { REPO_ROOT } from "../../oracle/client.ts";
 import { abortMessage, converterRefusal, optedIn } from "../../engines/llama_cpp/engine.ts";
 import { parseFlags } from "../../engines/llama_cpp/dump.ts";
 import { VARIANTS } from "../../engines/llama_cpp/measure.ts";
@@ -49,6 +52,21 @@ describe("llama.cpp results (checked in)", () => {
       expect(r?.status, id).toBe("measured");
       expect(r!.level, id).toBeGreaterThanOrEqual(0);
     }
+  });
+
+  it("judged against the current noise floor (oracle/conform/noise_floor.json): its measurement date, and every headline's floor value", () => {
+    const floor = JSON.parse(readFileSync(join(REPO_ROOT, "oracle", "conform", "noise_floor.json"), "utf8")) as { measured: { when: string }; kinds: Record<string, { rel_l2: number }>; default: { rel_l2: number } };
+    expect(results.noise_floor?.measured_when).toBe(floor.measured.when);
+    let checked = 0;
+    for (const r of results.results) {
+      if (!r.verdict || r.verdict.status !== "DIVERGES") continue;
+      const m = /> floor (\S+) \((\S+)\)$/.exec(r.verdict.headline);
+      expect(m, r.verdict.headline).not.toBeNull();
+      expect(m![1], r.checkpoint).toBe((floor.kinds[m![2]!] ?? floor.default).rel_l2.toExponential(2));
+      checked++;
+    }
+    expect(checked).toBe(results.results.filter((r) => r.verdict?.status === "DIVERGES").length);
+    expect(checked).toBeGreaterThanOrEqual(4);
   });
 
   it("engines/RESULTS.md holds the table rendered from results.json", () => {
