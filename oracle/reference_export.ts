@@ -70,9 +70,14 @@ export async function exportReference(ids: readonly string[]): Promise<void> {
   rmSync(tmp, { recursive: true, force: true });
   mkdirSync(tmp, { recursive: true });
   try {
-    const jobs = ids.map((id, k) => {
+    // a fixture's prompt seed is 1 + its index among all float32 checkpoints, whatever `ids`
+    // selects (--only once seeded by the index in the selection: another prompt than the full run's)
+    const all = float32Checkpoints();
+    const jobs = ids.map((id) => {
       const dir = join(CKPT, id);
       const { args } = loadConfig(dir);
+      const k = all.indexOf(id);
+      if (k < 0) throw new Error(`${id}: not a float32 fixture checkpoint`);
       return { id, fixture: id.split("/")[0]!, dir, args, tokens: tokensFor(args.vocab_size, 1 + k) };
     });
     writeFileSync(join(tmp, "jobs.json"), JSON.stringify(jobs));
