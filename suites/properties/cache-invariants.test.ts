@@ -1,6 +1,6 @@
 // The 12 cache/mask invariants of gemma4-spec.md §5.4 as seeded properties, checked against a
 // pure reference model of absolute positions (reference.ts). No oracle needed.
-// PROPERTY_RUNS (default 200) scales every property; failures print seed + shrunk counterexample.
+// PROPERTY_RUNS (default 100) scales every property; failures print seed + shrunk counterexample.
 import { describe, expect, it } from "vitest";
 import fc from "fast-check";
 import * as mx from "@mlx-bun/mlx";
