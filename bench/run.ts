@@ -214,6 +214,7 @@ export function markdown(meta: Record<string, string>, wl: MeasuredWorkload[], r
   const out = ["# Benchmarks: TypeScript (Bun) vs mlx-lm on the same libmlx", ""];
   for (const [k, v] of Object.entries(meta)) out.push(`- **${k}**: ${v}`);
   out.push("", "Each row: one warm-up per side, then pairs run alternately (TS, mlx-lm, TS, mlx-lm, …). Ratio = TS / mlx-lm per pair (median, min–max); for tok/s higher is better, for time and memory lower is better. A run of some workloads (`--only`) keeps the other workloads' rows from the previous results, with their own date.", "");
+  out.push("KV-cache quantization (issue 27: cache bytes at 4k/32k on the E2B and 31B layouts, decode tok/s against mlx-vlm with a quantized cache, quality against the unquantized cache): `npm run bench:kvquant`, results in [KVQUANT.md](KVQUANT.md).", "");
   out.push("## Workloads", "");
   for (const w of wl) {
     const warm = w.warmup ? `; warm-up ${w.warmup[0]}-token prompt, ${w.warmup[1]} tokens` : "";

@@ -28,23 +28,24 @@ import { firstDifferingStep, logitMetricsOf, type RawTensor, tensorMetrics } fro
 import { PY } from "../py_worker.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
-const CKPT = join(ROOT, ".cache", "bench", "kvq-narrow-e2b-11l");
-const START = 1024;
-const CHUNK = 512;
-const NOISE_CHUNK = 384;
+const CKPT = join(ROOT, ".cache", "bench", "kvq-narrow-e2b-11l-f32");
+const START = 512;
+const CHUNK = 256;
+const NOISE_CHUNK = 192;
 const NEEDLE_AT = 64;
 const NEEDLE_LEN = 16;
 const CUE = 4;
-const NEEDLE_STEPS = 32;
+const NEEDLE_STEPS = 24;
 
 const SCHEMES: { label: string; bits: number; scheme: string }[] = [
   { label: "turboquant 2", bits: 2, scheme: "turboquant" },
   { label: "turboquant 3", bits: 3, scheme: "turboquant" },
   { label: "turboquant 3.5", bits: 3.5, scheme: "turboquant" },
   { label: "turboquant 4", bits: 4, scheme: "turboquant" },
-  { label: "uniform 4", bits: 4, scheme: "uniform" },
-  { label: "uniform 8", bits: 8, scheme: "uniform" },
 ];
+// Uniform 4/8 are not run here: every layout with sliding layers makes mlx-vlm (and the port)
+// refuse with RotatingKVCache Quantization NYI at the first call whose offset reaches the start
+// (the memory stage and suites/kvquant/RESULTS.md show it); nothing is generated to score.
 
 function lcg(n: number, vocab: number, seed: number): number[] {
   const out: number[] = [];
@@ -104,7 +105,7 @@ async function run(
 export async function stageQuality(promptLen: number, nTok: number, log: (s: string) => void): Promise<{ measured: string; [k: string]: unknown }> {
   if (!existsSync(join(CKPT, "config.json"))) {
     log(`building ${CKPT}`);
-    const b = spawnSync(PY, ["bench/kvquant/make_narrow.py", CKPT], { cwd: ROOT, stdio: ["ignore", "inherit", "inherit"] });
+    const b = spawnSync(PY, ["bench/kvquant/make_narrow.py", CKPT, "--dtype", "float32"], { cwd: ROOT, stdio: ["ignore", "inherit", "inherit"] });
     if (b.status !== 0) throw new Error("building the narrow checkpoint failed");
   }
   const vocab = (JSON.parse(readFileSync(join(CKPT, "config.json"), "utf8")) as { vocab_size: number }).vocab_size;
@@ -180,7 +181,7 @@ export async function stageQuality(promptLen: number, nTok: number, log: (s: str
     };
     const section = {
       measured: new Date().toISOString(),
-      model: "bench/kvquant/make_narrow.py: E2B attention layout (head dims 256 sliding / 512 full, 8 query heads, 1 KV head, window 512, 4 sliding + 1 full), hidden 256, vocab 4096, 11 layers (full attention at 4 and 9, both converted; the last cache, 10, is sliding), no KV sharing, 4-bit g64, bfloat16, random weights",
+      model: "bench/kvquant/make_narrow.py: E2B attention layout (head dims 256 sliding / 512 full, 8 query heads, 1 KV head, window 512, 4 sliding + 1 full), hidden 256, vocab 4096, 11 layers (full attention at 4 and 9, both converted; the last cache, 10, is sliding), no KV sharing, 4-bit g64, float32 (libmlx's CPU quantized matmul in bfloat16 took 24 s for a 64-token prefill here), random weights",
       protocol: { promptLen, generated: nTok, quantizedKvStart: START, prefillChunk: CHUNK, noiseChunk: NOISE_CHUNK, needleAt: NEEDLE_AT, needleLen: NEEDLE_LEN, cue: CUE, needleSteps: NEEDLE_STEPS },
       noise: noiseSummary,
       reference: { needleTokensCopied: copies(ref.tokens), first: ref.tokens.slice(0, NEEDLE_STEPS) },
@@ -218,7 +219,7 @@ function qualityMarkdown(s: Section, copies: (t: number[]) => number): string[] 
   const out = [
     "## Quality against the unquantized cache (stage `quality`, the port only)",
     "",
-    `Measured ${s.measured}. Model: ${s.model}. Prompt ${p.promptLen} random tokens with a ${p.needleLen}-token needle at position ${p.needleAt} and its first ${p.cue} tokens as the cue at the end; quantized_kv_start ${p.quantizedKvStart}, prefill chunks of ${p.prefillChunk} (converted after the 2nd chunk); ${p.generated} generated tokens: the unquantized run's greedy tokens replayed through each cache, every step's logprobs scored against the unquantized run's (oracle/conform/metrics.ts: KL(unquantized ‖ quantized) in nats, top-1 = the argmaxes agree). Noise floor: the unquantized cache with ${p.noiseChunk}-token prefill chunks, same replay. The port's tokens, logprobs and quantized states are bit-exact against mlx-vlm's per step (suites/kvquant/RESULTS.md), so these are mlx-vlm's numbers too.`,
+    `Measured ${s.measured}. Model: ${s.model}. Prompt ${p.promptLen} random tokens with a ${p.needleLen}-token needle at position ${p.needleAt} and its first ${p.cue} tokens as the cue at the end; quantized_kv_start ${p.quantizedKvStart}, prefill chunks of ${p.prefillChunk} (converted after the 2nd chunk); uniform 4/8 are not scored: on a layout with sliding layers both mlx-vlm and the port refuse with RotatingKVCache Quantization NYI (memory stage above); ${p.generated} generated tokens: the unquantized run's greedy tokens replayed through each cache, every step's logprobs scored against the unquantized run's (oracle/conform/metrics.ts: KL(unquantized ‖ quantized) in nats, top-1 = the argmaxes agree). Noise floor: the unquantized cache with ${p.noiseChunk}-token prefill chunks, same replay. The port's tokens, logprobs and quantized states are bit-exact against mlx-vlm's per step (suites/kvquant/RESULTS.md), so these are mlx-vlm's numbers too.`,
     "",
     "| cache | steps | KL mean | KL median | KL p99 | KL max | KL mean per 250 steps | × noise floor | top-1 agreement | needle: greedy after the cue vs unquantized |",
     "|---|---:|---:|---:|---:|---:|---|---:|---:|---|",

@@ -47,7 +47,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "decode-prompt", kind: "int", help: "decode: prompt tokens (the conversion happens in the prefill)", default: 160 },
   { name: "decode-tokens", kind: "int", help: "decode: tokens generated per run", default: 16 },
   { name: "quality-tokens", kind: "int", help: "quality: tokens generated (and replayed) per scheme", default: 1000 },
-  { name: "quality-prompt", kind: "int", help: "quality: prompt tokens", default: 2048 },
+  { name: "quality-prompt", kind: "int", help: "quality: prompt tokens", default: 1024 },
   { name: "help", kind: "bool", help: "show this help" },
 ];
 
@@ -223,6 +223,13 @@ function memoryMarkdown(m: NonNullable<Results["memory"]>): string[] {
   return out;
 }
 
+/** Replaces one stage's section (re-reading the file first, so stages run as separate processes keep each other's). */
+function writeSection<K extends "memory" | "decode" | "quality">(key: K, value: Results[K]): void {
+  const r = readResults();
+  r[key] = value;
+  writeResults(r);
+}
+
 function writeResults(r: Results): void {
   r.meta = {
     date: new Date().toISOString(),
@@ -365,23 +372,19 @@ async function main(): Promise<void> {
   if (contexts.some((n) => !Number.isInteger(n) || n < 2)) throw new UsageError("--contexts needs comma-separated lengths >= 2");
   const pairs = Number(a.pairs);
   if (pairs < 1) throw new UsageError("--pairs must be at least 1");
-  const results = readResults();
   const py = new PyWorker("kvquant_worker.py", "mlx-vlm kvquant worker");
   try {
     if (stages.includes("memory")) {
-      results.memory = { measured: new Date().toISOString(), rows: await stageMemory(py, contexts) };
-      writeResults(results);
+      writeSection("memory", { measured: new Date().toISOString(), rows: await stageMemory(py, contexts) });
     }
     if (stages.includes("decode")) {
       const dp = Number(a["decode-prompt"]);
       if (dp < 40) throw new UsageError("--decode-prompt must be at least 40");
-      results.decode = await stageDecode(py, pairs, dp, Number(a["decode-tokens"]));
-      writeResults(results);
+      writeSection("decode", await stageDecode(py, pairs, dp, Number(a["decode-tokens"])));
     }
     if (stages.includes("quality")) {
       const { stageQuality } = await import("./quality.ts");
-      results.quality = await stageQuality(Number(a["quality-prompt"]), Number(a["quality-tokens"]), log);
-      writeResults(results);
+      writeSection("quality", await stageQuality(Number(a["quality-prompt"]), Number(a["quality-tokens"]), log));
     }
   } finally {
     py.close();
