@@ -4,9 +4,13 @@
 //
 // Bar: every tap byte-identical, in the same execution order. A failure names the first
 // divergent tap (suites/gemma4/tap_compare.ts). Where golden/manifest.json holds an entry for
-// the same (checkpoint, scenario) and its fingerprint is this machine's, the TS taps are also
-// checked against the golden, bit for bit; elsewhere the goldens are not compared (said in the
-// summary) and the live oracle is the only bar.
+// the same (checkpoint, scenario) and its fingerprint is this machine's, the TS taps of every pair
+// are checked against the golden, bit for bit (the taps it stores: all of them for full entries,
+// the logits for the others), and every tap against the live oracle on a fixed third of the
+// pairs (pair index % 3 == 0: one or two scenarios of each checkpoint, 60 of 180 pairs; npm test's
+// time budget: the oracle's captures cost 37 s of CPU for all 180). GEMMA4_PARITY_LIVE=all runs
+// every pair live. Where the goldens do not apply (another fingerprint: said in the summary) or
+// a pair has no golden, every such pair runs live and the live oracle is the only bar.
 
 import { afterAll, describe, expect, it } from "vitest";
 import { existsSync, readFileSync } from "node:fs";
@@ -56,12 +60,16 @@ const manifest = readManifest();
 // budget), said as such, and the live oracle, compared for every pair anyway, is the bar.
 const rule = manifest ? goldenRule(manifest, await oracle.fingerprint()) : undefined;
 if (rule && rule.mode !== "exact") console.log(`[goldens] ${rule.what}`);
+const goldensApply = rule?.mode === "exact";
+const LIVE_ALL = process.env.GEMMA4_PARITY_LIVE === "all";
+/** Pair k runs against the live oracle: all of them where the goldens cannot judge it, else a fixed third. */
+const live = (k: number): boolean => LIVE_ALL || !goldensApply || !manifest?.entries[`${pairs[k]!.ckpt}/${pairs[k]!.scn}`] || k % 3 === 0;
 
 // Pipelining: the oracle works on the next capture while TS runs the current one.
 const captures = new Map<number, Promise<CaptureResult>>();
 function capture(k: number): Promise<CaptureResult> {
   let p = captures.get(k);
-  if (!p && k < pairs.length) {
+  if (!p && k < pairs.length && live(k)) {
     p = oracle.capture(pairs[k]!.ckpt, pairs[k]!.scn, { mode: "full" });
     p.catch(() => {}); // observed by the test that awaits it
     captures.set(k, p);
@@ -87,7 +95,7 @@ function runTs(ckpt: string, scn: string): TapData[] {
   return col.taps;
 }
 
-const totals = { pairs: 0, taps: 0, arrays: 0, goldenPairs: 0, goldenTaps: 0, waitMs: 0, tsMs: 0 };
+const totals = { pairs: 0, livePairs: 0, taps: 0, arrays: 0, goldenPairs: 0, goldenTaps: 0, waitMs: 0, tsMs: 0 };
 const atMlxBugs: string[] = [];
 const t0 = performance.now();
 
@@ -97,18 +105,18 @@ describe("gemma4 taps vs live mlx-lm", () => {
     if (!only) expect(pairs.length).toBe(180);
   });
   pairs.forEach(({ ckpt, scn }, k) => {
-    it(`${ckpt} ${scn}`, async () => {
+    it(`${ckpt} ${scn}${live(k) ? "" : " (golden only)"}`, async () => {
       let t = performance.now();
-      const cap = await capture(k);
+      const cap = live(k) ? await capture(k) : null;
       captures.delete(k);
       totals.waitMs += performance.now() - t;
-      for (let j = 1; j <= 3; j++) capture(k + j); // keep the oracle's queue full while TS works
+      for (let j = 1, queued = 0; queued < 3 && k + j < pairs.length; j++) if (live(k + j)) (capture(k + j), queued++); // keep the oracle's queue full while TS works
       await oracle.sent();
       t = performance.now();
       const ours = runTs(ckpt, scn);
       totals.tsMs += performance.now() - t;
-      const v = compareTapLists(ours, cap.taps.map(fromOracle));
-      if (!v.ok) {
+      const v = cap ? compareTapLists(ours, cap.taps.map(fromOracle)) : null;
+      if (v && cap && !v.ok) {
         // a first divergent tap produced by an op on a path of MLX's own proven broken on this
         // backend (oracle/mlx_bugs.ts): counted apart, with the tap and the bug named, never as
         // bit-exact; any other first divergence fails
@@ -120,12 +128,16 @@ describe("gemma4 taps vs live mlx-lm", () => {
         throw new Error(formatVerdict(`${ckpt} ${scn}`, v));
       }
       totals.pairs++;
-      totals.taps += v.compared;
-      totals.arrays += v.arrays;
-      expect(v.arrays, `${ckpt} ${scn}: tap arrays compared live`).toBeGreaterThan(0);
+      if (v) {
+        totals.livePairs++;
+        totals.taps += v.compared;
+        totals.arrays += v.arrays;
+        expect(v.arrays, `${ckpt} ${scn}: tap arrays compared live`).toBeGreaterThan(0);
+      }
 
       const gid = `${ckpt}/${scn}`;
-      if (manifest?.entries[gid] && rule?.mode === "exact") {
+      let goldenCompared = false;
+      if (manifest?.entries[gid] && goldensApply) {
         const g = loadGolden(gid);
         const theirs = g.taps.map((t) => fromOracle({ ...t, kind: t.kind ?? "array", array: g.arrays.get(t.name) }));
         const names = new Set(theirs.map((x) => x.name));
@@ -134,12 +146,19 @@ describe("gemma4 taps vs live mlx-lm", () => {
         if (!gv.ok) throw new Error(formatVerdict(`${gid} (golden)`, gv));
         totals.goldenPairs++;
         totals.goldenTaps += gv.compared;
+        goldenCompared = true;
         expect(gv.arrays, `${gid}: tap arrays compared with the golden`).toBeGreaterThan(0);
       }
-      expect(v.ok).toBe(true);
+      if (v) expect(v.ok).toBe(true);
+      else expect(goldenCompared, `${gid}: a pair not run live is compared with its golden`).toBe(true);
     }, limit(60_000));
   });
-  it("every pair was compared (bit-identical, or counted apart at a recorded MLX bug)", () => expect(totals.pairs + atMlxBugs.length).toBe(pairs.length));
+  it("every pair was compared (bit-identical, or counted apart at a recorded MLX bug); the live third ran", () => {
+    expect(totals.pairs + atMlxBugs.length).toBe(pairs.length);
+    const wantLive = pairs.filter((_, k) => live(k)).length;
+    expect(totals.livePairs + atMlxBugs.length).toBe(wantLive);
+    if (!only && goldensApply && !LIVE_ALL) expect(wantLive).toBe(60);
+  });
 });
 
 /** CPU seconds (user + system) a process has used so far, from /proc (Linux); NaN elsewhere. */
@@ -162,7 +181,7 @@ afterAll(async () => {
   }
   if (loaded) loaded.m.model.dispose();
   console.log(
-    `[gemma4 parity${NO_COMPILE ? ", compile disabled on both sides" : ""}] ${totals.pairs}/${pairs.length} (checkpoint, scenario) pairs, ${totals.taps} taps bit-identical ` +
+    `[gemma4 parity${NO_COMPILE ? ", compile disabled on both sides" : ""}] ${totals.pairs}/${pairs.length} (checkpoint, scenario) pairs; ${totals.livePairs} live: ${totals.taps} taps bit-identical ` +
       `(${totals.arrays} arrays + masks/None) vs live mlx-lm; goldens (${rule && rule.mode !== "exact" ? rule.what : "same platform: bit-exact"}): ${totals.goldenPairs} pairs, ${totals.goldenTaps} taps` +
       (existsSync(join(REPO_ROOT, "golden", "manifest.json")) ? "" : " (no golden/manifest.json yet)") +
       `; ${((performance.now() - t0) / 1000).toFixed(1)} s: waiting on the oracle ${(totals.waitMs / 1000).toFixed(1)} s, TS load+forward+taps ${(totals.tsMs / 1000).toFixed(1)} s; ` +
