@@ -188,7 +188,7 @@ export async function stageQuality(promptLen: number, nTok: number, log: (s: str
       needle,
       schemes,
     };
-    return { ...section, markdown: qualityMarkdown(section as unknown as Section, copies) };
+    return section;
   } finally {
     loaded.model.dispose();
   }
@@ -209,13 +209,22 @@ interface Section {
   protocol: { promptLen: number; generated: number; quantizedKvStart: number; prefillChunk: number; noiseChunk: number; needleAt: number; needleLen: number; cue: number; needleSteps: number };
   noise: Summary;
   reference: { needleTokensCopied: number; first: number[] };
+  needle: number[];
   schemes: (Partial<Summary> & { scheme: string; refused?: string; stepsBeforeRefusal?: number; klOverNoise?: number; layerRelL2FirstCallAfterConversion?: { layer: number; relL2: number }[]; layerRelL2FirstDecodeStep?: { layer: number; relL2: number }[]; needle?: { tokens: number[]; firstDiffering: number | null } })[];
 }
 
 const e = (x: number) => x.toExponential(2);
 
-function qualityMarkdown(s: Section, copies: (t: number[]) => number): string[] {
+/** The quality section of bench/KVQUANT.md from its JSON (run.ts's --stage render calls it too). */
+export function renderQuality(s: Section): string[] {
   const p = s.protocol;
+  const cont = s.needle.slice(p.cue);
+  const copies = (t: number[]) => {
+    let i = 0;
+    while (i < cont.length && t[i] === cont[i]) i++;
+    return i;
+  };
+  const times = (x: number) => (s.noise.klMean === 0 ? (x === 0 ? "0 (= noise)" : "∞ (noise 0)") : x.toExponential(1));
   const out = [
     "## Quality against the unquantized cache (stage `quality`, the port only)",
     "",
@@ -232,13 +241,20 @@ function qualityMarkdown(s: Section, copies: (t: number[]) => number): string[] 
     }
     const nd = r.needle!;
     const needleText = nd.firstDiffering === null ? `all ${p.needleSteps} tokens equal` : `parts at step ${nd.firstDiffering} of ${p.needleSteps}`;
-    out.push(`| ${r.scheme} | ${r.steps} | ${e(r.klMean!)} | ${e(r.klMedian!)} | ${e(r.klP99!)} | ${e(r.klMax!)} | ${r.klMeanPer250!.map(e).join(" ")} | ${r.klOverNoise!.toExponential(1)} | ${r.top1!.toFixed(4)} | ${needleText}; copies ${copies(nd.tokens)} of the ${p.needleLen - p.cue} needle tokens |`);
+    out.push(`| ${r.scheme} | ${r.steps} | ${e(r.klMean!)} | ${e(r.klMedian!)} | ${e(r.klP99!)} | ${e(r.klMax!)} | ${r.klMeanPer250!.map(e).join(" ")} | ${times(r.klMean!)} | ${r.top1!.toFixed(4)} | ${needleText}; copies ${copies(nd.tokens)} of the ${p.needleLen - p.cue} needle tokens |`);
+  }
+  if (s.noise.klMean === 0) {
+    out.push(
+      "",
+      `Noise floor: with ${p.noiseChunk}-token prefill chunks instead of ${p.prefillChunk}, the unquantized cache gives the same logprobs, bit for bit, at all ${s.noise.steps} steps (KL exactly 0, top-1 ${s.noise.top1.toFixed(4)}): on this float32 CPU model the keys and values do not depend on the chunking. Any KL above 0 is therefore the quantization's own, and "orders of magnitude above the noise floor" holds for every scheme by construction; the absolute KL and the top-1 agreement are the measure.`,
+    );
   }
   out.push("", "Per-layer rel L2 of the layer outputs against the unquantized run (layers 4 and 9 are the converted full-attention layers):", "");
   out.push("| cache | first call after the conversion (prefill chunk 3) | first decode step |", "|---|---|---|");
   for (const r of s.schemes.filter((x) => !x.refused)) {
     const f = (xs: { layer: number; relL2: number }[]) => xs.map((x) => `L${x.layer} ${x.relL2.toExponential(1)}`).join(", ");
-    out.push(`| ${r.scheme} | ${f(r.layerRelL2FirstCallAfterConversion!)} | ${f(r.layerRelL2FirstDecodeStep!)} |`);
+    const first = (xs: { layer: number; relL2: number }[]) => xs.find((x) => x.relL2 !== 0)?.layer;
+    out.push(`| ${r.scheme} | ${f(r.layerRelL2FirstCallAfterConversion!)} (error enters at L${first(r.layerRelL2FirstCallAfterConversion!)}) | ${f(r.layerRelL2FirstDecodeStep!)} (first non-zero: L${first(r.layerRelL2FirstDecodeStep!)}) |`);
   }
   out.push(
     "",

@@ -35,6 +35,7 @@ import { KVCache, type KVCacheLike, RotatingKVCache } from "../../model/cache/in
 import { makeKvQuantizer } from "../../model/cache/kv_quantize.ts";
 import { KVQuantError } from "../../model/kv_quant.ts";
 import { PY, PyWorker } from "../py_worker.ts";
+import { renderQuality, stageQuality } from "./quality.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
 const RESULTS_JSON = join(ROOT, "bench", "kvquant_results.json");
@@ -362,7 +363,7 @@ function decodeMarkdown(d: DecodeSection): string[] {
 // ------------------------------------------------------------------ quality (see stageQuality)
 
 function qualityMarkdown(q: QualitySection): string[] {
-  return (q.markdown as string[] | undefined) ?? [];
+  return Array.isArray(q.schemes) ? renderQuality(q as unknown as Parameters<typeof renderQuality>[0]) : [];
 }
 
 // ------------------------------------------------------------------ main
@@ -395,7 +396,6 @@ async function main(): Promise<void> {
       writeSection("decode", await stageDecode(py, pairs, dp, Number(a["decode-tokens"])));
     }
     if (stages.includes("quality")) {
-      const { stageQuality } = await import("./quality.ts");
       writeSection("quality", await stageQuality(Number(a["quality-prompt"]), Number(a["quality-tokens"]), log));
     }
   } finally {
