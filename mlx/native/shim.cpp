@@ -1480,4 +1480,99 @@ Vec* mlxb_graph_replay(const Arr* out, const double* from, const double* to, int
   })
 }
 
+// ---------------------------------------------------------------- custom kernels
+// mx.fast.metal_kernel / mx.fast.cuda_kernel: the kernel object is MLX's own CustomKernelFunction,
+// built here and called with the same arguments as Python's call (inputs, output shapes and
+// dtypes, grid, threadgroup, template, init_value, verbose). Off its back-end MLX raises its own
+// error at call time ("[metal_kernel] No Metal back-end."), which the GUARD passes on verbatim.
+
+struct Kernel {
+  uint32_t magic = 0x4d4c584b;  // "MLXK"
+  mx::fast::CustomKernelFunction fn;
+};
+
+static std::vector<std::string> names_of(const char* packed, int n) {
+  if (n < 0) throw std::invalid_argument("negative name count");
+  std::vector<std::string> out;
+  const char* p = packed;
+  for (int i = 0; i < n; ++i) {
+    out.emplace_back(p);
+    p += std::strlen(p) + 1;
+  }
+  return out;
+}
+
+static Kernel& K(Kernel* k) {
+  if (k == nullptr || k->magic != 0x4d4c584b) throw std::invalid_argument("invalid kernel handle");
+  return *k;
+}
+
+// backend: 0 metal_kernel, 1 cuda_kernel. Names are NUL-separated with counts.
+Kernel* mlxb_kernel_new(int backend, const char* name, const char* input_names, int n_in, const char* output_names, int n_out,
+                        const char* source, const char* header, int ensure_row_contiguous, int atomic_outputs, int shared_memory) {
+  GUARD_PTR(backend == 1 ? "fast.cuda_kernel" : "fast.metal_kernel", {
+    if (backend != 0 && backend != 1) throw std::invalid_argument("backend must be 0 (metal) or 1 (cuda)");
+    auto ins = names_of(input_names, n_in);
+    auto outs = names_of(output_names, n_out);
+    auto* k = new Kernel();
+    try {
+      k->fn = backend == 0 ? mx::fast::metal_kernel(name, ins, outs, source, header, ensure_row_contiguous != 0, atomic_outputs != 0)
+                           : mx::fast::cuda_kernel(name, ins, outs, source, header, ensure_row_contiguous != 0, shared_memory);
+    } catch (...) {
+      delete k;
+      throw;
+    }
+    return k;
+  })
+}
+
+// Output shapes are flattened (out_ndims[i] dims each); template args are NUL-separated names
+// with kinds (0 int, 1 bool, 2 dtype code) and values.
+Vec* mlxb_kernel_call(Kernel* k, const double* inputs, int n_in, const int32_t* out_shapes, const int32_t* out_ndims,
+                      const int32_t* out_dtypes, int n_out, const int32_t* grid, const int32_t* threadgroup,
+                      const char* tmpl_names, const int32_t* tmpl_kinds, const int32_t* tmpl_vals, int n_tmpl,
+                      double init_value, int has_init, int verbose) {
+  GUARD_PTR("fast.kernel call", {
+    auto& fn = K(k).fn;
+    if (n_out < 0) throw std::invalid_argument("negative output count");
+    std::vector<mx::Shape> shapes;
+    std::vector<mx::Dtype> dtypes;
+    const int32_t* sp = out_shapes;
+    for (int i = 0; i < n_out; ++i) {
+      shapes.push_back(shape_of(sp, out_ndims[i]));
+      sp += out_ndims[i];
+      dtypes.push_back(dtype_of(out_dtypes[i]));
+    }
+    auto tnames = names_of(tmpl_names, n_tmpl);
+    std::vector<std::pair<std::string, mx::fast::TemplateArg>> tmpl;
+    for (int i = 0; i < n_tmpl; ++i) {
+      switch (tmpl_kinds[i]) {
+        case 0: tmpl.emplace_back(tnames[i], mx::fast::TemplateArg(static_cast<int>(tmpl_vals[i]))); break;
+        case 1: tmpl.emplace_back(tnames[i], mx::fast::TemplateArg(tmpl_vals[i] != 0)); break;
+        case 2: tmpl.emplace_back(tnames[i], mx::fast::TemplateArg(dtype_of(tmpl_vals[i]))); break;
+        default: throw std::invalid_argument("unknown template argument kind " + std::to_string(tmpl_kinds[i]));
+      }
+    }
+    std::optional<float> init = has_init != 0 ? std::optional<float>(static_cast<float>(init_value)) : std::nullopt;
+    auto* v = new Vec();
+    try {
+      v->items = fn(arrays_of(inputs, n_in), shapes, dtypes, {grid[0], grid[1], grid[2]},
+                    {threadgroup[0], threadgroup[1], threadgroup[2]}, tmpl, init, verbose != 0, {});
+    } catch (...) {
+      delete v;
+      throw;
+    }
+    return v;
+  })
+}
+
+int mlxb_kernel_free(Kernel* k) {
+  if (k == nullptr) return 0;
+  GUARD_INT("fast.kernel free", {
+    K(k).magic = kDead;
+    delete k;
+    return 0;
+  })
+}
+
 }  // extern "C"

@@ -62,3 +62,4 @@ export function scaledDotProductAttention(
 export function crossEntropy(logits: MlxArray, targets: MlxArray): MlxArray {
   return own(lib.mlxb_fast_cross_entropy(need(logits, "fast.cross_entropy", "logits").handle, need(targets, "fast.cross_entropy", "targets").handle), "fast.cross_entropy");
 }
+export { cudaKernel, CustomKernel, type KernelCall, type KernelSpec, metalKernel, type TemplateArg } from "./kernels.ts";

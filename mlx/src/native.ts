@@ -155,6 +155,10 @@ const symbols = {
   // tuner (mlx_lm/tuner)
   mlxb_random_bernoulli: { args: [ptr, ptr, i32, ptr], returns: ptr },
   mlxb_fast_cross_entropy: { args: [ptr, ptr], returns: ptr },
+  // custom kernels (kernels.ts): mx.fast.metal_kernel / cuda_kernel
+  mlxb_kernel_new: { args: [i32, ptr, ptr, i32, ptr, i32, ptr, ptr, i32, i32, i32], returns: ptr },
+  mlxb_kernel_call: { args: [ptr, ptr, i32, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, f64, i32, i32], returns: ptr },
+  mlxb_kernel_free: { args: [ptr], returns: i32 },
 } as const;
 
 type Arg = number | ArrayBufferView | null;
