@@ -5,16 +5,18 @@
 //   config        the drafter's resolved config (mask token, target layers, block size, layer types)
 //   prefill       first token, its logprobs, every target cache, the captured prompt hidden
 //   per round     block size, drafted tokens, drafter logits, every drafter cache after the draft,
-//                 verify input, target verify logits and captured hidden, accepted count, every
+//                 verify input, target verify logits and captured hidden, (sampled runs) the global
+//                 random key after the walk, accepted count, the walk's emitted tokens, every
 //                 target cache after the rollback (type, integers, raw buffers)
 //   end           round count, tokens, accept_lens / draft_lens
 //
-// and the TS DFlash tokens against TS plain greedy generate_step (tokens).
+// and the TS DFlash tokens against TS plain generate_step (tokens): greedy, or for a sampled run
+// the same seed and sampler (every emitted token costs one key in both, see model/speculative/dflash.ts).
 import * as mx from "@mlx-bun/mlx";
 import { generateStep } from "../model/generate.ts";
 import { loadDFlashDrafter } from "../model/speculative/drafters/index.ts";
 import type { DFlashDraftModel } from "../model/speculative/drafters/qwen3_dflash/dflash.ts";
-import { dflashGenerateStep, type DFlashRound } from "../model/speculative/dflash.ts";
+import { clampTemperature, dflashGenerateStep, type DFlashRound, type DFlashSampling } from "../model/speculative/dflash.ts";
 import type { NpyRecord } from "./npy.ts";
 import type { OracleClient } from "./client.ts";
 import { rawOf, rawOfNpy, type RawTensor } from "./compare.ts";
@@ -43,7 +45,9 @@ export interface DFlashSpec {
   prompt: number[];
   maxTokens: number;
   draftBlockSize?: number;
-  /** Skip the plain greedy run (the mutation check needs only the oracle comparison). */
+  /** Sampled run (mlx_vlm.generate --temp T --seed S and top_p / top_k / min_p); absent: greedy. */
+  sampling?: DFlashSampling & { seed: number };
+  /** Skip the plain decoding run (the mutation check needs only the oracle comparison). */
   skipGreedy?: boolean;
 }
 
@@ -58,7 +62,7 @@ export interface DFlashResult {
   blockSizes: number[];
   /** TS vs mlx-vlm, round by round. */
   vsOracle: TallySummary;
-  /** TS DFlash tokens vs TS plain greedy generate_step; null when skipped. */
+  /** TS DFlash tokens vs TS plain generate_step (greedy, or sampled with the same seed); null when skipped. */
   vsGreedy: TallySummary | null;
   /** The drafter config mlx-vlm resolved (the `config` comparison's expected side). */
   oracleConfig: Record<string, unknown>;
@@ -69,7 +73,9 @@ export interface DFlashResult {
 
 export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafters: DrafterPool, spec: DFlashSpec): Promise<DFlashResult> {
   const t0 = performance.now();
-  const orc = readTree(oracle, await oracle.request("dflash", { checkpoint: spec.target, drafter: spec.drafter, prompt: spec.prompt, max_tokens: spec.maxTokens, draft_block_size: spec.draftBlockSize ?? null }));
+  const sp = spec.sampling;
+  const sampling = sp ? { temp: sp.temp, top_p: sp.topP ?? 0, top_k: sp.topK ?? 0, min_p: sp.minP ?? 0, seed: sp.seed } : null;
+  const orc = readTree(oracle, await oracle.request("dflash", { checkpoint: spec.target, drafter: spec.drafter, prompt: spec.prompt, max_tokens: spec.maxTokens, draft_block_size: spec.draftBlockSize ?? null, sampling }));
   const target = pool.model(spec.target).text;
   const drafter = drafters.drafter(spec.drafter);
   const t = new Tally();
@@ -102,12 +108,16 @@ export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafte
     t.value(`${w} verify input`, r.verifyInput, o.verify_input);
     t.tensor(`${w} target logits`, rawOf(r.targetLogits), rawN(o.target_logits));
     t.tensor(`${w} target hidden`, rawOf(r.targetHidden), rawN(o.target_hidden));
+    if (sp) t.tensor(`${w} random key`, r.rngKey ? rawOf(r.rngKey) : null, rawN(o.rng));
     t.value(`${w} accepted`, r.accepted, o.accepted);
+    t.value(`${w} emitted`, r.emitted, o.emitted);
     compareCaches(t, `${w} cache`, r.cache, o.cache);
   };
   for await (const tok of dflashGenerateStep(target, drafter, spec.prompt, {
     maxTokens: spec.maxTokens,
     draftBlockSize: spec.draftBlockSize,
+    sampling: sp,
+    seed: sp?.seed,
     onPrefill: (p) => {
       t.value("first token", p.token, orc.first.token);
       using lp = mx.squeeze(p.logprobs, 0);
@@ -128,7 +138,8 @@ export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafte
   if (!spec.skipGreedy) {
     vsGreedy = new Tally();
     const greedy: number[] = [];
-    for await (const g of generateStep(pool.generation(spec.target), spec.prompt, { maxTokens: spec.maxTokens })) greedy.push(g.token);
+    const plain = sp ? { seed: sp.seed, samplerOptions: { temp: clampTemperature(sp.temp), topP: sp.topP ?? 0, topK: sp.topK ?? 0, minP: sp.minP ?? 0 } } : {};
+    for await (const g of generateStep(pool.generation(spec.target), spec.prompt, { maxTokens: spec.maxTokens, ...plain })) greedy.push(g.token);
     greedy.forEach((g, i) => vsGreedy!.value(`token ${i}`, tokens[i], g));
     vsGreedy.value("length", tokens.length, greedy.length);
     oracleEqualsGreedy = JSON.stringify(orc.tokens) === JSON.stringify(greedy);

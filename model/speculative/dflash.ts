@@ -1,5 +1,5 @@
-// Gemma 4 DFlash speculative decoding with a DFlash drafter (gemma4_dflash), as mlx-vlm 0.7.10 runs
-// it for one sequence with greedy sampling:
+// Gemma 4 DFlash speculative decoding with a DFlash drafter (gemma4_dflash, gemma4_dspark), as
+// mlx-vlm 0.7.10 runs it for one sequence, greedy or sampled:
 //
 //   generate/ar.py generate_step     no chunked prefill with a DFlash drafter (the Gemma 4 language
 //                                    model's chunked_prefill_policy): the whole prompt in one
@@ -22,7 +22,25 @@
 //                                    rollback_speculative_cache). The drafter caches only context,
 //                                    which is always committed, so it never rolls back.
 //
-// Exact-match acceptance of the target's own greedy token: the output is greedy decoding's where
+// Sampled (temperature > 0), as mlx_vlm.generate --temp T --seed S runs it: mx.random.seed(S), then
+// generate_step without a seed argument, so the sampler is make_sampler's over the global random
+// state (mlx-vlm clamps a positive temperature to at least 0.01; top_p, min_p, top_k in make_sampler's
+// order, each filter and the categorical draw compiled with the random state, = model/sample.ts)
+// and _dflash_rounds takes its non-positioned sampled path (greedy_sampling False):
+//   first token     sampler(logprobs) on the prefill's last row (one key)
+//   draft           draft_model.draft_block with the sampler on the drafter's raw logits (DFlash:
+//                   one draw over the (1, bs - 1, V) block; DSpark: one per Markov step), under
+//                   _SpeculativeSamplerRNG: the drafter starts from the round's key and its draws
+//                   are undone before the target samples (the drafter's state is re-synced to the
+//                   target's after every walk, so this is save / restore around the draft)
+//   walk            _sample_dflash_target_walk: per position, logits - logsumexp (one row at a
+//                   time), one sampler call and eval; accept while it equals the draft; the first
+//                   differing sample (or the bonus after all drafts) ends the round
+// So every emitted token costs exactly one key of the global sequence, as plain sampled decoding.
+// mlx-vlm's other sampled path (_PositionedTargetSampler: keys from (seed, row, position)) is taken
+// only when generate_step itself gets `seed`, which mlx_vlm.generate's CLI never passes; not ported.
+//
+// Greedy: exact-match acceptance of the target's own greedy token: the output is greedy decoding's where
 // block rows equal single-token rows (the CPU backend). Verify blocks are multi-token, so a sliding
 // layer's RotatingKVCache takes them by concatenation (the whole window kept plus the block) and
 // the trim drops only the block's rejected tail: every measured run, 40 tokens past a window of 8
@@ -34,7 +52,7 @@ import { disposeMask } from "../mask.ts";
 import { logit_softcap, type Model as TargetModel } from "../gemma4/gemma4_text.ts";
 import { GenerateError } from "../generate.ts";
 import { checkPromptIds, positiveIntOption } from "../generate_speculative.ts";
-import { greedySampler } from "../sample.ts";
+import { greedySampler, makeSampler, type Sampler, SamplerError } from "../sample.ts";
 import type { DFlashDraftModel } from "./drafters/qwen3_dflash/dflash.ts";
 import { drafterMutated } from "./mutations.ts";
 
@@ -43,11 +61,26 @@ export interface DFlashOptions {
   maxTokens?: number;
   /** Block size (drafts + 1) instead of the drafter's (--draft-block-size): the adaptive loop's ceiling. */
   draftBlockSize?: number;
+  /** make_sampler's options (mlx-vlm's: a positive temperature clamped to >= 0.01); absent or temp 0: greedy. */
+  sampling?: DFlashSampling;
+  /** mx.random.seed first (mlx_vlm.generate --seed). */
+  seed?: number;
   /** After the prefill: the first token, its logprobs (1, V), the target caches and the captured prompt hidden; borrowed. */
   onPrefill?: (p: { token: number; logprobs: MlxArray; cache: readonly KVCacheLike[]; hidden: MlxArray }) => void;
   /** After each round's commit; arrays are borrowed (valid during the call). */
   onRound?: (r: DFlashRound) => void;
 }
+
+export interface DFlashSampling {
+  temp: number;
+  topP?: number;
+  topK?: number;
+  minP?: number;
+}
+
+/** mlx-vlm's clamp_temperature: a positive temperature below 0.01 becomes 0.01 (0 stays greedy). */
+export const MIN_SAMPLING_TEMPERATURE = 0.01;
+export const clampTemperature = (t: number): number => (t > 0 && t < MIN_SAMPLING_TEMPERATURE ? MIN_SAMPLING_TEMPERATURE : t);
 
 export interface DFlashRound {
   blockSize: number;
@@ -67,6 +100,8 @@ export interface DFlashRound {
   emitted: number[];
   /** The target's caches after the rollback. */
   cache: readonly KVCacheLike[];
+  /** Sampled runs: the global random key after the round's walk (null when greedy). */
+  rngKey: MlxArray | null;
 }
 
 export interface DFlashToken {
@@ -198,11 +233,27 @@ function validate(target: TargetModel, draft: DFlashDraftModel, prompt: readonly
   const bad = c.target_layer_ids.find((i) => i >= target.args.num_hidden_layers);
   if (bad !== undefined) throw new GenerateError(`the drafter reads target layer ${bad}, this target has ${target.args.num_hidden_layers} layers`);
   if (!target.tie_word_embeddings) throw new GenerateError("DFlash needs a target with tied embeddings (mlx-vlm's Gemma 4 language model has no lm_head)");
+  const temp = o.sampling?.temp;
+  if (temp !== undefined && !(typeof temp === "number" && Number.isFinite(temp) && temp >= 0)) throw new GenerateError(`temperature must be a finite number >= 0, got ${temp}`);
+  if (o.seed !== undefined && !(Number.isInteger(o.seed) && o.seed >= 0 && o.seed < 2 ** 32)) throw new GenerateError(`seed must be an integer in [0, 2**32), got ${o.seed}`);
+  if (o.sampling && temp! > 0) makeDFlashSampler(o.sampling, V).dispose?.(); // the sampler's own argument errors, before any work
   return maxTokens;
 }
 
+/** mlx-vlm's make_sampler for a DFlash run (model/sample.ts's, the temperature clamped); greedy at temp 0. */
+function makeDFlashSampler(s: DFlashSampling | undefined, vocab: number): Sampler {
+  if (!s || s.temp === 0) return greedySampler;
+  if (s.topK !== undefined && s.topK > 0 && s.topK >= vocab) throw new GenerateError(`\`top_k\` has to be an integer in the (0, ${vocab}] interval, but is ${s.topK}.`);
+  try {
+    return makeSampler({ temp: clampTemperature(s.temp), topP: s.topP ?? 0, topK: s.topK ?? 0, minP: s.minP ?? 0 });
+  } catch (e) {
+    if (e instanceof SamplerError) throw new GenerateError(e.message);
+    throw e;
+  }
+}
+
 /**
- * mlx-vlm's generate_step with draft_kind="dflash", greedy, one sequence: yields every token.
+ * mlx-vlm's generate_step with draft_kind="dflash", one sequence, greedy or sampled: yields every token.
  * Argument errors throw synchronously as GenerateError.
  */
 export function dflashGenerateStep(target: TargetModel, draft: DFlashDraftModel, prompt: readonly number[], opts: DFlashOptions = {}): AsyncGenerator<DFlashToken> {
@@ -212,20 +263,28 @@ export function dflashGenerateStep(target: TargetModel, draft: DFlashDraftModel,
 
 const tokensI32 = (tokens: readonly number[]): MlxArray => mx.array(Int32Array.from(tokens), [1, tokens.length], "int32");
 
+/** The target layers whose outputs the drafter reads (the mutation shifts them by one). */
+function captureLayers(target: TargetModel, draft: DFlashDraftModel): readonly number[] {
+  const ids = draft.config.target_layer_ids;
+  return drafterMutated("dflash_target_layers_shifted") ? ids.map((i) => (i + 1) % target.args.num_hidden_layers) : ids;
+}
+
 async function* run(target: TargetModel, draft: DFlashDraftModel, prompt: readonly number[], opts: DFlashOptions, maxTokens: number): AsyncGenerator<DFlashToken> {
+  if (opts.seed !== undefined) mx.random.seed(opts.seed);
+  const sampler = makeDFlashSampler(opts.sampling, target.args.vocab_size);
   const cache: KVCacheLike[] = target.makeCache();
   let hidden: MlxArray | null = null;
   try {
     let bonus: number;
     {
       using inp = tokensI32(prompt);
-      const [logits3, h] = targetForwardCapture(target, inp, cache, draft.config.target_layer_ids, 1);
+      const [logits3, h] = targetForwardCapture(target, inp, cache, captureLayers(target, draft), 1);
       hidden = h;
       using _l = logits3;
       using logits = mx.squeeze(logits3, 1); // logits[:, -1, :] (one row kept)
       using lse = mx.logsumexp(logits, -1, true);
       using logprobs = mx.subtract(logits, lse);
-      using y = greedySampler(logprobs);
+      using y = sampler(logprobs);
       mx.evaluate(y);
       bonus = y.item() as number;
       opts.onPrefill?.({ token: bonus, logprobs, cache, hidden });
@@ -233,16 +292,50 @@ async function* run(target: TargetModel, draft: DFlashDraftModel, prompt: readon
     yield { token: bonus, n: 0, fromDraft: false };
     const h0 = hidden;
     hidden = null;
-    yield* dflashRounds(target, draft, cache, h0, bonus, maxTokens, opts);
+    yield* dflashRounds(target, draft, cache, h0, bonus, maxTokens, opts, sampler);
   } finally {
     hidden?.dispose();
     for (const c of cache) c.dispose();
+    sampler.dispose?.();
   }
 }
 
+/** _dflash_target_logprobs then the sampler at each position (_sample_dflash_target_walk, one row). */
+function sampledWalk(logits: MlxArray, drafted: readonly number[], sampler: Sampler, budget: number): { accepted: number; newTokens: number[] } {
+  const [, L, V] = logits.shape as [number, number, number];
+  for (let position = 0; position < L; position++) {
+    using row3 = mx.slice(logits, [0, position, 0], [1, position + 1, V]);
+    using row = mx.squeeze(row3, 1);
+    using lse = mx.logsumexp(row, -1, true);
+    using logprobs = mx.subtract(row, lse);
+    using t = sampler(logprobs);
+    mx.evaluate(t);
+    const tok = t.toNumbers()[0]!;
+    if (position < drafted.length && tok === drafted[position]) continue;
+    const tokens = drafted.slice(0, position);
+    if (tokens.length < budget) tokens.push(tok);
+    return { accepted: position, newTokens: tokens.slice(0, budget) };
+  }
+  return { accepted: drafted.length, newTokens: drafted.slice(0, budget) };
+}
+
+/** _speculative_walk: drafts up to the first mismatch with the target's greedy tokens, then the target's. */
+function greedyWalk(targetRow: readonly number[], drafted: readonly number[], budget: number): { accepted: number; newTokens: number[] } {
+  const nDraft = drafted.length;
+  let accepted = nDraft;
+  for (let i = 0; i < nDraft; i++) {
+    if (drafted[i] !== targetRow[i]) {
+      accepted = drafterMutated("dflash_acceptance_off_by_one") ? i + 1 : i;
+      break;
+    }
+  }
+  return { accepted, newTokens: [...drafted.slice(0, accepted), ...targetRow.slice(accepted, accepted + 1)].slice(0, budget) };
+}
+
 /** _dflash_rounds: takes ownership of `hidden0` (the prompt's captured hidden). */
-async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache: KVCacheLike[], hidden0: MlxArray, firstBonus: number, maxTokens: number, opts: DFlashOptions): AsyncGenerator<DFlashToken> {
-  const layerIds = draft.config.target_layer_ids;
+async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache: KVCacheLike[], hidden0: MlxArray, firstBonus: number, maxTokens: number, opts: DFlashOptions, sampler: Sampler): AsyncGenerator<DFlashToken> {
+  const layerIds = captureLayers(target, draft);
+  const sampled = sampler !== greedySampler;
   let blockTotal = dflashBlockTotal(draft, opts.draftBlockSize);
   const contextLength = hidden0.shape[1]!;
   if (draft.chooseBlockCeiling) blockTotal = draft.chooseBlockCeiling(contextLength, blockTotal);
@@ -263,26 +356,31 @@ async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache
       });
       if (bs <= 1) break;
       let draftLogits: MlxArray | null = null;
-      using draftTokens = draft.draftBlock(b, hidden, draftCache, bs, greedySampler, (l) => (draftLogits = mx.alias(l)));
+      // _SpeculativeSamplerRNG.draft_tokens: the drafter's draws are undone before the target samples
+      const roundKey = sampled ? mx.random.state.get() : null;
+      using draftTokens = draft.draftBlock(b, hidden, draftCache, bs, sampler, (l) => (draftLogits = mx.alias(l)));
       mx.evaluate(draftTokens);
+      if (roundKey) {
+        if (drafterMutated("dflash_sampled_rng_not_restored")) for (const k of roundKey) k.dispose();
+        else mx.random.state.set(roundKey);
+      }
       const drafted = draftTokens.toNumbers();
       const verifyInput = [b, ...drafted];
       using vin = tokensI32(verifyInput);
       const [logits, vHidden] = targetForwardCapture(target, vin, cache, layerIds);
+      let rngKey: MlxArray | null = null;
       try {
-        using targetTokens = greedySampler(logits);
-        mx.evaluate(targetTokens, vHidden);
-        const targetRow = targetTokens.toNumbers();
-        // _speculative_walk
-        const nDraft = drafted.length;
-        let accepted = nDraft;
-        for (let i = 0; i < nDraft; i++) {
-          if (drafted[i] !== targetRow[i]) {
-            accepted = i;
-            break;
-          }
+        let walk: { accepted: number; newTokens: number[] };
+        if (sampled) {
+          mx.evaluate(vHidden);
+          walk = sampledWalk(logits, drafted, sampler, maxTokens - emitted);
+          rngKey = mx.random.state.get()[0]!;
+        } else {
+          using targetTokens = greedySampler(logits);
+          mx.evaluate(targetTokens, vHidden);
+          walk = greedyWalk(targetTokens.toNumbers(), drafted, maxTokens - emitted);
         }
-        const newTokens = [...drafted.slice(0, accepted), ...targetRow.slice(accepted, accepted + 1)].slice(0, maxTokens - emitted);
+        const { accepted, newTokens } = walk;
         draft.accept_lens.push(accepted);
         draft.draft_lens.push(bs - 1);
         const nextHidden = accepted < bs - 1 && !drafterMutated("dflash_context_all_rows") ? mx.slice(vHidden, [0, 0, 0], [1, accepted + 1, vHidden.shape[2]!]) : mx.alias(vHidden);
@@ -294,7 +392,7 @@ async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache
           const trim = bs - (accepted + 1) - keepRejected;
           if (trim > 0) for (const c of cache) c.trim(trim);
         }
-        opts.onRound?.({ blockSize: bs, drafted, draftLogits: draftLogits!, draftCache, verifyInput, targetLogits: logits, targetHidden: vHidden, accepted, emitted: newTokens, cache });
+        opts.onRound?.({ blockSize: bs, drafted, draftLogits: draftLogits!, draftCache, verifyInput, targetLogits: logits, targetHidden: vHidden, accepted, emitted: newTokens, cache, rngKey });
         for (const [i, tok] of newTokens.entries()) {
           yield { token: tok, n: emitted, fromDraft: i < accepted };
           emitted += 1;
@@ -304,6 +402,7 @@ async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache
         logits.dispose();
         vHidden.dispose();
         (draftLogits as MlxArray | null)?.dispose();
+        (rngKey as MlxArray | null)?.dispose();
       }
     }
   } finally {

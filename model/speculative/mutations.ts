@@ -8,6 +8,9 @@ export const DRAFTER_MUTATIONS = [
   "dflash_context_all_rows", // the next round's drafter context keeps every verified row, not accepted + 1
   "gemma4_dflash_mask_default_lost", // Gemma4DFlashConfig without its mask-token default (4): the Qwen default
   "dspark_markov_from_anchor", // the Markov correction conditioned on the anchor at every step, not the previous draft
+  "dflash_acceptance_off_by_one", // the greedy walk accepts the first mismatching draft too
+  "dflash_target_layers_shifted", // the drafter reads target layers target_layer_ids + 1 (mod the layer count)
+  "dflash_sampled_rng_not_restored", // sampled: the drafter's random draws are not undone before the target samples
 ] as const;
 
 export type DrafterMutation = (typeof DRAFTER_MUTATIONS)[number];

@@ -623,7 +623,7 @@ class Server:
         """mlx-vlm's DFlash speculative decoding (gemma4_dflash drafter), recorded round by round."""
         import speculative_dflash as sdf
         r = sdf.run_dflash(self.checkpoint_dir(req["checkpoint"]), Path(req["drafter"]), req["prompt"],
-                           int(req.get("max_tokens", 20)), req.get("draft_block_size"))
+                           int(req.get("max_tokens", 20)), req.get("draft_block_size"), req.get("sampling"))
         return self.out_tree(r)
 
     def cmd_dflash_block_sizes(self, req: dict) -> dict:

@@ -1,8 +1,12 @@
 """Oracle side of DFlash speculative decoding (server command `dflash`): mlx-vlm 0.7.10's
-generate_step(draft_kind="dflash", temperature=0) with a gemma4_dflash drafter
-(speculative/utils.py run_speculative_rounds -> speculative/dflash.py _dflash_rounds), recorded
-round by round with run-time wrappers that are removed again on exit. Nothing in mlx-vlm is
-edited; the wrappers only observe.
+generate_step(draft_kind="dflash") with a gemma4_dflash or gemma4_dspark drafter
+(speculative/utils.py run_speculative_rounds -> speculative/dflash.py _dflash_rounds), greedy
+(temperature 0) or sampled as mlx_vlm.generate samples: mx.random.seed(seed) first, then
+generate_step without a seed argument, so its sampler is make_sampler's (global random state) and
+the round loop takes the non-positioned sampled path (draft_block with the sampler under
+_SpeculativeSamplerRNG, then _sample_dflash_target_walk one position at a time). Recorded round
+by round with run-time wrappers that are removed again on exit. Nothing in mlx-vlm is edited; the
+wrappers only observe.
 """
 
 from __future__ import annotations
@@ -46,11 +50,14 @@ def dflash_target(ckpt: Path):
     return model
 
 
-def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft_block_size: int | None) -> dict:
+def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft_block_size: int | None,
+               sampling: dict | None = None) -> dict:
     """Per round: block size, drafted tokens, the drafter's logits, the target's verify logits and
-    captured hidden (concatenated), the accepted count, every target cache after the commit and
-    every drafter cache after the draft. Also the prefill: first token, its logprobs, the target
-    caches and the captured prompt hidden; and the drafter's resolved config."""
+    captured hidden (concatenated), the accepted count, the walk's emitted tokens, every target
+    cache after the commit and every drafter cache after the draft; when sampling, the global
+    random key after the round. Also the prefill: first token, its logprobs, the target caches and
+    the captured prompt hidden; and the drafter's resolved config. `sampling` = {temp, top_p,
+    top_k, min_p, seed} (absent: greedy)."""
     from mlx_vlm.generate.ar import generate_step as vlm_generate_step
     from mlx_vlm.models import cache as vcache
     from mlx_vlm.speculative import dflash as vdfl
@@ -102,6 +109,16 @@ def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, dr
             return out, state
         return f
 
+    def on_walk(orig):
+        def f(*a, **k):
+            out = orig(*a, **k)
+            if isinstance(out[0], list):  # _sample_dflash_target_walk: per-row lists, one row here
+                cur["emitted"] = [int(x) for x in out[1][0]]
+            else:
+                cur["emitted"] = [int(x) for x in out[1]]
+            return out
+        return f
+
     def on_record(orig):
         def f(dm, accepted, draft_count):
             cur["accepted"] = int(accepted)
@@ -112,6 +129,8 @@ def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, dr
         def f(lm, caches, state, accepted, block_size):
             out = orig(lm, caches, state, accepted, block_size)
             cur["cache"] = vlm_cache_states(caches)
+            if sampling:
+                cur["rng"] = mx.array(mx.random.state[0])
             rounds.append(dict(cur))
             cur.clear()
             return out
@@ -122,10 +141,16 @@ def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, dr
     with patched(vutils, "_dflash_rounds", on_rounds), patched(draft, "reset", on_reset), \
             patched(draft, "draft_block", on_block), patched(draft, "_logits", on_logits), \
             patched(vdfl, "_dflash_verify", on_verify), patched(vdfl, "_record_speculative_round", on_record), \
-            patched(vdfl, "commit_speculative_round", on_commit):
+            patched(vdfl, "commit_speculative_round", on_commit), patched(vdfl, "_speculative_walk", on_walk), \
+            patched(vdfl, "_sample_dflash_target_walk", on_walk):
+        sample_kwargs = {"temperature": 0.0}
+        if sampling:
+            mx.random.seed(int(sampling["seed"]))
+            sample_kwargs = {"temperature": float(sampling["temp"]), "top_p": float(sampling.get("top_p", 0.0)),
+                             "top_k": int(sampling.get("top_k", 0)), "min_p": float(sampling.get("min_p", 0.0))}
         gen = vlm_generate_step(mx.array([prompt], dtype=mx.int32), model, None, None, max_tokens=max_tokens,
-                                temperature=0.0, draft_model=draft, draft_kind="dflash",
-                                draft_block_size=draft_block_size, prompt_cache=prompt_cache)
+                                draft_model=draft, draft_kind="dflash", draft_block_size=draft_block_size,
+                                prompt_cache=prompt_cache, **sample_kwargs)
         for i, (t, lp) in enumerate(gen):
             tokens.append(int(t))
             if i == 0:

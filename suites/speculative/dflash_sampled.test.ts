@@ -1,0 +1,81 @@
+// Sampled DFlash / DSpark speculative decoding (model/speculative/dflash.ts, temperature > 0)
+// against mlx-vlm 0.7.10's _dflash_rounds on its non-positioned sampled path, which is the path
+// `mlx_vlm.generate --temp T --seed S` takes (mx.random.seed(S), make_sampler over the global random
+// state, _SpeculativeSamplerRNG around the draft, _sample_dflash_target_walk), round by round
+// through oracle/speculative_dflash.ts dflashParity with a seed: the drafter's resolved config; the
+// prefill's sampled first token, logprobs, target caches and captured prompt hidden; per round the
+// block size, drafted tokens (sampled from the drafter's logits), drafter logits, every drafter
+// cache, the verify input, the target's verify logits and captured hidden, the global random key
+// after the walk, the accepted count, the emitted tokens and every target cache after the rollback
+// (raw buffers, byte for byte); then the tokens and accept/draft lengths.
+// Three scenarios per drafter kind (gemma4_dflash, gemma4_dspark), with plain temperature, top-k and
+// top-p / min-p, each chosen to hold rounds that accept a sampled draft and rounds that reject one
+// (asserted). And the relation the loop implies: every emitted token costs one key of the global
+// sequence, so on the CPU device (rows.ts) and f32 targets the tokens equal TS plain sampled
+// generate_step with the same seed and sampler.
+import { afterAll, describe, expect, it } from "vitest";
+import { join } from "node:path";
+import { ROWS_INVARIANT } from "./rows.ts";
+import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
+import { ModelPool } from "../../oracle/speculative.ts";
+import { DrafterPool, dflashParity, type DFlashResult, type DFlashSpec } from "../../oracle/speculative_dflash.ts";
+import { limit } from "../../tests/time_limit.ts";
+
+const CK = join(REPO_ROOT, ".cache", "checkpoints");
+const SP = join(CK, "speculative");
+const pool = new ModelPool();
+const drafters = new DrafterPool();
+afterAll(() => {
+  pool.dispose();
+  drafters.dispose();
+});
+const prompt = (P: number) => Array.from({ length: P }, (_, i) => (i * 37 + 11) % 256);
+
+interface Scenario {
+  label: string;
+  fx: string;
+  kind: "dflash" | "dspark";
+  P: number;
+  N: number;
+  sampling: NonNullable<DFlashSpec["sampling"]>;
+}
+
+// Random-weight fixtures give near-flat distributions: low temperatures and small top-k make sampled
+// drafts match the target's sample often enough for accepting rounds (seeds picked for that).
+const SAMPLED_SCENARIOS: Scenario[] = [
+  { label: "dflash dense, temp 0.1", fx: "c1_dense", kind: "dflash", P: 3, N: 20, sampling: { temp: 0.1, seed: 3 } },
+  { label: "dflash MoE, temp 0.1", fx: "c5_moe", kind: "dflash", P: 3, N: 20, sampling: { temp: 0.1, seed: 3 } },
+  { label: "dflash dense, temp 0.5 top-p 0.5 min-p 0.05", fx: "c1_dense", kind: "dflash", P: 3, N: 20, sampling: { temp: 0.5, topP: 0.5, minP: 0.05, seed: 1 } },
+  { label: "dspark E2B-like, temp 0.3 top-k 3", fx: "c3_e2b", kind: "dspark", P: 3, N: 20, sampling: { temp: 0.3, topK: 3, seed: 7 } },
+  { label: "dspark MoE, temp 0.1", fx: "c5_moe", kind: "dspark", P: 3, N: 20, sampling: { temp: 0.1, seed: 3 } },
+  { label: "dspark E2B-like, temp 0.1", fx: "c3_e2b", kind: "dspark", P: 3, N: 20, sampling: { temp: 0.1, seed: 3 } },
+];
+
+const results: DFlashResult[] = [];
+afterAll(() => {
+  const sum = (f: (r: DFlashResult) => number) => results.reduce((s, r) => s + f(r), 0);
+  console.log(`[dflash sampled] ${results.length} scenarios, ${sum((r) => r.rounds)} rounds, ${sum((r) => r.vsOracle.tensors)} tensors and ${sum((r) => r.vsOracle.values)} values bit-exact vs mlx-vlm; accepted ${sum((r) => r.accepted)}/${sum((r) => r.drafted)} sampled drafts`);
+});
+
+describe("sampled DFlash / DSpark decoding vs mlx-vlm, round by round", () => {
+  let ran = 0;
+  for (const s of SAMPLED_SCENARIOS) {
+    it(s.label, async () => {
+      const r = await dflashParity(await sharedOracle(), pool, drafters, { target: join(CK, s.fx, "f32"), drafter: join(SP, `${s.fx}_${s.kind}`), prompt: prompt(s.P), maxTokens: s.N, sampling: s.sampling });
+      results.push(r);
+      ran++;
+      expect(r.vsOracle.first).toBeNull();
+      expect(r.tokens.length).toBe(s.N);
+      expect(r.acceptRounds).toBeGreaterThan(0);
+      expect(r.rejectRounds).toBeGreaterThan(0);
+      // one key per emitted token, as plain sampled decoding (f32 targets, CPU rows invariant)
+      if (ROWS_INVARIANT) expect(r.vsGreedy?.first).toBeNull();
+      expect(r.vsGreedy?.first === null).toBe(r.oracleEqualsGreedy);
+    }, limit(120_000));
+  }
+  it("ran every scenario, both drafter kinds", () => {
+    expect(ran).toBe(SAMPLED_SCENARIOS.length);
+    expect(SAMPLED_SCENARIOS.filter((s) => s.kind === "dflash").length).toBeGreaterThanOrEqual(3);
+    expect(SAMPLED_SCENARIOS.filter((s) => s.kind === "dspark").length).toBeGreaterThanOrEqual(3);
+  });
+});
