@@ -159,13 +159,15 @@ export function speculativeFaceStream(a: Parsed, dir: string, loaded: LoadedMode
   const MTP_TYPES = ["gemma4_assistant", "gemma4_unified_assistant"];
   const DFLASH_TYPES = ["gemma4_dflash", "qwen3_dflash", "gemma4_dspark"];
   if (kind === "dflash" && normalized !== null && DFLASH_TYPES.includes(normalized)) {
-    if ((o.samplerOptions.temp ?? 0) !== 0) throw new UsageError("DFlash decoding runs greedy (--temp 0) in this port");
     if (o.promptCache) throw new UsageError("--prompt-cache-file is not supported with a DFlash drafter");
     const drafter = loadDFlashDrafter(draftDir);
     try {
       const inner = dflashGenerateStep(loaded.text, drafter, prompt, {
         maxTokens: o.maxTokens,
         draftBlockSize: blockSize,
+        // mlx_vlm.generate --temp / --top-p / --top-k / --min-p / --seed: make_sampler on the global key
+        sampling: { temp: o.samplerOptions.temp ?? 0, topP: o.samplerOptions.topP, topK: o.samplerOptions.topK, minP: o.samplerOptions.minP },
+        seed: o.seed,
         onRound: (r) => {
           rounds++;
           accepted += r.accepted;

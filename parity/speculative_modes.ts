@@ -121,7 +121,7 @@ async function dflashMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
   const results: unknown[] = [];
   let ok = true;
   try {
-    const scenarios = [
+    const scenarios: { fx: string; P: number; N: number; block?: number; kind?: string; sampling?: { temp: number; topK?: number; topP?: number; seed: number } }[] = [
       { fx: "c1_dense", P: 3, N: 24 },
       { fx: "c1_dense", P: 12, N: 40 },
       { fx: "c1_dense", P: 5, N: 32, block: 8 },
@@ -131,23 +131,28 @@ async function dflashMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
       { fx: "c1_dense", P: 12, N: 24, kind: "dspark" },
       { fx: "c3_e2b", P: 3, N: 24, kind: "dspark" },
       { fx: "c5_moe", P: 9, N: 24, kind: "dspark" },
+      // sampled (mlx_vlm.generate --temp --seed): vs greedy reads as vs plain sampled decoding, same seed
+      { fx: "c1_dense", P: 3, N: 20, sampling: { temp: 0.1, seed: 3 } },
+      { fx: "c1_dense", P: 3, N: 20, sampling: { temp: 0.5, topP: 0.5, seed: 1 } },
+      { fx: "c3_e2b", P: 3, N: 20, kind: "dspark", sampling: { temp: 0.3, topK: 3, seed: 7 } },
     ].filter((s) => selected(a)(s.fx));
     for (const s of scenarios) {
       const drafterName = `${s.fx}_${s.kind ?? "dflash"}`;
       const bar = new ProgressBar(`[dflash ${drafterName}]`);
       bar.update(0, `P=${s.P} N=${s.N}`);
-      const r = await dflashParity(oracle, pool, drafters, { target: join(CK, s.fx, "f32"), drafter: join(SP, drafterName), prompt: prompt(s.P), maxTokens: s.N, draftBlockSize: s.block });
+      const r = await dflashParity(oracle, pool, drafters, { target: join(CK, s.fx, "f32"), drafter: join(SP, drafterName), prompt: prompt(s.P), maxTokens: s.N, draftBlockSize: s.block, sampling: s.sampling });
       // plain greedy is a relation only where block rows equal single-token rows (the CPU backend; suites/speculative/rows.ts)
       ok &&= r.vsOracle.first === null && (mx.defaultDevice() !== "cpu" || r.vsGreedy?.first === null);
       results.push(r);
-      rows.push([drafterName, `P=${s.P} N=${s.N}${s.block ? ` block ${s.block}` : ""}`, `${r.rounds} (${r.acceptRounds} with accepts, ${r.rejectRounds} with rejections)`, `${r.accepted}/${r.drafted}`, verdict(r.vsOracle), r.vsGreedy?.first ? "DIFFERS" : "equal"]);
+      const samp = s.sampling ? ` temp ${s.sampling.temp}${s.sampling.topK ? ` top-k ${s.sampling.topK}` : ""}${s.sampling.topP ? ` top-p ${s.sampling.topP}` : ""} seed ${s.sampling.seed}` : "";
+      rows.push([drafterName, `P=${s.P} N=${s.N}${s.block ? ` block ${s.block}` : ""}${samp}`, `${r.rounds} (${r.acceptRounds} with accepts, ${r.rejectRounds} with rejections)`, `${r.accepted}/${r.drafted}`, verdict(r.vsOracle), r.vsGreedy?.first ? "DIFFERS" : "equal"]);
       bar.done(r.vsOracle.first ? "DIVERGES" : "bit-exact");
     }
   } finally {
     pool.dispose();
     drafters.dispose();
   }
-  process.stdout.write(`\nDFlash-loop speculative decoding (gemma4_dflash and gemma4_dspark drafters) vs mlx-vlm 0.7.10, round by round\n${textTable(["drafter", "run", "rounds", "accepted/drafted", "TS vs mlx-vlm", "vs greedy"], rows)}\n`);
+  process.stdout.write(`\nDFlash-loop speculative decoding (gemma4_dflash and gemma4_dspark drafters) vs mlx-vlm 0.7.10, round by round\n${textTable(["drafter", "run", "rounds", "accepted/drafted", "TS vs mlx-vlm", "vs greedy / sampled"], rows)}\n`);
   process.stdout.write(`Report: ${writeReport(a, "dflash", results, ok)}\nVerdict: ${ok ? "PASS" : "FAIL"}\n`);
   return ok;
 }

@@ -29,7 +29,12 @@ function expectClean(r: { code: number | null; out: string }, code: number, mess
 }
 
 /** The generated ids printed between the two ===== lines. */
-const ids = (stdout: string) => stdout.split("==========")[0]!.trim();
+/** The generated ids: the text between the two ========== rules (never empty: a run that printed none fails here). */
+const ids = (stdout: string): string => {
+  const text = (stdout.split("==========")[1] ?? "").trim();
+  expect(text).toMatch(/^\d+( \d+)*$/);
+  return text;
+};
 
 /** A copy of a checkpoint (weights linked) with a tokenizer.json of the given vocabulary. */
 function withTokenizer(src: string, name: string, vocab: Record<string, number>): string {
