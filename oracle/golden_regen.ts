@@ -41,17 +41,19 @@ const matches = (rule: Rule, ck: string, sc: string) =>
 
 /**
  * Text checkpoints ({moe}) take the text scenarios ({applies_to}); multimodal checkpoints
- * ({towers}) take the multimodal scenarios whose towers ({needs}) they have.
+ * ({towers}) take the multimodal scenarios whose towers ({needs}) they have, within their family
+ * (gemma4_unified checkpoints, family "unified", take only the unified scenarios, and back).
  */
 export function buildPlan(
   plan: Plan,
-  checkpoints: { id: string; moe?: boolean; towers?: string[] }[],
-  scenarios: { id: string; applies_to?: string; needs?: string[] }[],
+  checkpoints: { id: string; moe?: boolean; towers?: string[]; family?: string }[],
+  scenarios: { id: string; applies_to?: string; needs?: string[]; family?: string }[],
 ): PlanItem[] {
   const out: PlanItem[] = [];
   for (const ck of checkpoints) {
     for (const sc of scenarios) {
       if ((ck.towers === undefined) !== (sc.needs === undefined)) continue;
+      if (ck.family !== sc.family) continue;
       if (sc.needs && !sc.needs.every((t) => ck.towers!.includes(t))) continue;
       if (sc.applies_to === "moe" && !ck.moe) continue;
       const mode = plan.full.some((r) => matches(r, ck.id, sc.id))
@@ -178,8 +180,15 @@ export async function regenerateGoldens(args: RegenOptions): Promise<number> {
       scenarios: { id: string; applies_to: string }[];
       mm_checkpoints: { id: string; towers: string[] }[];
       mm_scenarios: { id: string; needs: string[] }[];
+      unified_checkpoints: { id: string; towers: string[] }[];
+      unified_scenarios: { id: string; needs: string[] }[];
     }>("plan");
-    const all = buildPlan(planSpec, [...planInfo.checkpoints, ...planInfo.mm_checkpoints], [...planInfo.scenarios, ...planInfo.mm_scenarios]);
+    const unified = { family: "unified" } as const;
+    const all = buildPlan(
+      planSpec,
+      [...planInfo.checkpoints, ...planInfo.mm_checkpoints, ...planInfo.unified_checkpoints.map((c) => ({ ...c, ...unified }))],
+      [...planInfo.scenarios, ...planInfo.mm_scenarios, ...planInfo.unified_scenarios.map((s) => ({ ...s, ...unified }))],
+    );
     const selected = args.only.length ? all.filter((p) => args.only.some((g) => globMatch(g, p.id))) : all;
     const nFull = selected.filter((p) => p.mode === "full").length;
     console.error(`plan: ${all.length} entries (${all.filter((p) => p.mode === "full").length} full); regenerating ${selected.length} (${nFull} full)`);

@@ -2,7 +2,8 @@
 
 A full dump is one .npz per (checkpoint, scenario), entries named `<tap>.npy`; the logits-only
 scenarios of a checkpoint share one `logits.npz`, entries named `<scenario>/<tap>.npy`
-(np.load(...)[name] works for both). Zip entries carry a
+(np.load(...)[name] works for both); in the JSON index an array tap's record leaves out
+"kind" ("array") and a stored one "stored" (true): index_record. Zip entries carry a
 fixed timestamp and no compression, so identical tensors give byte-identical files. bfloat16
 tensors are stored as uint16 .npy; the manifest's per-tap "dtype" says "bfloat16".
 
@@ -57,6 +58,13 @@ def tap_records(calls: list[Any], prefix: str = "") -> list[dict]:
                 r["meta"] = t.meta
             out.append(r)
     return out
+
+
+def index_record(r: dict) -> dict:
+    """A tap record as a golden index lists it: "kind" left out for an array and "stored" left
+    out when true (the readers' defaults, oracle/golden.ts IndexTap: a logits index already lists
+    only stored arrays that way). Only the index is compacted; live captures keep every field."""
+    return {k: v for k, v in r.items() if not ((k == "kind" and v == "array") or (k == "stored" and v is True))}
 
 
 def tap_digest(t: Any) -> bytes:

@@ -60,6 +60,9 @@ from common import (  # noqa: E402
     to_numpy,
 )
 
+# the gemma4_unified scenarios (their media specs travel with them)
+UNIFIED_SCENARIOS = REPO / "fixtures" / "unified_scenarios.json"
+
 
 class Server:
     def __init__(self, tmpdir: Path, ckpt_root: Path, ops_module: str | None):
@@ -152,6 +155,13 @@ class Server:
             import capture_mm
 
             return capture_mm.mm_scenario(s)
+        if isinstance(s, str) and s.startswith("u_"):
+            # gemma4_unified (fixtures/unified_scenarios.json): the scenario with its media specs,
+            # as the TS side passes it inline (oracle/unified_fixtures.ts inlineScenario)
+            spec = json.loads(UNIFIED_SCENARIOS.read_text())
+            for scn in spec["scenarios"]:
+                if scn["id"] == s:
+                    return {**scn, "media": spec["media"]}
         raise KeyError(f"unknown scenario {s!r}")
 
     def run_capture(self, ref: str, scn: dict, mode: str, spill=None, only=None):
@@ -275,7 +285,7 @@ class Server:
                 entry["digests"] = digests
             if mode == "full":
                 entry["calls"] = golden_io.call_records(calls)
-                taps += recs
+                taps += [golden_io.index_record(r) for r in recs]
             else:  # logits-only: list just what is stored
                 taps += [{k: r[k] for k in ("name", "dtype", "shape")} for r in recs if r.get("stored")]
             stored += entry["stored"]
@@ -323,7 +333,11 @@ class Server:
                 "mm_checkpoints": mm_ck,
                 "mm_scenarios": [{k: v for k, v in s.items() if k in ("id", "kind", "needs")} for s in mm_sc],
                 # gemma4_unified fixtures (fixtures/unified_configs; scenarios: fixtures/unified_scenarios.json, inline)
-                "unified_checkpoints": [{"id": t[0], "fixture": t[1], "variant": t[2]} for t in mmc.unified_matrix_ids()]}
+                "unified_checkpoints": [{"id": t[0], "fixture": t[1], "variant": t[2],
+                                         "towers": [p for p in ("vision", "audio") if p in mmc.describe_mm(t[1], t[2], "", None)["features"]]}
+                                        for t in mmc.unified_matrix_ids()],
+                "unified_scenarios": [{k: v for k, v in s.items() if k in ("id", "kind", "needs")}
+                                      for s in json.loads(UNIFIED_SCENARIOS.read_text())["scenarios"]]}
 
     def cmd_make_mask(self, req: dict) -> dict:
         """base.create_attention_mask(h, cache, window_size, return_array) with h of length N,

@@ -17,7 +17,11 @@
 // What `npm test` runs (a few seconds): one pair live, u1_dense/bf16 × u_fwd_image (bf16: the
 // embedder's float32 promotion and the cast at the merge), every tap, with the TS tap expansion
 // (oracle/taps.ts, media condition "unified") equal to mlx-vlm's recorded names and order; the two
-// unified mutations, each caught first at its own tap; the bad inputs. UNIFIED_FULL=1: every
+// unified mutations, each caught first at its own tap; the bad inputs; and the goldens (npm run
+// golden:regen, logits mode with tap digests): all 22 pairs run by TS, each pair's stored taps
+// (the embed call's ids, the logits) by value and every recorded tap by its sha256 digest, the
+// tokens equal (about 4 s; on the recording fingerprint only, else skipped with the reason in the
+// title). UNIFIED_FULL=1: every
 // fixture × scenario whose parts the checkpoint has, live (22 pairs, about 150 s on 2 cores),
 // tokens and prefill chunks equal, the per-block tap counts equal to the table checked in at
 // suites/unified/RESULTS.md, and the generations' prompt-call masks open the image block exactly
@@ -35,6 +39,10 @@ import { compareTapLists, formatVerdict, type TapData } from "../gemma4/tap_comp
 import { limit } from "../../tests/time_limit.ts";
 import { scenarioFits } from "../../oracle/unified_fixtures.ts";
 import { CKPT_ROOT, UNIFIED_SCENARIOS, type UnifiedReference, type UnifiedScenario, unifiedForwardTaps, unifiedInputs, unifiedReference, unifiedScenario, unifiedTaps } from "./run.ts";
+import { loadGolden, readManifest } from "../../oracle/golden.ts";
+import { checkDigests, formatDigestVerdict } from "../../oracle/tap_digest.ts";
+import { fromOracle } from "../gemma4/tap_compare.ts";
+import { goldenRuleHere } from "../gemma4/run.ts";
 
 const FULL = process.env.UNIFIED_FULL === "1";
 const CHECKPOINTS = ["u1_dense/f32", "u1_dense/bf16", "u1_dense/q4g64", "u2_e2b/f32"] as const;
@@ -47,6 +55,9 @@ const CAUGHT_AT: Record<UnifiedMutation, string> = {
 
 const oracle = await sharedOracle();
 await oracle.request("make_checkpoints", { only: ["u*"] }, limit(600_000));
+const manifest = readManifest();
+const rule = await goldenRuleHere();
+const goldensHere = rule?.mode === "exact";
 
 let loaded: { id: string; m: LoadedUnifiedModel } | null = null;
 function model(id: string): LoadedUnifiedModel {
@@ -190,8 +201,53 @@ describe("gemma4_unified taps vs mlx-vlm", () => {
     }
   });
 
+  // The goldens (npm run golden:regen; oracle/golden_plan.json: every u* checkpoint × scenario,
+  // logits mode): each pair's stored taps (the embed call's ids, the logits of the forward or of
+  // every step) by value, and every recorded tap by its sha256 digest (oracle/tap_digest.ts),
+  // against the TS taps of the same pair; the tokens against the recorded ones. Applied bit for
+  // bit on the recording fingerprint only (oracle/golden.ts goldenRule); elsewhere these tests
+  // are skipped, said in their title, and UNIFIED_FULL=1 runs every pair live instead.
+  const goldenPairs = CHECKPOINTS.flatMap((ckpt) => pairsOf(ckpt).map((scn) => ({ ckpt, scn })));
+  const table = resultsTable();
+  const goldenTotals = { pairs: 0, byValue: 0, byDigest: 0 };
+
+  it("every unified checkpoint × scenario has a logits golden with tap digests (22 pairs)", () => {
+    expect(goldenPairs.length).toBe(22);
+    const missing = goldenPairs.map((p) => `${p.ckpt}/${p.scn.id}`).filter((id) => manifest?.entries[id]?.mode !== "logits");
+    expect(missing).toEqual([]);
+  });
+
+  for (const { ckpt, scn } of goldenPairs) {
+    const gid = `${ckpt}/${scn.id}`;
+    it.skipIf(!goldensHere)(`${gid}: golden (stored taps by value, every tap by digest, tokens)${goldensHere ? "" : ` skipped: ${rule?.mode === "live" ? rule.what : "no golden manifest"}`}`, async () => {
+      const g = loadGolden(gid);
+      const recorded = g.taps.map((t) => fromOracle({ ...t, kind: t.kind ?? "array", array: g.arrays.get(t.name) }));
+      const ours = await unifiedTaps(model(ckpt).model, scn);
+      const names = new Set(recorded.map((t) => t.name));
+      const v = compareTapLists(ours.taps.filter((t) => names.has(t.name)), recorded);
+      if (!v.ok) throw new Error(formatVerdict(`${gid} (golden)`, v));
+      expect(v.compared).toBe(recorded.length);
+      expect(v.arrays).toBeGreaterThan(0);
+      if (!g.digests) throw new Error(`${gid}: a logits golden without tap digests; regenerate (npm run golden:regen -- --only '${ckpt}/*')`);
+      const dv = checkDigests(ours.taps, g.digests);
+      if (!dv.ok) throw new Error(formatDigestVerdict(`${gid} (golden digests)`, dv));
+      // every recorded tap: the per-pair total of RESULTS.md (the live table)
+      expect({ gid, taps: dv.matched }).toEqual({ gid, taps: table.get(`${ckpt} ${scn.id}`)?.total });
+      if (scn.kind === "generate") {
+        expect(ours.tokens).toEqual((g.scenario.meta as { generated: number[] }).generated);
+        expect(ours.tokens.length).toBe(scn.max_tokens);
+      }
+      goldenTotals.pairs++;
+      goldenTotals.byValue += v.compared;
+      goldenTotals.byDigest += dv.matched - v.compared;
+    }, limit(60_000));
+  }
+
+  it.skipIf(!goldensHere)("the goldens compared all 22 pairs: 24,039 taps by digest, 145 of them (the ids, the logits) by value too", () => {
+    expect(goldenTotals).toEqual({ pairs: 22, byValue: 145, byDigest: 24_039 - 145 });
+  });
+
   if (FULL) {
-    const table = resultsTable();
     const lines: string[] = [];
     const pairs = CHECKPOINTS.flatMap((ckpt) => pairsOf(ckpt).map((scn) => ({ ckpt, scn })));
     for (const { ckpt, scn } of pairs) {
