@@ -6,7 +6,7 @@
 // bool is also an int (bool subclasses int in Python), so `"max_tokens": true` asks for 1 token.
 //
 // After mlx-lm's own checks, this server's (each a 400 with {"error": ...}): features not ported
-// yet (logits processors, XTC, adapters, draft models, tools), `stop` and `stream_options` of a
+// yet (logits processors, XTC, per-request adapters and draft models), `stop` and `stream_options` of a
 // wrong type (mlx_lm.server fails later on them), and the --max-tokens-limit bound.
 import { PyFloat, type PyJson } from "./json.ts";
 
@@ -175,8 +175,6 @@ export function readGenerationArgs(body: Record<string, PyJson>, d: RequestDefau
   if (num(xtcProbability) > 0 && num(temperature) !== 0) unsupported("xtc_probability (XTC sampling)");
   if (adapter !== null) unsupported("adapters");
   if (draftModel !== "default_model") unsupported("draft_model (speculative decoding)");
-  const tools = get(body, "tools", null);
-  if (tools !== null && !(Array.isArray(tools) && tools.length === 0)) unsupported("tools (tool calling)");
   if (streamOptions !== null && !isType(streamOptions, "dict")) throw new RequestError(400, "stream_options must be of type dict");
   if (chatTemplateKwargs !== null && !isType(chatTemplateKwargs, "dict")) throw new RequestError(400, "chat_template_kwargs must be of type dict");
   const rawStop = get(body, "stop", null);

@@ -15,8 +15,9 @@ import { timingSafeEqual } from "node:crypto";
 import type { Engine, TokenResponse } from "./engine.ts";
 import { dumps, loads, type Out, plain, PyFloat, type PyJson } from "./json.ts";
 import { type GenerationArgs, readGenerationArgs, RequestError, type RequestDefaults } from "./request.ts";
-import { makeStopSequences, makeTextStateMachine } from "./text_state.ts";
+import { makeStopSequences } from "./text_state.ts";
 import type { ServedTokenizer } from "./tokenizer.ts";
+import { makeServedTextStateMachine, ToolCallFormatter, toolCallingFor } from "./tools.ts";
 
 export interface ServerConfig {
   host: string;
@@ -67,6 +68,10 @@ function json(status: number, body: string, extra: Record<string, string> = {}):
   return new Response(body, { status, headers: { "Content-type": "application/json", ...extra } });
 }
 
+function isDict(v: PyJson): boolean {
+  return v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof PyFloat);
+}
+
 function errorBody(message: string): string {
   return dumps({ error: message });
 }
@@ -105,7 +110,9 @@ export interface RunningServer {
   stop(): Promise<void>;
 }
 
-export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokenizer): RunningServer {
+export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok: ServedTokenizer): RunningServer {
+  // mlx-lm gives the text machine a "tool" state whenever the tokenizer has tool calling (serve/tools.ts)
+  const toolCalling = toolCallingFor(tok);
   const keyBytes = cfg.apiKey === null ? null : Buffer.from(`Bearer ${cfg.apiKey}`);
   const authorized = (req: Request): boolean => {
     if (keyBytes === null) return true;
@@ -124,12 +131,15 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
     const messages = chatMessages(body.messages!);
     if (!tok.hasChatTemplate) throw new Error("the checkpoint has no chat template (mlx_lm.server's role_mapping fallback is not ported)");
     const kwargs = { ...cfg.chatTemplateArgs, ...(args.chatTemplateKwargs ?? {}) };
-    const text = tok.renderChat(messages, kwargs);
+    // body.get("tools") or None: any falsy value is no tools
+    const rawTools = body.tools;
+    const tools = rawTools === undefined || rawTools === null || rawTools === false || rawTools === 0 || rawTools === "" || (Array.isArray(rawTools) && rawTools.length === 0) || (isDict(rawTools) && Object.keys(rawTools).length === 0) ? null : (plain(rawTools) as unknown[]);
+    const text = tok.renderChat(messages, kwargs, true, tools);
     const prompt = tok.encode(text, false);
     let initialState = "normal";
     const th = tok.thinking;
     if (th && rfind(prompt, th.startTokens) > rfind(prompt, th.endTokens)) initialState = "reasoning";
-    return { prompt, initialState, segments: chatSegments(messages, prompt, kwargs) };
+    return { prompt, initialState, segments: chatSegments(messages, prompt, kwargs, tools) };
   };
 
   /**
@@ -138,14 +148,14 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
    * rendered without a generation prompt), the rest, and a thinking tail (from the last think-start
    * marker among the last 11 tokens). BatchGenerator prefills each segment separately.
    */
-  const chatSegments = (messages: unknown[], prompt: number[], kwargs: Record<string, unknown>): number[][] => {
+  const chatSegments = (messages: unknown[], prompt: number[], kwargs: Record<string, unknown>, tools: unknown[] | null): number[][] => {
     if ((messages.at(-1) as { role?: unknown } | undefined)?.role !== "user") return [prompt];
     const segments: number[][] = [];
     let numSystem = 0;
     while (numSystem < messages.length && (messages[numSystem] as { role?: unknown }).role === "system") numSystem++;
     let sysEnd = 0;
     if (numSystem > 0) {
-      const sys = tok.encode(tok.renderChat([...messages.slice(0, numSystem), { role: "user", content: "" }], kwargs, false), false);
+      const sys = tok.encode(tok.renderChat([...messages.slice(0, numSystem), { role: "user", content: "" }], kwargs, false, tools), false);
       for (let i = 0; i < Math.min(sys.length, prompt.length); i++) {
         if (sys[i] !== prompt[i]) {
           sysEnd = i;
@@ -294,7 +304,7 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
     ctx: Ctx,
     text: string,
     finishReason: string | null,
-    o: { promptTokens?: number; completionTokens?: number; cachedTokens?: number; tokenLogprobs?: number[]; topTokens?: { id: number; token: string; logprob: number }[][]; tokens?: number[]; reasoning?: string } = {},
+    o: { promptTokens?: number; completionTokens?: number; cachedTokens?: number; tokenLogprobs?: number[]; topTokens?: { id: number; token: string; logprob: number }[][]; tokens?: number[]; reasoning?: string; toolCalls?: Out[] } = {},
   ): Out {
     const choice: { [k: string]: Out | undefined } = { index: 0, finish_reason: finishReason };
     const response: { [k: string]: Out | undefined } = {
@@ -325,6 +335,7 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
       if (!ctx.args.stream) m.content = text ? text : null;
       else if (text) m.content = text;
       if (o.reasoning) m.reasoning = o.reasoning;
+      if (o.toolCalls?.length) m.tool_calls = o.toolCalls;
       choice[key] = m;
     } else choice.text = text;
     return response;
@@ -333,8 +344,13 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
   /** handle_completion: the JSON body (non-streaming) or the SSE chunks, from the request's tokens. */
   async function* complete(ctx: Ctx, built: { prompt: number[]; initialState: string }, gen: AsyncGenerator<TokenResponse>): AsyncGenerator<string> {
     const { args } = ctx;
-    const sm = makeTextStateMachine(tok.thinking, args.stopWords);
+    const sm = makeServedTextStateMachine(tok.thinking, toolCalling, args.stopWords);
     let st = sm.start(built.initialState);
+    const toolFormatter = new ToolCallFormatter(args.stream, cfg.log);
+    let prevState = built.initialState;
+    let madeToolCall = false;
+    let toolText = "";
+    let toolCalls: string[] = [];
     let finishReason = "stop";
     let reasoning = "";
     let text = "";
@@ -366,16 +382,26 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
         } else [st, segments] = sm.split(st, g.text);
         for (const [state, clean] of segments) {
           if (state === "reasoning") reasoning += clean;
-          else if (state === "normal") text += clean;
+          else if (state === "tool") toolText += clean;
+          else if (state === "normal") {
+            if (prevState === "tool") {
+              toolCalls.push(toolText);
+              toolText = "";
+              madeToolCall = true;
+            }
+            text += clean;
+          }
           currentState = state;
+          prevState = state;
         }
         tokens.push(g.token);
         if (args.logprobs) tokenLogprobs.push(g.logprob);
         if (args.topLogprobs > 0) top.push(g.topTokens);
-        if (args.stream && currentState !== "tool" && (text || reasoning)) {
-          yield `data: ${dumps(responseObject(ctx, text, null, { reasoning }))}\n\n`;
+        if (args.stream && currentState !== "tool" && (text || toolCalls.length > 0 || reasoning)) {
+          yield `data: ${dumps(responseObject(ctx, text, null, { reasoning, toolCalls: toolFormatter.format(toolCalls) }))}\n\n`;
           reasoning = "";
           text = "";
+          toolCalls = [];
         }
         if (g.finishReason !== null) {
           finishReason = g.finishReason;
@@ -396,16 +422,21 @@ export function startServer(cfg: ServerConfig, engine: Engine, tok: ServedTokeni
       cfg.log(`${what()}, cancelled (client disconnected)`);
       return;
     }
+    if (prevState === "tool" && toolText) {
+      toolCalls.push(toolText);
+      madeToolCall = true;
+    }
+    if (finishReason === "stop" && madeToolCall) finishReason = "tool_calls";
     cfg.log(`${what()}, finish_reason ${finishReason}`);
     if (args.stream) {
-      yield `data: ${dumps(responseObject(ctx, text, finishReason, { reasoning }))}\n\n`;
+      yield `data: ${dumps(responseObject(ctx, text, finishReason, { reasoning, toolCalls: toolFormatter.format(toolCalls) }))}\n\n`;
       if (args.includeUsage) {
         const usage = { id: ctx.id, system_fingerprint: cfg.systemFingerprint, object: "chat.completion", model: args.model, created: ctx.created, choices: [], usage: { prompt_tokens: built.prompt.length, completion_tokens: tokens.length, total_tokens: built.prompt.length + tokens.length, prompt_tokens_details: { cached_tokens: 0 } } };
         yield `data: ${dumps(usage)}\n\n`;
       }
       yield "data: [DONE]\n\n";
     } else {
-      yield dumps(responseObject(ctx, text, finishReason, { promptTokens: built.prompt.length, completionTokens: tokens.length, cachedTokens: 0, tokenLogprobs, topTokens: top, tokens, reasoning }));
+      yield dumps(responseObject(ctx, text, finishReason, { promptTokens: built.prompt.length, completionTokens: tokens.length, cachedTokens: 0, tokenLogprobs, topTokens: top, tokens, reasoning, toolCalls: toolFormatter.format(toolCalls) }));
     }
   }
 

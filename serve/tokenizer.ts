@@ -29,8 +29,12 @@ export interface ServedTokenizer {
   /** tokenizer.convert_ids_to_tokens(id): the vocabulary piece ("▁the", "<0x0A>", "<eos>"). */
   piece(id: number): string;
   hasChatTemplate: boolean;
-  /** apply_chat_template(messages, add_generation_prompt=addGenerationPrompt (True), tools=None, tokenize=False, **kwargs). */
-  renderChat(messages: unknown[], kwargs: Record<string, unknown>, addGenerationPrompt?: boolean): string;
+  /** apply_chat_template(messages, add_generation_prompt=addGenerationPrompt (True), tools=tools (None), tokenize=False, **kwargs). */
+  renderChat(messages: unknown[], kwargs: Record<string, unknown>, addGenerationPrompt?: boolean, tools?: unknown[] | null): string;
+  /** The chat template's text (mlx-lm infers the tool parser from it), or null. */
+  chatTemplate?: string | null;
+  /** tokenizer_config.json's tool_parser_type, when set (it overrides the inference). */
+  toolParserType?: string | null;
   eosTokenIds: ReadonlySet<number>;
   /** null when the vocabulary has no thinking markers. */
   thinking: { start: string; end: string; startTokens: number[]; endTokens: number[] } | null;
@@ -254,11 +258,13 @@ export async function loadServedTokenizer(dir: string): Promise<ServedTokenizer>
     encode,
     piece,
     hasChatTemplate: templateText !== null,
-    renderChat(messages, kwargs, addGenerationPrompt = true) {
+    renderChat(messages, kwargs, addGenerationPrompt = true, tools = null) {
       if (templateText === null) throw new Error("the checkpoint has no chat template");
       template ??= new Template(templateText);
-      return template.render({ ...specials, enable_thinking: thinking !== null, ...kwargs, messages, tools: null, add_generation_prompt: addGenerationPrompt });
+      return template.render({ ...specials, enable_thinking: thinking !== null, ...kwargs, messages, tools, add_generation_prompt: addGenerationPrompt });
     },
+    chatTemplate: templateText,
+    toolParserType: typeof cfg.tool_parser_type === "string" ? cfg.tool_parser_type : null,
     eosTokenIds: eos,
     thinking,
     newDetokenizer: () => (kind === "naive" ? new NaiveDetokenizer(decode, cleanSpaces) : new SpmDetokenizer(tokenmap, kind === "spm")),
