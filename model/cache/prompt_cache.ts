@@ -14,6 +14,17 @@
 // Buffers are written as held (KVCache: the whole 256-step buffer; RotatingKVCache: physical
 // order), as mlx-lm's `state` returns them, so a loaded cache continues exactly where it was.
 //
+// Quantized caches (mlx-vlm 0.7.10's TurboQuantKVCache): mlx-lm cannot load them and mlx-vlm has
+// no prompt-cache functions, so a file holding one is written in the interop format of
+// oracle/python/kv_quant_prompt_cache.py: exactly what mlx-lm's save_prompt_cache writes from
+// mlx-vlm's cache objects (their `state`: KVCache (keys[:offset], values[:offset]), RotatingKVCache
+// (keys, values) sliced to the offset while it is below the buffer, TurboQuantKVCache
+// ((key norms, key indices), (value norms, value indices)) sliced to the offset, tensors
+// "{layer}.{i}[.{j}]"), plus the user-metadata entry "mlx_vlm_meta_state": JSON, every cache's
+// meta_state ("" for KVCache), which mlx-lm 0.32.2's files have no place for. Such a file loads
+// here and in Python (load_vlm_prompt_cache, into mlx-vlm's classes) and continues bit for bit
+// (suites/kvquant/prompt_cache_interop.test.ts).
+//
 // Writing goes to a temporary name beside the target and is renamed into place: an interrupted
 // save never leaves a half-written file. Every problem is a PromptCacheError naming the file and
 // the key at fault.
@@ -24,6 +35,10 @@ import type { MlxArray } from "@mlx-bun/mlx";
 import type { GenerateModel } from "../generate.ts";
 import { prefillChunks } from "../generate_speculative.ts";
 import { CacheError, KVCache, type KVCacheLike, RotatingKVCache } from "./index.ts";
+import { TurboQuantKVCache } from "./turboquant.ts";
+
+/** The user-metadata key of the mlx-vlm interop format (see the header). */
+export const VLM_META_STATE_KEY = "mlx_vlm_meta_state";
 
 export class PromptCacheError extends Error {
   constructor(
@@ -37,7 +52,7 @@ export class PromptCacheError extends Error {
 }
 
 /** The cache classes a prompt-cache file can hold (mlx-lm's class names). */
-export type PromptCacheClass = "KVCache" | "RotatingKVCache";
+export type PromptCacheClass = "KVCache" | "RotatingKVCache" | "TurboQuantKVCache";
 
 type StateEntry = MlxArray | number | null;
 
@@ -45,7 +60,83 @@ function className(c: KVCacheLike): PromptCacheClass {
   // exact classes: a subclass (mlx-vlm's BufferedRotatingKVCache) has another layout and state
   if (c.constructor === RotatingKVCache) return "RotatingKVCache";
   if (c.constructor === KVCache) return "KVCache";
-  throw new CacheError("savePromptCache", `cannot save a ${c.constructor.name} (mlx-lm files hold KVCache and RotatingKVCache)`);
+  if (c.constructor === TurboQuantKVCache) return "TurboQuantKVCache";
+  throw new CacheError("savePromptCache", `cannot save a ${c.constructor.name} (mlx-lm files hold KVCache and RotatingKVCache; the mlx-vlm interop format adds TurboQuantKVCache)`);
+}
+
+function sliceTo(a: MlxArray, end: number): MlxArray {
+  const stop = [...a.shape];
+  stop[2] = end;
+  return mx.slice(a, a.shape.map(() => 0), stop);
+}
+
+/**
+ * The flattened `state` of the mlx-vlm cache object a port cache stands for, and its meta_state:
+ * [suffix of the tensor key, entry] pairs (arrays caller-owned).
+ */
+function vlmState(c: KVCacheLike): { entries: [string, MlxArray | null][]; meta: string[] | "" } {
+  if (c instanceof TurboQuantKVCache) {
+    const st = c.quantizedState;
+    if (st.length === 0) return { entries: [["0", null], ["1", null]], meta: c.metaState };
+    return { entries: [["0.0", st[0]!], ["0.1", st[1]!], ["1.0", st[2]!], ["1.1", st[3]!]], meta: c.metaState };
+  }
+  const buf = c as KVCache | RotatingKVCache;
+  const kv = (): [string, MlxArray | null][] => {
+    if (buf.keys === null || buf.values === null) return [["0", null], ["1", null]];
+    // KVCache: sliced unless the offset fills the buffer; RotatingKVCache: sliced while below it
+    if (c.offset < buf.keys.shape[2]!) return [["0", sliceTo(buf.keys, c.offset)], ["1", sliceTo(buf.values, c.offset)]];
+    return [["0", mx.alias(buf.keys)], ["1", mx.alias(buf.values)]];
+  };
+  if (c instanceof RotatingKVCache) return { entries: kv(), meta: [c.keep, c.maxSize, c.offset, c.idx].map(String) };
+  return { entries: kv(), meta: "" };
+}
+
+/** The interop format for mlx-vlm cache objects (see the header); chosen by savePromptCache when a cache is quantized. */
+export function saveVlmPromptCache(file: string, cache: readonly KVCacheLike[], metadata: Record<string, string> = {}): void {
+  if (!file.endsWith(".safetensors")) throw new PromptCacheError(file, null, "a prompt-cache file name must end in .safetensors (MLX appends the suffix otherwise)");
+  if (VLM_META_STATE_KEY in metadata) throw new PromptCacheError(file, `0.${VLM_META_STATE_KEY}`, "this metadata key is reserved for the caches' meta_state");
+  const arrays = new Map<string, MlxArray>();
+  const meta: Record<string, string> = {};
+  const owned: MlxArray[] = [];
+  for (const [k, v] of Object.entries(metadata)) {
+    if (typeof v !== "string") throw new PromptCacheError(file, `0.${k}`, `metadata values must be strings, got ${typeof v}`);
+    meta[`0.${k}`] = v;
+  }
+  meta["2.0"] = "";
+  let n = 0;
+  const metas: (string[] | "")[] = [];
+  try {
+    cache.forEach((c, layer) => {
+      meta[`1.${layer}`] = className(c);
+      const { entries, meta: m } = vlmState(c);
+      metas.push(m);
+      for (const [suffix, a] of entries) {
+        const key = `${layer}.${suffix}`;
+        if (a !== null) {
+          owned.push(a);
+          arrays.set(key, a);
+          continue;
+        }
+        n += 1;
+        meta[`2.${n}.0`] = key;
+        meta[`2.${n}.1`] = "none";
+        const empty = mx.array(new Float32Array(0), [0], "float32"); // mx.array([])
+        owned.push(empty);
+        arrays.set(key, empty);
+      }
+    });
+    meta[`0.${VLM_META_STATE_KEY}`] = JSON.stringify(metas);
+    const tmp = join(dirname(file), `.${basename(file, ".safetensors")}.${process.pid}.tmp.safetensors`);
+    try {
+      mx.saveSafetensors(tmp, arrays, meta);
+      renameSync(tmp, file);
+    } catch (e) {
+      rmSync(tmp, { force: true });
+      throw new PromptCacheError(file, null, `cannot write the prompt cache: ${(e as Error).message}`);
+    }
+  } finally {
+    for (const a of owned) a.dispose();
+  }
 }
 
 /** The mlx-lm 0.32.2 `state` tuple of a cache; arrays are borrowed from the cache. */
@@ -58,6 +149,8 @@ function stateTuple(c: KVCacheLike): StateEntry[] {
 
 /** save_prompt_cache(file, cache, metadata). */
 export function savePromptCache(file: string, cache: readonly KVCacheLike[], metadata: Record<string, string> = {}): void {
+  // mlx-lm cannot hold a quantized cache: such a list is written in the mlx-vlm interop format
+  if (cache.some((c) => c instanceof TurboQuantKVCache)) return saveVlmPromptCache(file, cache, metadata);
   if (!file.endsWith(".safetensors")) throw new PromptCacheError(file, null, "a prompt-cache file name must end in .safetensors (MLX appends the suffix otherwise)");
   const arrays = new Map<string, MlxArray>();
   const meta: Record<string, string> = {};
@@ -149,6 +242,10 @@ export function loadPromptCache(file: string): LoadedPromptCache {
     if (classes.length === 0 || !("2.0" in raw)) {
       throw new PromptCacheError(file, null, "not a prompt-cache file: the metadata has no cache class names (\"1.<layer>\") or no scalar table (\"2.0\")");
     }
+    if (VLM_META_STATE_KEY in metadata) {
+      loadVlmLayers(file, arrays, classes, kinds, scalarKeys, metadata, out);
+      return { cache: out, metadata };
+    }
     for (const [n, e] of scalarKeys) {
       if (e.key === undefined || e.kind === undefined) throw new PromptCacheError(file, `2.${n}`, "incomplete scalar entry in the metadata");
       if (e.kind !== "scalar" && e.kind !== "none") throw new PromptCacheError(file, `2.${n}.1`, `unknown scalar type ${JSON.stringify(e.kind)}`);
@@ -197,6 +294,77 @@ export function loadPromptCache(file: string): LoadedPromptCache {
   }
 }
 
+/** The layers of an interop-format file (mlx-vlm cache objects' state + meta_state; see the header). */
+function loadVlmLayers(
+  file: string,
+  arrays: Map<string, MlxArray>,
+  classes: string[],
+  kinds: Map<string, string>,
+  scalarKeys: Map<number, { key?: string; kind?: string }>,
+  metadata: Record<string, string>,
+  out: KVCacheLike[],
+): void {
+  for (const [n, e] of scalarKeys) {
+    if (e.key === undefined || e.kind !== "none") throw new PromptCacheError(file, `2.${n}`, "the mlx-vlm interop format has only \"none\" entries in its scalar table");
+    kinds.set(e.key, e.kind);
+  }
+  let metas: unknown;
+  try {
+    metas = JSON.parse(metadata[VLM_META_STATE_KEY]!);
+  } catch (e) {
+    throw new PromptCacheError(file, `0.${VLM_META_STATE_KEY}`, `not JSON: ${(e as Error).message}`);
+  }
+  delete metadata[VLM_META_STATE_KEY];
+  if (!Array.isArray(metas) || metas.length !== classes.length || !metas.every((m) => m === "" || (Array.isArray(m) && m.every((x) => typeof x === "string")))) {
+    throw new PromptCacheError(file, `0.${VLM_META_STATE_KEY}`, `must be a JSON list of ${classes.length} meta_states (lists of strings, or "")`);
+  }
+  const get = (key: string): MlxArray | null => {
+    if (kinds.get(key) === "none") return null;
+    const a = arrays.get(key);
+    if (a === undefined) throw new PromptCacheError(file, key, "missing tensor (the file is truncated or was written for another cache layout)");
+    return a;
+  };
+  const pair = (a: MlxArray | null, b: MlxArray | null, key: string): MlxArray[] => {
+    if ((a === null) !== (b === null)) throw new PromptCacheError(file, key, "keys and values must both be present or both absent");
+    return a && b ? [a, b] : [];
+  };
+  for (let layer = 0; layer < classes.length; layer++) {
+    const cls = classes[layer];
+    const m = metas[layer] as string[] | "";
+    if (cls === undefined) throw new PromptCacheError(file, `1.${layer}`, "missing class name");
+    try {
+      if (cls === "KVCache") {
+        const st = pair(get(`${layer}.0`), get(`${layer}.1`), `${layer}.0`);
+        out.push(KVCache.fromState(st, [String(st.length ? st[0]!.shape[2]! : 0)]));
+      } else if (cls === "RotatingKVCache") {
+        if (m === "" || m.length !== 4) throw new PromptCacheError(file, `0.${VLM_META_STATE_KEY}`, `layer ${layer}: a RotatingKVCache meta_state is [keep, max_size, offset, _idx]`);
+        out.push(RotatingKVCache.fromState(pair(get(`${layer}.0`), get(`${layer}.1`), `${layer}.0`), m));
+      } else if (cls === "TurboQuantKVCache") {
+        if (m === "" || m.length < 3) throw new PromptCacheError(file, `0.${VLM_META_STATE_KEY}`, `layer ${layer}: a TurboQuantKVCache meta_state is [offset, bits, seed, key_bits, value_bits]`);
+        const empty = kinds.get(`${layer}.0`) === "none";
+        const st = empty ? [] : [`${layer}.0.0`, `${layer}.0.1`, `${layer}.1.0`, `${layer}.1.1`].map((k) => get(k)!);
+        if (!empty && [`${layer}.0.2`, `${layer}.1.2`].some((k) => arrays.has(k) || arrays.has(`${k}.0`))) {
+          throw new PromptCacheError(file, `${layer}.0`, "a TurboQuant state other than the MSE codec's (norms, indices): the Split codec's outlier indices are in neither state nor meta_state, so it cannot be restored");
+        }
+        const t = new TurboQuantKVCache(Number(m[1]));
+        try {
+          t.state = st; // then meta_state, as mlx-vlm: its offset wins
+          t.metaState = m;
+        } catch (e) {
+          t.dispose();
+          throw e;
+        }
+        out.push(t);
+      } else {
+        throw new PromptCacheError(file, `1.${layer}`, `unsupported cache class ${JSON.stringify(cls)} (the mlx-vlm interop format holds KVCache, RotatingKVCache and TurboQuantKVCache)`);
+      }
+    } catch (e) {
+      if (e instanceof CacheError || (e instanceof Error && e.name === "KVQuantError")) throw new PromptCacheError(file, `${layer}.*`, e.message);
+      throw e;
+    }
+  }
+}
+
 /** can_trim_prompt_cache: every cache is trimmable. */
 export function canTrimPromptCache(cache: readonly KVCacheLike[]): boolean {
   return cache.every((c) => c.isTrimmable());
@@ -224,6 +392,17 @@ export function checkPromptCacheFits(file: string, loaded: readonly KVCacheLike[
   }
   loaded.forEach((c, i) => {
     const want = expected[i]!;
+    if (c instanceof TurboQuantKVCache && want instanceof KVCache) {
+      // a converted full-attention layer: its heads are the norms' axis 1
+      const st = c.quantizedState;
+      try {
+        const heads = st.length ? st[0]!.shape[1]! : kvShapes[i]!.heads;
+        if (heads !== kvShapes[i]!.heads) throw new PromptCacheError(file, `${i}.0.0`, `layer ${i} holds ${heads} KV heads, this model has ${kvShapes[i]!.heads}: the file was written for another model`);
+      } finally {
+        for (const a of st) a.dispose();
+      }
+      return;
+    }
     if (className(c) !== className(want)) throw new PromptCacheError(file, `1.${i}`, `layer ${i} is a ${className(c)}, this model uses a ${className(want)}: the file was written for another model`);
     if (c instanceof RotatingKVCache && want instanceof RotatingKVCache && (c.maxSize !== want.maxSize || c.keep !== want.keep)) {
       throw new PromptCacheError(file, `${i}.4`, `layer ${i} has window max_size=${c.maxSize} keep=${c.keep}, this model uses max_size=${want.maxSize} keep=${want.keep}`);
