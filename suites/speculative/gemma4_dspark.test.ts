@@ -9,7 +9,7 @@
 // device for f32 targets (rows.ts; for bf16 / quantized targets TS must reach mlx-vlm's own verdict). Drafters: make_speculative_fixtures.py's `<fx>_dspark` (mlx-vlm's
 // Gemma4DSparkDraftModel). Bad input: a drafter for a target of another layer count, and
 // attention_k_eq_v on a full-attention layer (mlx-vlm 0.7.10 fails there at the first draft): one
-// clear error each. The mutation dspark_markov_from_anchor must be caught at the drafted tokens.
+// clear error each. The mutation dspark_markov_from_anchor is caught in suites/mutations/drafters.test.ts.
 // SPEC_FULL=1 runs the larger grid and rewrites gemma4_dspark.full.json.
 import { afterAll, describe, expect, it } from "vitest";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
@@ -23,7 +23,6 @@ import { GenerateError } from "../../model/generate.ts";
 import { ConfigError } from "../../model/gemma4/config.ts";
 import { loadDFlashDrafter } from "../../model/speculative/drafters/index.ts";
 import { dflashGenerateStep } from "../../model/speculative/dflash.ts";
-import { withDrafterMutation } from "../../model/speculative/mutations.ts";
 import { limit } from "../../tests/time_limit.ts";
 
 const CK = join(REPO_ROOT, ".cache", "checkpoints");
@@ -107,14 +106,3 @@ describe("gemma4_dspark bad input", () => {
     expect(() => loadDFlashDrafter(d)).toThrow(/attention_k_eq_v: true with a full-attention layer fails in mlx-vlm 0.7.10/);
   });
 });
-
-describe("gemma4_dspark mutation (model/speculative/mutations.ts)", () => {
-  it("dspark_markov_from_anchor: caught at the first round whose drafts it changes", async () => {
-    const r = await withDrafterMutation("dspark_markov_from_anchor", async () =>
-      dflashParity(await sharedOracle(), pool, drafters, { target: join(CK, "c1_dense", "f32"), drafter: join(SP, "c1_dense_dspark"), prompt: prompt(3), maxTokens: 16, skipGreedy: true }),
-    );
-    console.log(`[gemma4_dspark] dspark_markov_from_anchor first caught at: ${r.vsOracle.first?.where}`);
-    expect(r.vsOracle.first?.where).toMatch(/^round \d+ drafted$/);
-  }, limit(60_000));
-});
-
