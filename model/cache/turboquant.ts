@@ -34,7 +34,7 @@ import { CacheError, type KVCacheLike } from "./index.ts";
 
 export const DEFAULT_TURBOQUANT_SEED = 0;
 const EPS = 1e-6;
-const CACHE_STEP = 256;
+export const CACHE_STEP = 256;
 
 // ------------------------------------------------------------------ numpy-side constants
 
@@ -162,7 +162,7 @@ export interface MSEState {
   indices: MlxArray;
 }
 
-function disposeState(s: MSEState | null): void {
+export function disposeState(s: MSEState | null): void {
   s?.norms.dispose();
   s?.indices.dispose();
 }
@@ -307,14 +307,16 @@ export class TurboQuantMSECodec implements Disposable {
 
 // ------------------------------------------------------------------ state helpers
 
-function sliceT(a: MlxArray, end: number): MlxArray {
+/** a[:, :, :end] (the token axis of a state array). */
+export function sliceT(a: MlxArray, end: number): MlxArray {
   const s = a.shape;
   const stop = [...s];
   stop[2] = end;
   return mx.slice(a, s.map(() => 0), stop);
 }
 
-function writeT(dst: MlxArray, src: MlxArray, start: number): MlxArray {
+/** dst[:, :, start:start + src's tokens] = src (a new array). */
+export function writeT(dst: MlxArray, src: MlxArray, start: number): MlxArray {
   const s = dst.shape;
   const st = s.map(() => 0);
   st[2] = start;
@@ -323,7 +325,8 @@ function writeT(dst: MlxArray, src: MlxArray, start: number): MlxArray {
   return mx.sliceUpdate(dst, src, st, stop);
 }
 
-function allocLike(a: MlxArray, length: number): MlxArray {
+/** zeros like `a` with `length` tokens. */
+export function allocLike(a: MlxArray, length: number): MlxArray {
   const s = [...a.shape];
   s[2] = length;
   return mx.zeros(s, a.dtype);

@@ -12,6 +12,14 @@ Commands (one JSON job on argv[1] or stdin, one JSON reply on stdout):
   the sha256 of its logprobs (float32 bytes) and of every cache array (type, offset, sha256 of
   each state leaf in order), the first logprobs row's values for diagnostics; or the error.
 - generate_many {cases}: generate for each case, one process.
+- batch_generate {checkpoint, prompts, max_tokens [int], kv_bits, kv_quant_scheme, kv_group_size,
+  quantized_kv_start, prefill_step_size}: mlx-vlm's own BatchGenerator (the batch path of
+  batch_generate: every prompt admitted at once, prefill_batch_size = completion_batch_size = the
+  number of prompts; per-row prompt kwargs from Model.get_input_embeddings) on model.language_model
+  with a recording greedy sampler; after every next() call: the sha256 of each logprobs matrix the
+  sampler saw (float32), the responses (uid, token, float32 bits of its logprob, finish reason), and
+  every batch cache (type, offsets, left padding, meta_state, each state leaf's shape/dtype/sha256);
+  or the error.
 - cache_ops {seed, heads, dim, prompt, more, trim, bits}: a TurboQuantKVCache driven directly
   (update, trim, update, decode and prefill attention, a copy restored from state + meta_state).
 - many {jobs}: any of the above, one process.
@@ -182,6 +190,89 @@ def cmd_cache_ops(job: dict) -> dict:
             "state": [sha(a) for a in leaves(st[0]) + leaves(st[1])], "decode": sha(out1), "prefill": sha(out3), "restored_decode": sha(out1r)}
 
 
+class _StopNone:
+    """tokenizer.stopping_criteria for BatchGenerator: no stop tokens (runs end on max_tokens)."""
+
+    def __init__(self):
+        self.eos = set()
+
+    def add_eos_token_ids(self, ids):
+        if ids:
+            self.eos |= set(ids)
+
+    def __call__(self, token):
+        return token in self.eos
+
+
+class _Processor:
+    def __init__(self):
+        self.tokenizer = type("Tok", (), {})()
+        self.tokenizer.stopping_criteria = _StopNone()
+
+
+def _leaf_records(x) -> list[dict]:
+    out = []
+    for a in leaves(x):
+        out.append({"shape": list(a.shape), "dtype": str(a.dtype).replace("mlx.core.", ""), "sha256": sha(a)})
+    return out
+
+
+def batch_cache_record(c) -> dict:
+    from mlx_vlm.turboquant import BatchTurboQuantKVCache
+    d = {"type": type(c).__name__, "offset": [int(x) for x in c.offset.tolist()],
+         "left_padding": [int(x) for x in c.left_padding.tolist()]}
+    st = c.state
+    d["state"] = _leaf_records(list(st[:2]))
+    if isinstance(c, BatchTurboQuantKVCache) or type(c).__name__ == "BatchQuantizedKVCache":
+        d["meta_state"] = list(c.meta_state)
+    elif hasattr(c, "meta_state"):
+        d["meta_state"] = list(c.meta_state)
+    return d
+
+
+def cmd_batch_generate(job: dict) -> dict:
+    from mlx_vlm.generate.ar import BatchGenerator
+    from speculative import vlm_target
+
+    if job["checkpoint"] not in _MODELS:
+        _MODELS[job["checkpoint"]] = vlm_target(Path(job["checkpoint"]))
+    model = _MODELS[job["checkpoint"]]
+    seen = []
+
+    def sampler(logprobs):
+        seen.append(hashlib.sha256(np.array(logprobs.astype(mx.float32)).tobytes()).hexdigest())
+        return mx.argmax(logprobs, axis=-1)
+
+    prompts = job["prompts"]
+    calls = []
+    error = None
+    try:
+        gen = BatchGenerator(model.language_model, _Processor(), sampler=sampler, prefill_batch_size=len(prompts),
+                             completion_batch_size=len(prompts), prefill_step_size=job.get("prefill_step_size", 2048),
+                             kv_bits=job["kv_bits"], kv_quant_scheme=job.get("kv_quant_scheme", "uniform"),
+                             kv_group_size=job.get("kv_group_size", 64), quantized_kv_start=job["quantized_kv_start"])
+        kws = []
+        for p in prompts:
+            emb = model.get_input_embeddings(mx.array([p], dtype=mx.int32))
+            kws.append({k: v for k, v in emb.to_dict().items() if v is not None})
+        gen.insert(prompts, job["max_tokens"], prompt_kwargs=kws)
+        while gen.has_work and len(calls) < 10_000:
+            seen.clear()
+            _, responses = gen.next()
+            batch = gen._prompt_batch if gen._prompt_batch is not None else gen._generation_batch
+            calls.append({
+                "logprobs_sha256": list(seen),
+                "responses": [{"uid": r.uid, "token": int(r.token),
+                               "logprob": f"{int(np.array(r.token_logprob, dtype=np.float32).view(np.uint32)):08x}",
+                               "finish": r.finish_reason} for r in responses],
+                "cache": [batch_cache_record(c) for c in batch.prompt_cache],
+            })
+        gen.close()
+    except Exception as e:  # noqa: BLE001 - mlx-vlm's failure is part of the reference
+        error = {"type": type(e).__name__, "message": str(e).splitlines()[0] if str(e) else ""}
+    return {"calls": calls, "error": error}
+
+
 def cmd_many(job: dict) -> dict:
     """Several jobs in one process: {"jobs": [...]} -> {"results": [...]}."""
     return {"results": [COMMANDS[j["command"]](j) for j in job["jobs"]]}
@@ -197,7 +288,7 @@ def main() -> None:
 
 
 COMMANDS = {"codebooks": cmd_codebooks, "signs": cmd_signs, "policy": cmd_policy, "generate": cmd_generate,
-            "generate_many": cmd_generate_many, "cache_ops": cmd_cache_ops, "many": cmd_many}
+            "generate_many": cmd_generate_many, "cache_ops": cmd_cache_ops, "batch_generate": cmd_batch_generate, "many": cmd_many}
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,370 @@
+// The batch path's KV quantization in mlx-vlm 0.7.10 (generate/ar.py _make_cache, models/cache.py
+// BatchQuantizedKVCache, models/base.py quantized_scaled_dot_product_attention), on the plain path.
+//
+// The conversion rule differs from the single-sequence one (kv_quantize.ts):
+// - the batch caches are chosen once, when the prompt batch is built, from model.make_cache():
+//   an entry that is a KVCache (full attention) becomes a quantized batch cache when kv_bits is set
+//   and should_quantize_kv_layer(i, n) holds (every entry but the last when there are more than
+//   two); otherwise a BatchKVCache. A RotatingKVCache (sliding layers) becomes a
+//   BatchRotatingKVCache, unquantized, for every scheme: so uniform quantization RUNS on Gemma 4
+//   in the batch path, where the single-sequence path stops with "RotatingKVCache Quantization NYI".
+// - TurboQuant (fractional bits or scheme "turboquant"): a BatchTurboQuantKVCache from the first
+//   token, unless quantized_kv_start > 0 and the longest prompt is shorter than it ("defer_turbo"):
+//   then a plain BatchKVCache that is never converted later (the batch path has no
+//   maybe_quantize_kv_cache).
+// - Uniform: a BatchQuantizedKVCache(left_padding, group_size, int(kv_bits)) from the first token,
+//   whatever quantized_kv_start; mx.quantize checks the group size against the head dim at the
+//   first update.
+// - Mixed key/value schemes: NotImplementedError in mlx-vlm; refused here with its message.
+//
+// KV sharing: a KV-shared layer attends over its donor's update_and_fetch result; with a quantized
+// donor that is mlx-vlm's proxy/tuple state, which fails inside attention (see kv_quantize.ts).
+// kvSharedBatchConflict names such a donor so the generator refuses before running.
+import * as mx from "@mlx-bun/mlx";
+import type { MlxArray } from "@mlx-bun/mlx";
+import { fromLegacy, KVQuantError, type LegacyKVQuantArgs, turboquantEnabled } from "../kv_quant.ts";
+import { type Mask, type MakeMaskOptions } from "../mask.ts";
+import { type BatchCacheLike, BatchKVCache, BatchRotatingKVCache, createCausalMaskPadded } from "./batch.ts";
+import { CacheError, KVCache, type KVCacheLike, RotatingKVCache } from "./index.ts";
+import { sharedDonors } from "./kv_quantize.ts";
+import type { QuantizedAttentionCache, TurboQuantOptions } from "./turboquant.ts";
+import { BatchTurboQuantKVCache } from "./turboquant_batch.ts";
+
+/** models/cache.py should_quantize_kv_layer: all layers of a shallow stack, else all but the last. */
+export function shouldQuantizeKvLayer(layerIdx: number, numLayers: number): boolean {
+  if (numLayers <= 2) return true;
+  return layerIdx < numLayers - 1;
+}
+
+function int32(v: readonly number[]): MlxArray {
+  return mx.array(Int32Array.from(v), [v.length], "int32");
+}
+
+type Triple = [MlxArray, MlxArray, MlxArray];
+
+function disposeTriple(t: Triple | null): void {
+  if (t) for (const a of t) a.dispose();
+}
+
+function sliceTokens(a: MlxArray, start: number, end: number): MlxArray {
+  const s = a.shape;
+  const st = s.map(() => 0);
+  st[2] = start;
+  const stop = [...s];
+  stop[2] = end;
+  return mx.slice(a, st, stop);
+}
+
+/**
+ * BatchQuantizedKVCache: BatchKVCache's bookkeeping over mx.quantize'd keys and values (packed
+ * uint32, scales, biases; the scales and biases in the keys' dtype), grown by 256 columns.
+ */
+export class BatchQuantizedKVCache implements BatchCacheLike, QuantizedAttentionCache {
+  static readonly step = 256;
+  keys: Triple | null = null;
+  values: Triple | null = null;
+  leftPadding: MlxArray;
+  offset: MlxArray;
+  idx = 0;
+
+  constructor(
+    leftPadding: readonly number[],
+    readonly groupSize = 64,
+    readonly bits = 8,
+  ) {
+    if (!leftPadding.every((p) => Number.isSafeInteger(p))) throw new CacheError("BatchQuantizedKVCache", `left_padding must be integers, got ${JSON.stringify(leftPadding)}`);
+    this.leftPadding = int32(leftPadding);
+    this.offset = int32(leftPadding.map((p) => -p));
+  }
+
+  get batchSize(): number {
+    return this.keys !== null ? this.keys[0].shape[0]! : this.leftPadding.shape[0]!;
+  }
+
+  updateAndFetch(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray] {
+    if (keys.shape.length !== 4 || values.shape.length !== 4) throw new CacheError("BatchQuantizedKVCache.updateAndFetch", "keys and values must be 4-D (B, n_kv_heads, S, head_dim)");
+    const [B, H, S, Dk] = keys.shape as [number, number, number, number];
+    const Dv = values.shape[3]!;
+    const prev = this.idx;
+    const step = BatchQuantizedKVCache.step;
+    if (this.keys === null || this.values === null || prev + S > this.keys[0].shape[2]!) {
+      const newSteps = Math.floor((step + S - 1) / step) * step;
+      const init = (dim: number): Triple => [
+        mx.zeros([B, H, newSteps, Math.floor((dim * this.bits) / 32)], "uint32"),
+        mx.zeros([B, H, newSteps, Math.floor(dim / this.groupSize)], keys.dtype),
+        mx.zeros([B, H, newSteps, Math.floor(dim / this.groupSize)], keys.dtype),
+      ];
+      const expand = (t: Triple): Triple =>
+        t.map((x) => {
+          using cut = prev % step !== 0 ? sliceTokens(x, 0, prev) : mx.alias(x);
+          const s = [...cut.shape];
+          s[2] = newSteps;
+          using z = mx.zeros(s, cut.dtype);
+          return mx.concatenate([cut, z], 2);
+        }) as Triple;
+      if (this.keys !== null && this.values !== null) {
+        const nk = expand(this.keys);
+        const nv = expand(this.values);
+        disposeTriple(this.keys);
+        disposeTriple(this.values);
+        this.keys = nk;
+        this.values = nv;
+      } else {
+        this.keys = init(Dk);
+        this.values = init(Dv);
+      }
+    }
+    const off = mx.add(this.offset, S);
+    this.offset.dispose();
+    this.offset = off;
+    this.idx += S;
+    const qk = mx.quantize(keys, { groupSize: this.groupSize, bits: this.bits }) as Triple;
+    const qv = mx.quantize(values, { groupSize: this.groupSize, bits: this.bits }) as Triple;
+    try {
+      const put = (dst: Triple, src: Triple): Triple =>
+        dst.map((d, i) => {
+          const s = d.shape;
+          const st = s.map(() => 0);
+          st[2] = prev;
+          const stop = [...s];
+          stop[2] = this.idx;
+          const r = mx.sliceUpdate(d, src[i]!, st, stop);
+          d.dispose();
+          return r;
+        }) as Triple;
+      this.keys = put(this.keys!, qk);
+      this.values = put(this.values!, qv);
+    } finally {
+      disposeTriple(qk);
+      disposeTriple(qv);
+    }
+    // stand-ins for the (packed, scales, biases) tuples: attention goes through quantizedAttention
+    return [sliceTokens(this.keys[0], 0, this.idx), sliceTokens(this.values[0], 0, this.idx)];
+  }
+
+  makeMask(N: number, { windowSize = null }: MakeMaskOptions = {}): Mask {
+    return createCausalMaskPadded(N, this.idx, windowSize ?? null, null, this.leftPadding);
+  }
+
+  /** The (packed, scales, biases) of keys then values, up to idx (caller-owned). */
+  get quantizedState(): MlxArray[] {
+    if (this.keys === null || this.values === null) return [];
+    return [...this.keys, ...this.values].map((a) => sliceTokens(a, 0, this.idx));
+  }
+
+  get state(): MlxArray[] {
+    return [...this.quantizedState, mx.alias(this.offset), mx.alias(this.leftPadding)];
+  }
+
+  /** meta_state: (_idx, group_size, bits) as str. */
+  get metaState(): string[] {
+    return [String(this.idx), String(this.groupSize), String(this.bits)];
+  }
+
+  /**
+   * quantized_scaled_dot_product_attention: scores = quantized_matmul(q * scale, keys^T), the
+   * mask aligned to the grouped scores (B, 1, 1, L, K) and applied with finfo.min, a precise
+   * softmax, quantized_matmul with the values.
+   */
+  quantizedAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
+    if (this.keys === null || this.values === null) throw new CacheError("BatchQuantizedKVCache", "attention over an empty cache");
+    const [B, Hq, L, D] = queries.shape as [number, number, number, number];
+    const st = this.quantizedState;
+    using stack = new DisposableStack();
+    for (const a of st) stack.use(a);
+    let qk = st.slice(0, 3);
+    let qv = st.slice(3, 6);
+    const Hkv = qk[0]!.shape[qk[0]!.ndim - 3]!;
+    const R = Hq / Hkv;
+    let q = stack.use(mx.multiply(queries, scale));
+    if (R > 1) {
+      q = stack.use(mx.reshape(q, [B, Hkv, R, L, D]));
+      qk = qk.map((x) => stack.use(mx.expandDims(x, -3)));
+      qv = qv.map((x) => stack.use(mx.expandDims(x, -3)));
+    }
+    let scores = stack.use(mx.quantizedMatmul(q, qk[0]!, qk[1]!, qk[2]!, { transpose: true, groupSize: this.groupSize, bits: this.bits }));
+    if (mask !== null) {
+      let m: MlxArray;
+      if (mask === "causal") {
+        const qL = scores.shape[scores.ndim - 2]!;
+        const kL = scores.shape[scores.ndim - 1]!;
+        using qi0 = mx.arange(kL - qL, kL);
+        using ki0 = mx.arange(kL);
+        using qi = mx.expandDims(qi0, 1);
+        using ki = mx.expandDims(ki0, 0);
+        m = stack.use(mx.greaterEqual(qi, ki));
+      } else {
+        m = mask;
+        // align_attention_mask_to_scores: size-1 axes before (L, K) until the ranks match
+        while (m.ndim < scores.ndim) m = stack.use(mx.expandDims(m, Math.max(m.ndim - 2, 0)));
+      }
+      if (m.dtype === "bool") scores = stack.use(mx.where(m, scores, mx.finfo(scores.dtype).min));
+      else scores = stack.use(mx.add(scores, m));
+    }
+    const sm = stack.use(mx.softmax(scores, -1, true));
+    const out = mx.quantizedMatmul(sm, qv[0]!, qv[1]!, qv[2]!, { transpose: false, groupSize: this.groupSize, bits: this.bits });
+    if (R > 1) {
+      using o = out;
+      return mx.reshape(o, [B, Hq, L, D]);
+    }
+    return out;
+  }
+
+  filter(batchIndices: readonly number[]): void {
+    if (batchIndices.length === 0) throw new CacheError("BatchQuantizedKVCache.filter", "an empty selection (mlx-vlm clears the cache list instead)");
+    for (const i of batchIndices) {
+      if (!Number.isInteger(i) || i < 0 || i >= this.batchSize) throw new CacheError("BatchQuantizedKVCache.filter", `index ${i} outside a batch of ${this.batchSize}`);
+    }
+    using idx = int32(batchIndices);
+    const take = (a: MlxArray) => {
+      const r = mx.take(a, idx, 0);
+      a.dispose();
+      return r;
+    };
+    if (this.keys !== null && this.values !== null) {
+      this.keys = this.keys.map(take) as Triple;
+      this.values = this.values.map(take) as Triple;
+    }
+    this.offset = take(this.offset);
+    this.leftPadding = take(this.leftPadding);
+    const minLp = Math.min(Math.min(...this.leftPadding.toNumbers()), this.idx);
+    if (minLp > 0) {
+      const drop = (a: MlxArray) => {
+        const r = sliceTokens(a, minLp, a.shape[2]!);
+        a.dispose();
+        return r;
+      };
+      if (this.keys !== null && this.values !== null) {
+        this.keys = this.keys.map(drop) as Triple;
+        this.values = this.values.map(drop) as Triple;
+      }
+      this.idx -= minLp;
+      const next = mx.subtract(this.leftPadding, minLp);
+      this.leftPadding.dispose();
+      this.leftPadding = next;
+    }
+  }
+
+  isTrimmable(): boolean {
+    return true;
+  }
+
+  trim(n: number): number {
+    if (!Number.isInteger(n) || n < 0) throw new CacheError("BatchQuantizedKVCache.trim", `n must be a non-negative integer, got ${n}`);
+    n = Math.min(this.idx, n);
+    this.idx -= n;
+    const off = mx.subtract(this.offset, n);
+    this.offset.dispose();
+    this.offset = off;
+    return n;
+  }
+
+  size(): number {
+    return this.idx;
+  }
+
+  empty(): boolean {
+    return this.keys === null;
+  }
+
+  get nbytes(): number {
+    const st = this.quantizedState;
+    try {
+      return st.reduce((a, x) => a + x.nbytes, 0);
+    } finally {
+      for (const a of st) a.dispose();
+    }
+  }
+
+  prepare(): void {
+    throw new CacheError("BatchQuantizedKVCache.prepare", "right-padded (APC) prefill is not ported");
+  }
+
+  finalize(): void {
+    throw new CacheError("BatchQuantizedKVCache.finalize", "right-padded (APC) prefill is not ported");
+  }
+
+  extend(): void {
+    throw new CacheError("BatchQuantizedKVCache.extend", "continuous batching with quantized caches is not ported");
+  }
+
+  extract(): KVCacheLike {
+    throw new CacheError("BatchQuantizedKVCache.extract", "not ported");
+  }
+
+  copy(): BatchCacheLike {
+    throw new CacheError("BatchQuantizedKVCache.copy", "not ported");
+  }
+
+  dispose(): void {
+    disposeTriple(this.keys);
+    disposeTriple(this.values);
+    this.keys = this.values = null;
+    this.offset.dispose();
+    this.leftPadding.dispose();
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+export interface BatchKVQuantConfig extends LegacyKVQuantArgs {
+  quantizedKvStart: number;
+  turbo?: Pick<TurboQuantOptions, "rotation" | "seed">;
+}
+
+/**
+ * The layers mlx-vlm's batch path would quantize whose caches KV-shared layers read (their
+ * attention then fails in mlx-vlm: TypeError inside scaled_dot_product_attention); null when none.
+ */
+export function kvSharedBatchConflict(layerTypes: readonly string[], numKvShared: number): { donor: number; readers: number[] } | null {
+  const n = layerTypes.length - numKvShared;
+  for (const [d, readers] of sharedDonors(layerTypes, numKvShared)) {
+    if (layerTypes[d] === "full_attention" && shouldQuantizeKvLayer(d, n)) return { donor: d, readers };
+  }
+  return null;
+}
+
+/**
+ * _make_cache(model, left_padding, kv_bits=..., prefill_length=...): the batch caches for the
+ * single-sequence caches `single` (model.make_cache(), which this function disposes).
+ */
+export function makeBatchCaches(single: KVCacheLike[], leftPadding: readonly number[], cfg: BatchKVQuantConfig | null, prefillLength: number): BatchCacheLike[] {
+  const out: BatchCacheLike[] = [];
+  try {
+    const policy = cfg === null ? null : fromLegacy(cfg);
+    if (policy !== null && !policy.isHomogeneous) {
+      throw new KVQuantError("mixed key/value KV quantization schemes are not supported on the batch path yet; run with a single --kv-quant-scheme or disable continuous batching");
+    }
+    const kvBits = cfg?.kvBits ?? null;
+    const useTurbo = kvBits !== null && turboquantEnabled(kvBits, cfg!.kvQuantScheme ?? null);
+    const deferTurbo = useTurbo && cfg!.quantizedKvStart > 0 && prefillLength < cfg!.quantizedKvStart;
+    const quantCache = (): BatchCacheLike => {
+      if (useTurbo) {
+        if (deferTurbo) return new BatchKVCache(leftPadding);
+        return new BatchTurboQuantKVCache(leftPadding, kvBits!, { ...cfg!.turbo, keyBits: cfg!.kvKeyBits ?? null, valueBits: cfg!.kvValueBits ?? null });
+      }
+      return new BatchQuantizedKVCache(leftPadding, cfg!.kvGroupSize ?? 64, Math.trunc(kvBits!));
+    };
+    const n = single.length;
+    for (let i = 0; i < n; i++) {
+      const c = single[i]!;
+      const quantize = shouldQuantizeKvLayer(i, n);
+      if (c instanceof RotatingKVCache) {
+        if (c.keep > 0) throw new KVQuantError("RotatingKVCache with keep tokens is not supported.");
+        out.push(new BatchRotatingKVCache(c.maxSize, leftPadding));
+      } else if (c instanceof KVCache) {
+        out.push(kvBits !== null && quantize ? quantCache() : new BatchKVCache(leftPadding));
+      } else {
+        throw new KVQuantError(`${c.constructor.name} does not yet support batching`);
+      }
+    }
+    return out;
+  } catch (e) {
+    for (const c of out) c.dispose();
+    throw e;
+  } finally {
+    for (const c of single) c.dispose();
+  }
+}

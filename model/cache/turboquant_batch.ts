@@ -1,0 +1,303 @@
+// mlx_vlm/turboquant.py BatchTurboQuantKVCache (mlx-vlm 0.7.10) on the plain-MLX path: the
+// batch cache mlx-vlm's batch generation (_make_cache in generate/ar.py) puts on full-attention
+// layers with TurboQuant. The codecs are TurboQuantKVCache's (turboquant.ts: MSE keys with `seed`,
+// MSE values with `seed + 1`, a fractional width split floor/ceil); what differs is the batch
+// bookkeeping, as in BatchKVCache: left-padded rows, a shared write index `idx` (Python's _idx) and
+// per-row offsets (idx - left_padding).
+//
+// Attention (models/base.py scaled_dot_product_attention): the fused route applies only to a
+// single row with no left padding (_turboquant_attention_applies); every other batch dequantizes
+// the state up to idx (float32), casts to the queries' dtype and runs
+// mx.fast.scaled_dot_product_attention with the batch mask. The single-row route is decode
+// attention with an array mask (mlx-vlm's masked chunked route), which the port does not have:
+// it refuses (CacheError) rather than compute something else.
+//
+// Not ported (refused with a CacheError): extend, extract, prepare/finalize (mlx-vlm's class has
+// no prepare/finalize either), copy. filter is ported (rows leaving a batch).
+import * as mx from "@mlx-bun/mlx";
+import type { MlxArray } from "@mlx-bun/mlx";
+import { resolveKvBits } from "../kv_quant.ts";
+import type { Mask, MakeMaskOptions } from "../mask.ts";
+import { type BatchCacheLike, createCausalMaskPadded } from "./batch.ts";
+import { CacheError, type KVCacheLike } from "./index.ts";
+import {
+  allocLike,
+  CACHE_STEP,
+  type CodecOptions,
+  DEFAULT_TURBOQUANT_SEED,
+  disposeState,
+  type MSEState,
+  type QuantizedAttentionCache,
+  sliceT,
+  TurboQuantKVCache,
+  TurboQuantMSECodec,
+  type TurboQuantOptions,
+  writeT,
+} from "./turboquant.ts";
+
+function int32(v: readonly number[]): MlxArray {
+  return mx.array(Int32Array.from(v), [v.length], "int32");
+}
+
+/** Python's str(float) for the bit widths in meta_state. */
+function pyFloatStr(x: number): string {
+  return Number.isInteger(x) ? `${x}.0` : String(x);
+}
+
+function mapState(s: MSEState, fn: (a: MlxArray) => MlxArray): MSEState {
+  return { norms: fn(s.norms), indices: fn(s.indices) };
+}
+
+export class BatchTurboQuantKVCache implements BatchCacheLike, QuantizedAttentionCache {
+  bits: number;
+  keyBits: number;
+  valueBits: number;
+  seed: number;
+  keys: MSEState | null = null;
+  values: MSEState | null = null;
+  keyCodec: TurboQuantMSECodec | null = null;
+  valueCodec: TurboQuantMSECodec | null = null;
+  leftPadding: MlxArray;
+  offset: MlxArray;
+  /** Python's _idx: the columns written, shared by the batch. */
+  idx = 0;
+  /** Python's _fused_attention_eligible: one row, no left padding (refreshed after filter). */
+  fusedAttentionEligible: boolean;
+  private readonly opts: CodecOptions;
+
+  constructor(leftPadding: readonly number[], bits: number, opts: TurboQuantOptions = {}) {
+    [this.bits, this.keyBits, this.valueBits] = resolveKvBits(bits, opts.keyBits ?? null, opts.valueBits ?? null);
+    // the width check and the split-codec refusal are TurboQuantKVCache's
+    new TurboQuantKVCache(bits, opts).dispose();
+    this.seed = opts.seed ?? DEFAULT_TURBOQUANT_SEED;
+    this.opts = { rotation: opts.rotation };
+    if (!leftPadding.every((p) => Number.isSafeInteger(p))) throw new CacheError("BatchTurboQuantKVCache", `left_padding must be integers, got ${JSON.stringify(leftPadding)}`);
+    this.leftPadding = int32(leftPadding);
+    this.offset = int32(leftPadding.map((p) => -p));
+    this.fusedAttentionEligible = leftPadding.length === 1 && leftPadding[0] === 0;
+  }
+
+  get batchSize(): number {
+    return this.leftPadding.shape[0]!;
+  }
+
+  /** _ensure_codecs (through a temporary TurboQuantKVCache in Python: the same codecs). */
+  ensureCodecs(keys: MlxArray, values: MlxArray): void {
+    if (this.keyCodec !== null) return;
+    this.keyCodec = new TurboQuantMSECodec(keys.shape[3]!, this.keyBits, this.seed, this.opts);
+    this.valueCodec = new TurboQuantMSECodec(values.shape[3]!, this.valueBits, this.seed + 1, this.opts);
+  }
+
+  updateAndFetch(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray] {
+    if (keys.shape.length !== 4 || values.shape.length !== 4) throw new CacheError("BatchTurboQuantKVCache.updateAndFetch", "keys and values must be 4-D (B, n_kv_heads, S, head_dim)");
+    if (keys.shape[0] !== this.batchSize) throw new CacheError("BatchTurboQuantKVCache.updateAndFetch", `keys hold ${keys.shape[0]} sequences, the cache ${this.batchSize}`);
+    this.ensureCodecs(keys, values);
+    const prev = this.idx;
+    const nk = this.keyCodec!.quantize(keys);
+    const nv = this.valueCodec!.quantize(values);
+    try {
+      const newEnd = prev + keys.shape[2]!;
+      if (this.keys === null || this.values === null) {
+        this.keys = { norms: allocLike(nk.norms, newEnd), indices: allocLike(nk.indices, newEnd) };
+        this.values = { norms: allocLike(nv.norms, newEnd), indices: allocLike(nv.indices, newEnd) };
+      } else {
+        this.keys = reserve(this.keys, prev, newEnd);
+        this.values = reserve(this.values, prev, newEnd);
+      }
+      this.keys = write(this.keys, nk, prev);
+      this.values = write(this.values, nv, prev);
+      const off = mx.add(this.offset, keys.shape[2]!);
+      this.offset.dispose();
+      this.offset = off;
+      this.idx = newEnd;
+    } finally {
+      disposeState(nk);
+      disposeState(nv);
+    }
+    mx.evaluate([this.keys.norms, this.keys.indices, this.values.norms, this.values.indices]);
+    // stand-ins for mlx-vlm's _QuantizedStateProxy pair: attention goes through quantizedAttention
+    return [sliceT(this.keys.indices, this.idx), sliceT(this.values.indices, this.idx)];
+  }
+
+  /** make_mask: create_causal_mask(N, offset=_idx, left_padding, window_size=...). */
+  makeMask(N: number, { windowSize = null }: MakeMaskOptions = {}): Mask {
+    return createCausalMaskPadded(N, this.idx, windowSize ?? null, null, this.leftPadding);
+  }
+
+  /** The state arrays up to idx: [key norms, key indices, value norms, value indices] (caller-owned). */
+  get quantizedState(): MlxArray[] {
+    if (this.keys === null || this.values === null) return [];
+    return [sliceT(this.keys.norms, this.idx), sliceT(this.keys.indices, this.idx), sliceT(this.values.norms, this.idx), sliceT(this.values.indices, this.idx)];
+  }
+
+  /** Python's state: (keys state, values state, offset, left_padding), as caller-owned arrays. */
+  get state(): MlxArray[] {
+    return [...this.quantizedState, mx.alias(this.offset), mx.alias(this.leftPadding)];
+  }
+
+  /** meta_state: (_idx, bits, seed, key_bits, value_bits) as Python's str(). */
+  get metaState(): string[] {
+    return [String(this.idx), pyFloatStr(this.bits), String(this.seed), pyFloatStr(this.keyBits), pyFloatStr(this.valueBits)];
+  }
+
+  /** dequantize(): float32 (keys, values) up to idx. */
+  dequantize(): [MlxArray, MlxArray] {
+    const [kn, ki, vn, vi] = this.quantizedState as [MlxArray, MlxArray, MlxArray, MlxArray];
+    try {
+      using k = this.keyCodec!.dequantize({ norms: kn, indices: ki });
+      using v = this.valueCodec!.dequantize({ norms: vn, indices: vi });
+      return [mx.astype(k, "float32"), mx.astype(v, "float32")];
+    } finally {
+      for (const a of [kn, ki, vn, vi]) a.dispose();
+    }
+  }
+
+  quantizedAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
+    if (this.keys === null || this.keyCodec === null || this.valueCodec === null) throw new CacheError("BatchTurboQuantKVCache", "attention over an empty cache");
+    if (this.fusedAttentionEligible && queries.shape[2] === 1) {
+      throw new CacheError(
+        "BatchTurboQuantKVCache",
+        "decode attention through a single unpadded row (mlx-vlm's decode_attention with an array mask, its masked chunked route) is not ported; use two or more prompts of which one is shorter, or the single-sequence path",
+      );
+    }
+    // several rows (or a single row's prefill: prefill_attention declines MSE keys): dequantize + SDPA
+    const [k, v] = this.dequantize();
+    try {
+      using kq = mx.astype(k, queries.dtype);
+      using vq = mx.astype(v, queries.dtype);
+      return mx.fast.scaledDotProductAttention(queries, kq, vq, { scale, mask });
+    } finally {
+      k.dispose();
+      v.dispose();
+    }
+  }
+
+  /** filter(batch_indices): keep those rows, then drop the left padding they all share. */
+  filter(batchIndices: readonly number[]): void {
+    if (batchIndices.length === 0) throw new CacheError("BatchTurboQuantKVCache.filter", "an empty selection (mlx-vlm clears the cache list instead)");
+    for (const i of batchIndices) {
+      if (!Number.isInteger(i) || i < 0 || i >= this.batchSize) throw new CacheError("BatchTurboQuantKVCache.filter", `index ${i} outside a batch of ${this.batchSize}`);
+    }
+    using idx = int32(batchIndices);
+    const take = (a: MlxArray) => {
+      const r = mx.take(a, idx, 0);
+      a.dispose();
+      return r;
+    };
+    if (this.keys !== null && this.values !== null) {
+      this.keys = mapState(this.keys, take);
+      this.values = mapState(this.values, take);
+    }
+    this.offset = take(this.offset);
+    this.leftPadding = take(this.leftPadding);
+    const lp = this.leftPadding.toNumbers();
+    const minLp = Math.min(Math.min(...lp), this.idx);
+    if (minLp > 0) {
+      const drop = (a: MlxArray) => {
+        const s = a.shape;
+        const start = s.map(() => 0);
+        start[2] = minLp;
+        const r = mx.slice(a, start, s);
+        a.dispose();
+        return r;
+      };
+      if (this.keys !== null && this.values !== null) {
+        this.keys = mapState(this.keys, drop);
+        this.values = mapState(this.values, drop);
+      }
+      this.idx -= minLp;
+      const next = mx.subtract(this.leftPadding, minLp);
+      this.leftPadding.dispose();
+      this.leftPadding = next;
+    }
+    this.fusedAttentionEligible = this.batchSize === 1 && this.leftPadding.toNumbers()[0] === 0;
+  }
+
+  isTrimmable(): boolean {
+    return true;
+  }
+
+  trim(n: number): number {
+    if (!Number.isInteger(n) || n < 0) throw new CacheError("BatchTurboQuantKVCache.trim", `n must be a non-negative integer, got ${n}`);
+    n = Math.min(this.idx, n);
+    this.idx -= n;
+    const off = mx.subtract(this.offset, n);
+    this.offset.dispose();
+    this.offset = off;
+    return n;
+  }
+
+  size(): number {
+    return this.idx;
+  }
+
+  empty(): boolean {
+    return this.keys === null;
+  }
+
+  get nbytes(): number {
+    const st = this.quantizedState;
+    try {
+      return st.reduce((a, x) => a + x.nbytes, 0);
+    } finally {
+      for (const a of st) a.dispose();
+    }
+  }
+
+  prepare(): void {
+    throw new CacheError("BatchTurboQuantKVCache.prepare", "not in mlx-vlm's class (right-padded prefill with TurboQuant is not a path mlx-vlm has)");
+  }
+
+  finalize(): void {
+    throw new CacheError("BatchTurboQuantKVCache.finalize", "not in mlx-vlm's class (right-padded prefill with TurboQuant is not a path mlx-vlm has)");
+  }
+
+  extend(): void {
+    throw new CacheError("BatchTurboQuantKVCache.extend", "continuous batching with TurboQuant caches is not ported");
+  }
+
+  extract(): KVCacheLike {
+    throw new CacheError("BatchTurboQuantKVCache.extract", "not ported");
+  }
+
+  copy(): BatchCacheLike {
+    throw new CacheError("BatchTurboQuantKVCache.copy", "not ported");
+  }
+
+  dispose(): void {
+    disposeState(this.keys);
+    disposeState(this.values);
+    this.keys = this.values = null;
+    this.keyCodec?.dispose();
+    this.valueCodec?.dispose();
+    this.keyCodec = this.valueCodec = null;
+    this.offset.dispose();
+    this.leftPadding.dispose();
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/** _reserve_state_capacity(state, used, needed, cache_step): grow to a multiple of the step, copying the used part. */
+function reserve(s: MSEState, used: number, needed: number): MSEState {
+  const capacity = s.norms.shape[2]!;
+  if (capacity >= needed) return s;
+  const cap = Math.ceil(needed / CACHE_STEP) * CACHE_STEP;
+  let grown: MSEState = { norms: allocLike(s.norms, cap), indices: allocLike(s.indices, cap) };
+  if (used > 0) {
+    using n = sliceT(s.norms, used);
+    using i = sliceT(s.indices, used);
+    grown = write(grown, { norms: n, indices: i }, 0);
+  }
+  disposeState(s);
+  return grown;
+}
+
+function write(dst: MSEState, src: MSEState, start: number): MSEState {
+  const norms = writeT(dst.norms, src.norms, start);
+  const indices = writeT(dst.indices, src.indices, start);
+  disposeState(dst);
+  return { norms, indices };
+}
