@@ -1,6 +1,8 @@
 // `npm run serve` (serve/) against mlx_lm.server 0.32.2, both started here on 127.0.0.1 on the
-// tokenizer fixture (a tiny bfloat16 Gemma 4 over a real 262,144-piece tokenizer, built by
-// oracle/python/make_checkpoints.py), one pair of servers for the whole file. A fixed list of
+// tool fixture (suites/serve/tool_fixture.ts: the tokenizer fixture, a tiny bfloat16 Gemma 4 over
+// a real 262,144-piece tokenizer built by oracle/python/make_checkpoints.py, with Gemma 4's
+// tool-call and thinking markers and a chat template that renders `tools`), one pair of servers
+// for the whole file. A fixed list of
 // requests is sent to both, one at a time, and compared:
 //  - the raw response bodies, byte for byte, once the three fields that must differ are blanked:
 //    `id` (a fresh uuid), `created` (a clock) and `system_fingerprint` (mlx-lm's names its
@@ -18,7 +20,10 @@
 // Cases: completions and chat, streaming and not, greedy (mlx_lm.server's batched path) and
 // seeded sampling (its sequential path, which a seed selects), logprobs and top_logprobs (with
 // mlx_lm.server's layout: a step's `id`/`logprob` are the first entry of an unsorted top-k, not
-// the sampled token), stop words (chosen from a greedy run so that they do stop it).
+// the sampled token), stop words (chosen from a greedy run so that they do stop it), `tools`
+// (rendered by each server's chat template: the prompt token counts show them; an assistant turn
+// with tool_calls whose arguments come as a JSON string, a tool result). The tiny model writes no
+// tool calls itself: suites/serve/tools.test.ts compares the tool-call responses.
 // mlx_lm.server runs with --prompt-cache-size 0: this server has no prompt cache yet, and a
 // cache hit would show in usage.prompt_tokens_details.cached_tokens.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -26,8 +31,10 @@ import { join } from "node:path";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { limit } from "../../tests/time_limit.ts";
 import { freePort, type ServerProcess, startServerProcess } from "./processes.ts";
+import { buildToolFixture } from "./tool_fixture.ts";
 
-const DIR = join(REPO_ROOT, ".cache", "tokenizer-fixture");
+const TOKENIZER_FIXTURE = join(REPO_ROOT, ".cache", "tokenizer-fixture");
+const DIR = join(REPO_ROOT, ".cache", "serve-parity-fixture");
 const SOURCE = join(REPO_ROOT, "node_modules", "@lenml", "tokenizer-gemma3", "models");
 const PYTHON = process.env.ORACLE_PYTHON || join(REPO_ROOT, ".venv", "bin", "python");
 // mlx_lm.server's own main, unmodified, after the oracle's device switch (MLX_DEVICE)
@@ -88,7 +95,8 @@ type Body = { choices: Choice[]; usage: { prompt_tokens: number; completion_toke
 beforeAll(async () => {
   const t0 = performance.now();
   const since = () => `${((performance.now() - t0) / 1000).toFixed(1)} s`;
-  await (await sharedOracle()).request("make_checkpoints", { tokenizer_from: SOURCE, out: DIR }, START);
+  await (await sharedOracle()).request("make_checkpoints", { tokenizer_from: SOURCE, out: TOKENIZER_FIXTURE }, START);
+  buildToolFixture(TOKENIZER_FIXTURE, DIR);
   const phases = [`fixture ready ${since()}`];
   const [p1, p2] = [await freePort(), await freePort()];
   const started = await Promise.allSettled([
@@ -269,6 +277,33 @@ describe("npm run serve = mlx_lm.server, body for body", () => {
     ran++;
   }, 3 * CASE);
 
+  it("chat with tools (greedy, logprobs; streaming and not): the tools reach the prompt, bodies equal", async () => {
+    const tools = [
+      { type: "function", function: { name: "get_weather", description: "The weather of a city", parameters: { type: "object", properties: { city: { type: "string" }, days: { type: "integer" } } } } },
+      { type: "function", function: { name: "search", description: "Searches the web", parameters: { type: "object", properties: { q: { type: "string" } } } } },
+    ];
+    const messages = [{ role: "system", content: "Use the tools." }, { role: "user", content: "What is the weather in Paris?" }];
+    const plainChat = (await same("/v1/chat/completions", { messages, max_tokens: 4 })) as Body;
+    const withTools = (await same("/v1/chat/completions", { messages, tools, max_tokens: 6, logprobs: true })) as Body;
+    // the declarations are in the prompt, on both sides (the token counts are compared equal above)
+    expect(withTools.usage.prompt_tokens).toBeGreaterThan(plainChat.usage.prompt_tokens + 20);
+    expect(withTools.choices[0]!.logprobs!.content).toHaveLength(6);
+    await same("/v1/chat/completions", { messages, tools, max_tokens: 5, stream: true });
+    // a turn after a tool call: the assistant's call (arguments as a JSON string, parsed by both) and the tool's result
+    const history = [
+      ...messages,
+      { role: "assistant", content: null, tool_calls: [{ id: "call-1", type: "function", function: { name: "get_weather", arguments: '{"city": "Paris", "days": 2}' } }] },
+      { role: "tool", tool_call_id: "call-1", content: "Sunny, 24 C" },
+      { role: "user", content: "And tomorrow?" },
+    ];
+    const after = (await same("/v1/chat/completions", { messages: history, tools, max_tokens: 5, logprobs: true })) as Body;
+    expect(after.usage.prompt_tokens).toBeGreaterThan(withTools.usage.prompt_tokens + 15);
+    // an empty tools list is no tools (body.get("tools") or None)
+    const empty = (await same("/v1/chat/completions", { messages, tools: [], max_tokens: 4 })) as Body;
+    expect(empty.usage.prompt_tokens).toBe(plainChat.usage.prompt_tokens);
+    ran++;
+  }, 3 * CASE);
+
   it("GET /health and /v1/models (the served model's entry)", async () => {
     const [ha, hb] = await Promise.all([ref, ts].map((s) => fetch(`${s.url}/health`).then(async (r) => [r.status, await r.text()])));
     expect(hb).toEqual(ha);
@@ -292,6 +327,6 @@ describe("npm run serve = mlx_lm.server, body for body", () => {
   }, CASE);
 
   it("ran every case", () => {
-    expect(ran).toBe(10);
+    expect(ran).toBe(11);
   });
 });
