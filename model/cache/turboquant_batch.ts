@@ -5,12 +5,12 @@
 // bookkeeping, as in BatchKVCache: left-padded rows, a shared write index `idx` (Python's _idx) and
 // per-row offsets (idx - left_padding).
 //
-// Attention (models/base.py scaled_dot_product_attention): the fused route applies only to a
+// Attention (models/base.py scaled_dot_product_attention): the quantized route applies only to a
 // single row with no left padding (_turboquant_attention_applies); every other batch dequantizes
 // the state up to idx (float32), casts to the queries' dtype and runs
-// mx.fast.scaled_dot_product_attention with the batch mask. The single-row route is decode
-// attention with an array mask (mlx-vlm's masked chunked route), which the port does not have:
-// it refuses (CacheError) rather than compute something else.
+// mx.fast.scaled_dot_product_attention with the batch mask. For that single row a decode step is
+// decode_attention with the batch's array mask, which takes mlx-vlm's masked chunked route
+// (maskedDecodeAttention); a prefill chunk dequantizes (prefill_attention declines MSE keys).
 //
 // Not ported (refused with a CacheError): extend, extract, prepare/finalize (mlx-vlm's class has
 // no prepare/finalize either), copy. filter is ported (rows leaving a batch).
@@ -154,12 +154,7 @@ export class BatchTurboQuantKVCache implements BatchCacheLike, QuantizedAttentio
 
   quantizedAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
     if (this.keys === null || this.keyCodec === null || this.valueCodec === null) throw new CacheError("BatchTurboQuantKVCache", "attention over an empty cache");
-    if (this.fusedAttentionEligible && queries.shape[2] === 1) {
-      throw new CacheError(
-        "BatchTurboQuantKVCache",
-        "decode attention through a single unpadded row (mlx-vlm's decode_attention with an array mask, its masked chunked route) is not ported; use two or more prompts of which one is shorter, or the single-sequence path",
-      );
-    }
+    if (this.fusedAttentionEligible && queries.shape[2] === 1) return this.maskedDecodeAttention(queries, scale, mask);
     // several rows (or a single row's prefill: prefill_attention declines MSE keys): dequantize + SDPA
     const [k, v] = this.dequantize();
     try {
@@ -170,6 +165,71 @@ export class BatchTurboQuantKVCache implements BatchCacheLike, QuantizedAttentio
       k.dispose();
       v.dispose();
     }
+  }
+
+  /**
+   * decode_attention for one unpadded row: the batch mask is an array, so mlx-vlm takes its
+   * chunked route (one chunk: decode_key_chunk_size is 2^30), op for op: scores against the
+   * codebook entries, the mask applied with finfo.min, exp(scores - max) weights summed through
+   * the value codec (weighted_sum_stats_from_scores), the running max / normalizer merge from
+   * zeros and -inf, and the division by max(normalizer, 1e-6).
+   */
+  private maskedDecodeAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
+    const [B, Hq, L, D] = queries.shape as [number, number, number, number];
+    const Hkv = this.keys!.norms.shape[1]!;
+    const R = Hq / Hkv;
+    const Dv = this.valueCodec!.dim;
+    const [kn, ki, vn, vi] = this.quantizedState as [MlxArray, MlxArray, MlxArray, MlxArray];
+    const total = kn.shape[2]!;
+    using stack = new DisposableStack();
+    for (const a of [kn, ki, vn, vi]) stack.use(a);
+    const qs = stack.use(mx.multiply(queries, scale));
+    const grouped = stack.use(mx.reshape(qs, [B, Hkv, R, L, D]));
+    const prepared = stack.use(this.keyCodec!.prepareQueries(grouped));
+    const output0 = stack.use(mx.zeros([B, Hkv, R, L, Dv], "float32"));
+    const normalizer0 = stack.use(mx.zeros([B, Hkv, R, L], "float32"));
+    const maxScore0 = stack.use(mx.full([B, Hkv, R, L], -Infinity, "float32"));
+    let scores = stack.use(this.keyCodec!.scorePrepared(prepared, { norms: kn, indices: ki }));
+    if (mask === "causal") {
+      const past = total - L;
+      const qi0 = stack.use(mx.arange(past, past + L));
+      const kj0 = stack.use(mx.arange(0, total));
+      const qi = stack.use(mx.expandDims(qi0, 1));
+      const kj = stack.use(mx.expandDims(kj0, 0));
+      const c0 = stack.use(mx.greaterEqual(qi, kj));
+      const c = stack.use(mx.reshape(c0, [1, 1, 1, L, total]));
+      scores = stack.use(mx.where(c, scores, mx.finfo(scores.dtype).min));
+    } else if (mask !== null) {
+      const s = mask.shape;
+      const start = s.map(() => 0);
+      const stop = [...s];
+      stop[s.length - 2] = Math.min(L, s[s.length - 2]!);
+      stop[s.length - 1] = Math.min(total, s[s.length - 1]!);
+      let m = stack.use(mx.slice(mask, start, stop));
+      if (m.ndim === scores.ndim - 1) m = stack.use(mx.expandDims(m, 2));
+      scores = m.dtype === "bool" ? stack.use(mx.where(m, scores, mx.finfo(scores.dtype).min)) : stack.use(mx.add(scores, m));
+    }
+    // weighted_sum_stats_from_scores (the value codec's plain path)
+    const chunkMax = stack.use(mx.max(scores, -1));
+    const cm1 = stack.use(mx.expandDims(chunkMax, -1));
+    const shifted = stack.use(mx.subtract(scores, cm1));
+    const weights = stack.use(mx.exp(shifted));
+    const chunkOut = stack.use(this.valueCodec!.weightedSum(weights, { norms: vn, indices: vi }));
+    const chunkDenom = stack.use(mx.sum(weights, -1));
+    // the online-softmax merge with the initial zeros / -inf
+    const newMax = stack.use(mx.maximum(maxScore0, chunkMax));
+    const prevScale = stack.use(mx.exp(stack.use(mx.subtract(maxScore0, newMax))));
+    const chunkScale = stack.use(mx.exp(stack.use(mx.subtract(chunkMax, newMax))));
+    const o1 = stack.use(mx.multiply(output0, stack.use(mx.expandDims(prevScale, -1))));
+    const o2 = stack.use(mx.multiply(chunkOut, stack.use(mx.expandDims(chunkScale, -1))));
+    const output = stack.use(mx.add(o1, o2));
+    const n1 = stack.use(mx.multiply(normalizer0, prevScale));
+    const n2 = stack.use(mx.multiply(chunkDenom, chunkScale));
+    const normalizer = stack.use(mx.add(n1, n2));
+    const den = stack.use(mx.maximum(stack.use(mx.expandDims(normalizer, -1)), 1e-6));
+    const out = stack.use(mx.divide(output, den));
+    const r = stack.use(mx.reshape(out, [B, Hq, L, Dv]));
+    return mx.astype(r, queries.dtype);
   }
 
   /** filter(batch_indices): keep those rows, then drop the left padding they all share. */
