@@ -12,6 +12,7 @@ import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "../pari
 import { applyDeviceFlag, DEVICE_FLAG } from "../parity/device.ts";
 import { inspectCheckpoint } from "../parity/inputs.ts";
 import { Engine } from "./engine.ts";
+import { PrefixReuse } from "./prefix_cache.ts";
 import { startServer } from "./server.ts";
 import { loadServedTokenizer, TokenizerLoadError } from "./tokenizer.ts";
 
@@ -30,6 +31,9 @@ export const FLAGS: FlagSpec[] = [
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "step size for prefill processing", default: 2048 },
   { name: "decode-concurrency", kind: "int", valueName: "N", help: "when a request is batchable, decode that many requests in parallel (BatchGenerator's completion_batch_size)", default: 32 },
   { name: "prompt-concurrency", kind: "int", valueName: "N", help: "when a request is batchable, process that many prompts in parallel (BatchGenerator's prefill_batch_size)", default: 8 },
+  { name: "prompt-cache-size", kind: "int", valueName: "N", help: "maximum number of distinct KV caches to hold in the prompt cache (mlx_lm.server's LRUPromptCache)", default: 10 },
+  { name: "prompt-cache-bytes", kind: "string", valueName: "size", help: "maximum size in bytes of the KV caches (prompt cache, snapshots and the running batch), e.g. 4GB, 500M; default: no limit" },
+  { name: "prompt-cache-snapshots", kind: "int", valueName: "N", help: "beyond mlx_lm.server: keep up to N snapshots of the caches at prefill chunk boundaries, so that a prompt sharing a long prefix past the sliding window is not prefilled again (serve/PREFIX.md)", default: 0 },
   { name: "record-schedule", kind: "string", valueName: "file", help: "write the batch schedule (inserts, removals, each sequence's tokens and logprobs) to this JSON-lines file, for oracle/python/serve_replay.py; seeds unseeded sampling per generator" },
   { name: "max-body-bytes", kind: "int", valueName: "N", help: "largest request body accepted (413 above)", default: 1048576 },
   { name: "max-prompt-tokens", kind: "int", valueName: "N", help: "longest prompt accepted, in tokens (400 above); default: the model's max_position_embeddings" },
@@ -40,12 +44,22 @@ export const FLAGS: FlagSpec[] = [
 ];
 
 /** mlx_lm.server flags this server does not have yet: named, so that the error says so. */
-const NOT_YET = ["adapter-path", "draft-model", "num-draft-tokens", "trust-remote-code", "chat-template", "use-default-chat-template", "prompt-cache-size", "prompt-cache-bytes", "kv-bits", "kv-group-size", "quantized-kv-start", "pipeline"];
+const NOT_YET = ["adapter-path", "draft-model", "num-draft-tokens", "trust-remote-code", "chat-template", "use-default-chat-template", "kv-bits", "kv-group-size", "quantized-kv-start", "pipeline"];
 
 function positiveInt(a: Record<string, unknown>, name: string, min = 1): number {
   const v = Number(a[name]);
   if (!Number.isSafeInteger(v) || v < min) throw new UsageError(`--${name} must be an integer >= ${min}, got ${a[name]}`);
   return v;
+}
+
+/** mlx_lm.utils._parse_size: digits (and dots), then "", M, MB, G or GB (any case; powers of 10). */
+export function parseSize(x: string): number {
+  const m = /^([0-9.]*)(.*)$/.exec(x)!;
+  const units: Record<string, number> = { "": 1, M: 1e6, MB: 1e6, G: 1e9, GB: 1e9 };
+  const unit = units[m[2]!.trim().toUpperCase()];
+  const digits = m[1]!;
+  if (unit === undefined || !/^(\d+\.?\d*|\.\d+)$/.test(digits)) throw new UsageError(`--prompt-cache-bytes: '${x}' is not a size (digits, then nothing, M, MB, G or GB)`);
+  return Math.trunc(Number(digits) * unit);
 }
 
 async function checkPortFree(host: string, port: number): Promise<void> {
@@ -112,7 +126,11 @@ async function main(argv: string[]): Promise<number> {
   const log = (line: string) => process.stderr.write(`${new Date().toISOString()} ${line}\n`);
   // no max_position_embeddings refusal at insert: mlx_lm.server's BatchGenerator has none (the prompt limit is --max-prompt-tokens)
   const batched = { ...batchModel(loaded), maxPositions: undefined };
+  const snapshots = positiveInt(a, "prompt-cache-snapshots", 0);
+  if (snapshots > 0 && typeof a["record-schedule"] === "string") throw new UsageError("--prompt-cache-snapshots cannot be combined with --record-schedule: the replay (oracle/python/serve_replay.py) mirrors mlx_lm.server's prompt cache, which has no snapshots");
+  const prefix = new PrefixReuse({ size: positiveInt(a, "prompt-cache-size", 0), bytes: a["prompt-cache-bytes"] === undefined ? null : parseSize(String(a["prompt-cache-bytes"])), snapshots });
   const engine = new Engine(model, batched, tokenizer, {
+    prefix,
     prefillStepSize: positiveInt(a, "prefill-step-size"),
     prefillBatchSize: positiveInt(a, "prompt-concurrency"),
     completionBatchSize: positiveInt(a, "decode-concurrency"),

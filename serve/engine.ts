@@ -34,8 +34,11 @@ import { appendFileSync, writeFileSync } from "node:fs";
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { type GenerateModel, generateStep } from "../model/generate.ts";
+import { speculativeGenerateStep } from "../model/generate_speculative.ts";
 import { BatchGenerator, type BatchModel, StopSequences as BatchStopSequences } from "../model/generate_batch.ts";
 import { makeSampler, type Sampler, type SamplerOptions } from "../model/sample.ts";
+import { type CacheList, type PrefixReuse, type PrefixStats } from "./prefix_cache.ts";
+import type { CacheType } from "./prompt_cache.ts";
 import type { StopSequences } from "./text_state.ts";
 import type { ServedTokenizer, StreamingDetokenizer } from "./tokenizer.ts";
 
@@ -60,6 +63,8 @@ export interface EngineRequest {
   maxTokens: number;
   sampler: SamplerOptions;
   seed: number | null;
+  /** num_draft_tokens (the request's, else --num-draft-tokens): used only with a draft model. */
+  numDraftTokens?: number;
   topLogprobs: number;
   stop: StopSequences;
   /** Checked before the request starts and after every token. */
@@ -68,6 +73,10 @@ export interface EngineRequest {
   tag?: string;
   /** The prompt split as mlx_lm.server's _tokenize splits it (their concatenation is `prompt`); default: one segment. */
   segments?: readonly (readonly number[])[];
+  /** _tokenize's segment_types, one per segment (default: "assistant"): the kind each segment-end cache is stored as. */
+  segmentTypes?: readonly CacheType[];
+  /** Called once the prompt cache was consulted: how many prompt tokens come from it (mlx_lm.server's prompt_cache_count). */
+  onCached?: (n: number) => void;
 }
 
 export interface EngineOptions {
@@ -78,12 +87,20 @@ export interface EngineOptions {
   completionBatchSize: number;
   /** --record-schedule: the JSON-lines file the schedule is written to (truncated at start). */
   recordSchedule: string | null;
+  /** --draft-model: every request runs alone through speculative decoding (mlx_lm.server's draft models are not batchable). */
+  draft?: GenerateModel | null;
   /** TimeBudget's budget (0.5 s). */
   timeBudgetMs?: number;
   log?: (line: string) => void;
+  /** The prompt cache (mlx_lm.server's LRUPromptCache, with optional snapshots); null: none (--prompt-cache-size 0 still keeps one, as mlx_lm.server does). */
+  prefix?: PrefixReuse | null;
 }
 
 const tick = () => new Promise<void>((r) => setImmediate(r));
+
+function disposeList(c: readonly { dispose(): void }[]): void {
+  for (const x of c) x.dispose();
+}
 
 function valueAt(row: MlxArray, id: number): number {
   using one = mx.slice(row, [id], [id + 1]);
@@ -153,6 +170,10 @@ interface Active {
   tokens: number[];
   logprobs: number[];
   shas: string[];
+  /** segment_types[::-1] of the segments left after the cached prefix: popped at each segment end. */
+  segmentTypes: CacheType[];
+  /** The cache fetched for it: merged by copy when the sequence enters the prompt batch, freed then. */
+  fetched: CacheList | null;
 }
 
 const samplerKey = (o: SamplerOptions) => JSON.stringify([o.temp ?? 0, o.topP ?? 0, o.minP ?? 0, o.topK ?? 0]);
@@ -187,6 +208,10 @@ export class Engine {
 
   private record(event: Record<string, unknown>): void {
     if (this.opts.recordSchedule !== null) appendFileSync(this.opts.recordSchedule, `${JSON.stringify(event)}\n`);
+  }
+
+  private get prefix(): PrefixReuse | null {
+    return this.opts.prefix ?? null;
   }
 
   private get recording(): boolean {
@@ -254,7 +279,7 @@ export class Engine {
           job.ch.end();
           continue;
         }
-        const batchable = job.req.seed === null;
+        const batchable = job.req.seed === null && !this.opts.draft;
         if (this.gen && batchable) this.insert(job);
         else if (!this.gen) {
           if (!batchable) await this.serveSingle(job);
@@ -296,7 +321,7 @@ export class Engine {
       // unseeded sampling draws from the global random state: fixed here so that a replay can draw the same
       const seed = randomInt(2 ** 31);
       mx.random.seed(seed);
-      this.record({ event: "open", session: this.session, rng_seed: seed, prefill_batch_size: this.opts.prefillBatchSize, completion_batch_size: this.opts.completionBatchSize, prefill_step_size: this.opts.prefillStepSize });
+      this.record({ event: "open", session: this.session, rng_seed: seed, prefill_batch_size: this.opts.prefillBatchSize, completion_batch_size: this.opts.completionBatchSize, prefill_step_size: this.opts.prefillStepSize, prompt_cache_size: this.prefix?.opts.size ?? null, prompt_cache_bytes: this.prefix?.opts.bytes ?? null });
     }
   }
 
@@ -306,25 +331,88 @@ export class Engine {
     this.record({ event: "close", session: this.session, step: this.step });
   }
 
+  /** fetch_nearest_cache for a prompt (none without a prompt cache), reported to the request. */
+  private fetchCache(job: Job): { cache: CacheList | null; cached: number; source: string | null } {
+    const f = this.prefix ? this.prefix.fetch(job.req.prompt) : { cache: null, cached: 0, source: null };
+    job.req.onCached?.(f.cached);
+    if (f.source !== null) this.opts.log?.(`prompt cache: ${job.req.tag ?? `request ${job.n}`} starts from ${f.cached} of its ${job.req.prompt.length} prompt tokens (${f.source === "lru" ? "LRU entry" : "chunk snapshot"})`);
+    return f;
+  }
+
   private insert(job: Job): void {
     const r = job.req;
     let uid: number;
     const key = samplerKey(r.sampler);
+    const segments = (r.segments ?? [r.prompt]).map((x) => [...x]);
+    const types = [...(r.segmentTypes ?? segments.map(() => "assistant" as CacheType))];
+    let fetched: CacheList | null = null;
+    let cached = 0;
     try {
+      ({ cache: fetched, cached } = this.fetchCache(job));
+      // the cached tokens leave the front segments (ResponseGenerator._generate)
+      let n = cached;
+      while (n > 0) {
+        if (n >= segments[0]!.length) {
+          n -= segments.shift()!.length;
+          types.shift();
+        } else {
+          segments[0] = segments[0]!.slice(n);
+          break;
+        }
+      }
       const shared = this.sampler(r.sampler);
       // one sampler object per request, as mlx_lm.server makes one per request: the batch samples row by row
       const own: Sampler = (lp) => shared(lp);
-      [uid] = this.gen!.insertSegments([r.segments ?? [r.prompt]], { maxTokens: [r.maxTokens], samplers: [own], stopSequences: [new BatchStopSequences(r.stop.sequences)] }) as [number];
+      [uid] = this.gen!.insertSegments([segments], {
+        maxTokens: [r.maxTokens],
+        samplers: [own],
+        stopSequences: [new BatchStopSequences(r.stop.sequences)],
+        ...(fetched ? { caches: [fetched], allTokens: [r.prompt.slice(0, cached)] } : {}),
+      }) as [number];
     } catch (e) {
+      if (fetched) disposeList(fetched);
       job.ch.fail(e as Error);
       return;
     }
-    this.active.set(uid, { job, detok: this.tokenizer.newDetokenizer(), samplerKey: key, tokens: [], logprobs: [], shas: [] });
-    this.record({ event: "insert", session: this.session, step: this.step, uid, request: job.n, tag: r.tag ?? null, prompt: r.prompt, segments: r.segments ?? [r.prompt], max_tokens: r.maxTokens, sampler: samplerRecord(r.sampler), stop_sequences: r.stop.sequences });
+    this.active.set(uid, { job, detok: this.tokenizer.newDetokenizer(), samplerKey: key, tokens: [], logprobs: [], shas: [], segmentTypes: types.reverse(), fetched });
+    this.record({ event: "insert", session: this.session, step: this.step, uid, request: job.n, tag: r.tag ?? null, prompt: r.prompt, segments: r.segments ?? [r.prompt], segment_types: r.segmentTypes ?? (r.segments ?? [r.prompt]).map(() => "assistant"), cached, max_tokens: r.maxTokens, sampler: samplerRecord(r.sampler), stop_sequences: r.stop.sequences });
+    // mlx_lm.server: the prompt cache is trimmed to what the batch leaves of --prompt-cache-bytes
+    this.prefix?.enforceBytes(this.gen!.promptCacheNbytes);
+  }
+
+  private releaseFetched(a: Active): void {
+    if (a.fetched) disposeList(a.fetched);
+    a.fetched = null;
+  }
+
+  /** After a next() call, as ResponseGenerator._generate: the caches at segment ends go to the prompt cache; with snapshots, the caches at the other chunk ends too. */
+  private storePrefixes(prompts: readonly { uid: number; endOfSegment: boolean; endOfPrompt: boolean }[]): void {
+    const gen = this.gen!;
+    for (const p of prompts) {
+      const a = this.active.get(p.uid);
+      if (a) this.releaseFetched(a); // it is in the prompt batch now: merged by copy
+    }
+    if (!this.prefix) return;
+    const eos = prompts.filter((p) => p.endOfSegment && !p.endOfPrompt && (this.active.get(p.uid)?.segmentTypes.length ?? 0) > 0).map((p) => p.uid);
+    for (const [uid, { cache, tokens }] of gen.extractCache(eos)) this.prefix.insert(tokens, cache, this.active.get(uid)!.segmentTypes.pop()!);
+    if (this.prefix.snapshotting) {
+      const stored = new Set(eos);
+      const chunkEnds = prompts.filter((p) => !p.endOfPrompt && !stored.has(p.uid) && this.active.has(p.uid)).map((p) => p.uid);
+      if (chunkEnds.length) {
+        const active = gen.promptCacheNbytes;
+        for (const { cache, tokens } of gen.extractCache(chunkEnds).values()) this.prefix.snapshot(tokens, cache, active);
+      }
+    }
+  }
+
+  /** The prompt cache's counters (null without one). */
+  prefixStats(): PrefixStats | null {
+    return this.prefix?.stats() ?? null;
   }
 
   private finish(uid: number, a: Active, reason: string): void {
     this.active.delete(uid);
+    this.releaseFetched(a);
     a.job.ch.end();
     this.record({ event: "leave", session: this.session, step: this.step, uid, request: a.job.n, tag: a.job.req.tag ?? null, reason, tokens: a.tokens, logprobs: a.logprobs, logprobs_sha256: a.shas });
   }
@@ -343,6 +431,7 @@ export class Engine {
           const a = this.active.get(p.uid);
           if (a && this.cancelled(a.job)) remove.add(p.uid);
         }
+        this.storePrefixes(prompts);
         for (const g of generated) {
           const a = this.active.get(g.uid);
           if (!a) continue;
@@ -362,7 +451,12 @@ export class Engine {
             a.shas.push(rowSha(g.logprobs));
           }
           a.job.ch.push({ text, token: g.token, logprob, finishReason: g.finishReason, topTokens: topTokens(g.logprobs, a.job.req.topLogprobs, this.tokenizer) });
-          if (g.finishReason !== null) this.finish(g.uid, a, g.finishReason);
+          if (g.finishReason !== null) {
+            const cache = g.takePromptCache();
+            if (cache && this.prefix && g.allTokens) this.prefix.insert(g.allTokens, cache, "assistant");
+            else if (cache) disposeList(cache);
+            this.finish(g.uid, a, g.finishReason);
+          }
           else if (this.cancelled(a.job)) remove.add(g.uid);
         }
         await tick();
@@ -376,7 +470,10 @@ export class Engine {
     } catch (e) {
       // the generator's state is unknown after a failure: every sequence in it fails, a new generator serves the next request
       this.opts.log?.(`error: generation failed: ${(e as Error).stack ?? e}`);
-      for (const a of this.active.values()) a.job.ch.fail(e as Error);
+      for (const a of this.active.values()) {
+        this.releaseFetched(a);
+        a.job.ch.fail(e as Error);
+      }
       this.active.clear();
       this.closeSession();
       this.drain = false;
@@ -391,13 +488,34 @@ export class Engine {
     const logprobs: number[] = [];
     const shas: string[] = [];
     let reason = "cancelled";
+    let cache: CacheList | null = null;
+    let cached = 0;
+    let inserted = false;
+    const generated: number[] = [];
     try {
-      steps = generateStep(this.model, req.prompt, {
-        maxTokens: req.maxTokens,
-        sampler: this.sampler(req.sampler),
-        prefillStepSize: this.opts.prefillStepSize,
-        ...(req.seed !== null ? { seed: req.seed } : {}),
-      });
+      // mlx_lm.server seeds before it fetches the cache (a copy draws nothing from the random state)
+      const draft = this.opts.draft;
+      if (draft) {
+        // speculative decoding from fresh target and draft caches: no prompt cache with a draft model (README, Serving)
+        req.onCached?.(0);
+        steps = speculativeGenerateStep(this.model, draft, req.prompt, {
+          numDraftTokens: req.numDraftTokens ?? 3,
+          maxTokens: req.maxTokens,
+          sampler: this.sampler(req.sampler),
+          prefillStepSize: this.opts.prefillStepSize,
+          ...(req.seed !== null ? { seed: req.seed } : {}),
+        });
+      } else {
+        ({ cache, cached } = this.fetchCache(job));
+        cache ??= this.model.makeCache();
+        steps = generateStep(this.model, req.prompt.slice(cached), {
+          maxTokens: req.maxTokens,
+          sampler: this.sampler(req.sampler),
+          prefillStepSize: this.opts.prefillStepSize,
+          promptCache: cache,
+          ...(req.seed !== null ? { seed: req.seed } : {}),
+        });
+      }
       const matcher = req.stop.matcher();
       const detok = this.tokenizer.newDetokenizer();
       for await (const g of steps) {
@@ -417,6 +535,7 @@ export class Engine {
           shas.push(rowSha(g.logprobs));
         }
         job.ch.push({ text, token: g.token, logprob, finishReason, topTokens: topTokens(g.logprobs, req.topLogprobs, this.tokenizer) });
+        generated.push(g.token);
         if (finishReason !== null) {
           reason = finishReason;
           break;
@@ -425,21 +544,32 @@ export class Engine {
         if (this.cancelled(job)) break;
       }
       job.ch.end();
+      await steps.return(undefined);
+      // _serve_single saves the cache under the prompt and every generated token, after a cancel too (not after a failure)
+      if (this.prefix && cache) {
+        this.prefix.insert([...req.prompt, ...generated], cache, "assistant");
+        inserted = true;
+      }
     } catch (e) {
       job.ch.fail(e as Error);
     } finally {
       await steps?.return(undefined);
-      this.record({ event: "single", request: job.n, tag: req.tag ?? null, prompt: req.prompt, max_tokens: req.maxTokens, seed: req.seed, sampler: samplerRecord(req.sampler), prefill_step_size: this.opts.prefillStepSize, reason, tokens, logprobs, logprobs_sha256: shas });
+      if (cache && !inserted) disposeList(cache);
+      this.record({ event: "single", request: job.n, tag: req.tag ?? null, prompt: req.prompt, cached, max_tokens: req.maxTokens, seed: req.seed, sampler: samplerRecord(req.sampler), prefill_step_size: this.opts.prefillStepSize, reason, tokens, logprobs, logprobs_sha256: shas });
     }
   }
 
   /** Frees the generator; requests still running end with an error. */
   close(): void {
     this.closed = true;
-    for (const a of this.active.values()) a.job.ch.fail(new Error("the server is shutting down"));
+    for (const a of this.active.values()) {
+      this.releaseFetched(a);
+      a.job.ch.fail(new Error("the server is shutting down"));
+    }
     this.active.clear();
     for (const j of [...this.waiting, ...this.pushedBack]) j.ch.fail(new Error("the server is shutting down"));
     if (this.gen) this.closeSession();
+    this.prefix?.dispose();
     this.wake?.();
   }
 }

@@ -17,6 +17,7 @@ import { dumps, loads, type Out, plain, PyFloat, type PyJson } from "./json.ts";
 import { type GenerationArgs, readGenerationArgs, RequestError, type RequestDefaults } from "./request.ts";
 import { makeStopSequences } from "./text_state.ts";
 import type { ServedTokenizer } from "./tokenizer.ts";
+import type { CacheType } from "./prompt_cache.ts";
 import { makeServedTextStateMachine, ToolCallFormatter, toolCallingFor } from "./tools.ts";
 
 export interface ServerConfig {
@@ -44,6 +45,15 @@ const POST_PATHS = new Map<string, "text" | "chat">([
   ["/v1/chat/completions", "chat"],
   ["/chat/completions", "chat"],
 ]);
+
+/** A tokenized request: the prompt, _tokenize's segments and segment_types, and (once known) how many prompt tokens came from the prompt cache. */
+interface Built {
+  prompt: number[];
+  initialState: string;
+  segments: number[][];
+  segmentTypes: CacheType[];
+  cached?: number;
+}
 
 interface Ctx {
   id: string;
@@ -110,7 +120,7 @@ export interface RunningServer {
   stop(): Promise<void>;
 }
 
-export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok: ServedTokenizer): RunningServer {
+export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run"> & Partial<Pick<Engine, "prefixStats">>, tok: ServedTokenizer): RunningServer {
   // mlx-lm gives the text machine a "tool" state whenever the tokenizer has tool calling (serve/tools.ts)
   const toolCalling = toolCallingFor(tok);
   const keyBytes = cfg.apiKey === null ? null : Buffer.from(`Bearer ${cfg.apiKey}`);
@@ -121,12 +131,12 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok:
   };
 
   /** The prompt ids of a request (ResponseGenerator._tokenize); an Error here is mlx_lm.server's 404. */
-  const tokenize = (kind: "text" | "chat", body: Record<string, PyJson>, args: GenerationArgs): { prompt: number[]; initialState: string; segments: number[][] } => {
+  const tokenize = (kind: "text" | "chat", body: Record<string, PyJson>, args: GenerationArgs): Built => {
     if (kind === "text") {
       const p = body.prompt;
       if (typeof p !== "string") throw new Error("text input must be of type `str` (this server takes `prompt` as a string only)");
       const prompt = tok.encode(p, true);
-      return { prompt, initialState: "normal", segments: [prompt] };
+      return { prompt, initialState: "normal", segments: [prompt], segmentTypes: ["assistant"] };
     }
     const messages = chatMessages(body.messages!);
     if (!tok.hasChatTemplate) throw new Error("the checkpoint has no chat template (mlx_lm.server's role_mapping fallback is not ported)");
@@ -139,7 +149,7 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok:
     let initialState = "normal";
     const th = tok.thinking;
     if (th && rfind(prompt, th.startTokens) > rfind(prompt, th.endTokens)) initialState = "reasoning";
-    return { prompt, initialState, segments: chatSegments(messages, prompt, kwargs, tools) };
+    return { prompt, initialState, ...chatSegments(messages, prompt, kwargs, tools) };
   };
 
   /**
@@ -148,9 +158,11 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok:
    * rendered without a generation prompt), the rest, and a thinking tail (from the last think-start
    * marker among the last 11 tokens). BatchGenerator prefills each segment separately.
    */
-  const chatSegments = (messages: unknown[], prompt: number[], kwargs: Record<string, unknown>, tools: unknown[] | null): number[][] => {
-    if ((messages.at(-1) as { role?: unknown } | undefined)?.role !== "user") return [prompt];
+  const chatSegments = (messages: unknown[], prompt: number[], kwargs: Record<string, unknown>, tools: unknown[] | null): { segments: number[][]; segmentTypes: CacheType[] } => {
+    if ((messages.at(-1) as { role?: unknown } | undefined)?.role !== "user") return { segments: [prompt], segmentTypes: ["assistant"] };
     const segments: number[][] = [];
+    // segment_types: the kind each segment's cache is stored as in the prompt cache
+    const segmentTypes: CacheType[] = [];
     let numSystem = 0;
     while (numSystem < messages.length && (messages[numSystem] as { role?: unknown }).role === "system") numSystem++;
     let sysEnd = 0;
@@ -162,7 +174,10 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok:
           break;
         }
       }
-      if (sysEnd > 0 && sysEnd < prompt.length) segments.push(prompt.slice(0, sysEnd));
+      if (sysEnd > 0 && sysEnd < prompt.length) {
+        segments.push(prompt.slice(0, sysEnd));
+        segmentTypes.push("system");
+      }
     }
     let tailStart = prompt.length;
     const th = tok.thinking;
@@ -170,9 +185,15 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok:
       const at = rfind(prompt, th.startTokens, Math.max(tailStart - 11, 0));
       if (at >= 0) tailStart = at;
     }
-    if (sysEnd < tailStart) segments.push(prompt.slice(sysEnd, tailStart));
-    if (tailStart < prompt.length) segments.push(prompt.slice(tailStart));
-    return segments.length ? segments : [prompt];
+    if (sysEnd < tailStart) {
+      segments.push(prompt.slice(sysEnd, tailStart));
+      segmentTypes.push("user");
+    }
+    if (tailStart < prompt.length) {
+      segments.push(prompt.slice(tailStart));
+      segmentTypes.push("assistant");
+    }
+    return segments.length ? { segments, segmentTypes } : { segments: [prompt], segmentTypes: ["assistant"] };
   };
 
   const server = Bun.serve({
@@ -198,6 +219,8 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok:
           return json(200, dumps({ object: "list", data: [{ id: cfg.modelId, object: "model", created }] }), cors);
         }
         if (path === "/health") return json(200, dumps({ status: "ok" }), cors);
+        // this server's: the prompt cache's counters (hits, cached tokens, entries, bytes, snapshots)
+        if (path === "/v1/prompt_cache") return json(200, dumps({ object: "prompt_cache.stats", ...(engine.prefixStats?.() ?? {}) }), cors);
         return json(404, "Not Found", cors);
       }
       if (req.method !== "POST") return json(501, errorBody(`Unsupported method ('${req.method}')`), cors);
@@ -238,7 +261,7 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok:
     if (args.model !== "default_model" && args.model !== cfg.modelArg && args.model !== cfg.modelId) {
       throw new RequestError(404, `model '${args.model}' is not served here: this server serves only the model it was started with (use "default_model", "${cfg.modelArg}" or "${cfg.modelId}", or leave 'model' out); it never loads another path`);
     }
-    let built: { prompt: number[]; initialState: string; segments: number[][] };
+    let built: Built;
     try {
       built = tokenize(kind, body, args);
     } catch (e) {
@@ -266,6 +289,8 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok:
       cancelled: () => gone || req.signal.aborted,
       tag: ctx.id,
       segments: built.segments,
+      segmentTypes: built.segmentTypes,
+      onCached: (n) => void (built.cached = n),
     });
     const respond = complete(ctx, built, tokens);
     if (!args.stream) {
@@ -342,7 +367,7 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok:
   }
 
   /** handle_completion: the JSON body (non-streaming) or the SSE chunks, from the request's tokens. */
-  async function* complete(ctx: Ctx, built: { prompt: number[]; initialState: string }, gen: AsyncGenerator<TokenResponse>): AsyncGenerator<string> {
+  async function* complete(ctx: Ctx, built: Pick<Built, "prompt" | "initialState" | "cached">, gen: AsyncGenerator<TokenResponse>): AsyncGenerator<string> {
     const { args } = ctx;
     const sm = makeServedTextStateMachine(tok.thinking, toolCalling, args.stopWords);
     let st = sm.start(built.initialState);
@@ -431,12 +456,12 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run">, tok:
     if (args.stream) {
       yield `data: ${dumps(responseObject(ctx, text, finishReason, { reasoning, toolCalls: toolFormatter.format(toolCalls) }))}\n\n`;
       if (args.includeUsage) {
-        const usage = { id: ctx.id, system_fingerprint: cfg.systemFingerprint, object: "chat.completion", model: args.model, created: ctx.created, choices: [], usage: { prompt_tokens: built.prompt.length, completion_tokens: tokens.length, total_tokens: built.prompt.length + tokens.length, prompt_tokens_details: { cached_tokens: 0 } } };
+        const usage = { id: ctx.id, system_fingerprint: cfg.systemFingerprint, object: "chat.completion", model: args.model, created: ctx.created, choices: [], usage: { prompt_tokens: built.prompt.length, completion_tokens: tokens.length, total_tokens: built.prompt.length + tokens.length, prompt_tokens_details: { cached_tokens: built.cached ?? 0 } } };
         yield `data: ${dumps(usage)}\n\n`;
       }
       yield "data: [DONE]\n\n";
     } else {
-      yield dumps(responseObject(ctx, text, finishReason, { promptTokens: built.prompt.length, completionTokens: tokens.length, cachedTokens: 0, tokenLogprobs, topTokens: top, tokens, reasoning, toolCalls: toolFormatter.format(toolCalls) }));
+      yield dumps(responseObject(ctx, text, finishReason, { promptTokens: built.prompt.length, completionTokens: tokens.length, cachedTokens: built.cached ?? 0, tokenLogprobs, topTokens: top, tokens, reasoning, toolCalls: toolFormatter.format(toolCalls) }));
     }
   }
 

@@ -15,11 +15,20 @@ The schedule is JSON lines (serve/engine.ts writes them):
   single  {request, prompt, max_tokens, seed, sampler, prefill_step_size, tokens, ...}
           mx.random.seed(seed), then generate_step for as many tokens as the server produced
 
+Prompt cache: when the open events carry prompt_cache_size (the server's --prompt-cache-size), the
+replay keeps mlx-lm's own LRUPromptCache and uses it as mlx_lm.server's ResponseGenerator does:
+fetch_nearest_cache before each insert (the cached tokens leave the front segments, the cache goes
+to insert_segments with all_tokens), the caches at segment ends (BatchGenerator.extract_cache)
+and at each finish stored, trim_to(prompt_cache_bytes - prompt_cache_nbytes) after an insert, and
+for a single: the fetched cache to generate_step, then stored under the prompt and its tokens. The
+number of cached tokens must equal the schedule's `cached` (exit 1 otherwise). One difference, the
+server's: an exact hit (nothing left to prefill) is taken as a miss (mlx_lm.server fails on it).
+
 Output (JSON, stdout or --out): {"requests": {"<request>": {"tokens": [...], "logprobs": [...],
 "logprobs_sha256": [...], "reason": ...}}, "sessions": n, "calls": total next() calls}: per
 generated token its id, the logprob of that token (a Python float from the float32/bf16 row) and
 the sha256 of the step's whole logprobs row (its raw bytes, the dtype mlx-lm computes in).
-Exit codes: 0 ok, 2 bad usage or input.
+Exit codes: 0 ok, 1 the prompt cache disagrees with the schedule, 2 bad usage or input.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import device_env  # noqa: E402,F401  (MLX_DEVICE, as on the TS side)
 
 import mlx.core as mx  # noqa: E402
 from mlx_lm.generate import BatchGenerator, StopSequences, generate_step  # noqa: E402
+from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache  # noqa: E402
 from mlx_lm.sample_utils import make_sampler  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 
@@ -51,7 +61,28 @@ def sampler_of(s: dict):
     return make_sampler(float(s["temp"]), top_p=float(s["top_p"]), min_p=float(s["min_p"]), top_k=int(s["top_k"]))
 
 
-def replay_session(model, opened: dict, events: list[dict], out: dict) -> int:
+MODEL_KEY = "served"
+
+
+class CacheMismatch(Exception):
+    pass
+
+
+def fetch(pc, prompt: list[int], ev: dict):
+    """fetch_nearest_cache as the server takes it (an exact hit is a miss); checks the count."""
+    if pc is None:
+        cache, rest = None, prompt
+    else:
+        cache, rest = pc.fetch_nearest_cache(MODEL_KEY, prompt)
+        if cache is not None and not rest:
+            cache, rest = None, prompt
+    n = len(prompt) - len(rest)
+    if n != int(ev.get("cached", 0)):
+        raise CacheMismatch(f"request {ev['request']}: {n} cached tokens in the replay, {ev.get('cached')} in the schedule")
+    return cache, n
+
+
+def replay_session(model, opened: dict, events: list[dict], out: dict, pc=None) -> int:
     mx.random.seed(int(opened["rng_seed"]))
     gen = BatchGenerator(model, completion_batch_size=int(opened["completion_batch_size"]),
                          prefill_batch_size=int(opened["prefill_batch_size"]),
@@ -65,14 +96,32 @@ def replay_session(model, opened: dict, events: list[dict], out: dict) -> int:
             removes[int(ev["step"])].append(ev)
     calls = max([int(ev["step"]) for ev in events] + [0])
     request_of: dict[int, int] = {}
+    segment_types: dict[int, list[str]] = {}
     for k in range(calls + 1):
         for ev in inserts.get(k, []):
             segments = [list(x) for x in ev.get("segments") or [ev["prompt"]]]
             if [t for seg in segments for t in seg] != list(ev["prompt"]):
                 raise SystemExit(f"replay: request {ev['request']}'s segments are not its prompt")
+            types = list(ev.get("segment_types") or ["assistant"] * len(segments))
+            prompt = list(ev["prompt"])
+            cache, n = fetch(pc, prompt, ev)
+            while n > 0:
+                if n >= len(segments[0]):
+                    n -= len(segments.pop(0))
+                    types.pop(0)
+                else:
+                    segments[0] = segments[0][n:]
+                    break
+            cached = int(ev.get("cached", 0))
             (uid,) = gen.insert_segments([segments], max_tokens=[int(ev["max_tokens"])],
+                                         caches=[cache] if cache is not None else None,
+                                         all_tokens=[prompt[:cached]] if cache is not None else None,
                                          samplers=[sampler_of(ev["sampler"])],
                                          stop_sequences=[StopSequences(ev["stop_sequences"])])
+            segment_types[uid] = types[::-1]
+            del cache
+            if pc is not None and opened.get("prompt_cache_bytes") is not None:
+                pc.trim_to(n_bytes=int(opened["prompt_cache_bytes"]) - gen.prompt_cache_nbytes)
             if uid != int(ev["uid"]):
                 raise SystemExit(f"replay: uid {uid} where the schedule has {ev['uid']}")
             request_of[uid] = int(ev["request"])
@@ -83,7 +132,11 @@ def replay_session(model, opened: dict, events: list[dict], out: dict) -> int:
                 out[str(request_of[int(u)])]["reason"] = "cancelled"
         if k == calls:
             break
-        _, responses = gen.next()
+        prompts, responses = gen.next()
+        if pc is not None:
+            eos = [r.uid for r in prompts if r.end_of_segment and not r.end_of_prompt and segment_types[r.uid]]
+            for uid, (c, key) in gen.extract_cache(eos).items():
+                pc.insert_cache(MODEL_KEY, key[:], c, cache_type=segment_types[uid].pop())
         for r in responses:
             rec = out[str(request_of[r.uid])]
             rec["tokens"].append(int(r.token))
@@ -91,19 +144,26 @@ def replay_session(model, opened: dict, events: list[dict], out: dict) -> int:
             rec["logprobs_sha256"].append(row_sha(r.logprobs))
             if r.finish_reason is not None:
                 rec["reason"] = r.finish_reason
+                if pc is not None:
+                    pc.insert_cache(MODEL_KEY, r.all_tokens[:], r.prompt_cache, cache_type="assistant")
     gen.close()
     return calls
 
 
-def replay_single(model, ev: dict, out: dict) -> None:
+def replay_single(model, ev: dict, out: dict, pc=None) -> None:
     n = len(ev["tokens"])
     rec = {"tokens": [], "logprobs": [], "logprobs_sha256": [], "reason": None}
     out[str(ev["request"])] = rec
+    prompt = list(ev["prompt"])
+    cache, cached = fetch(pc, prompt, ev)
+    if cache is None:
+        cache = make_prompt_cache(model)
     if n == 0:
         return
     mx.random.seed(int(ev["seed"]))
-    steps = generate_step(mx.array(ev["prompt"], dtype=mx.int32), model, max_tokens=int(ev["max_tokens"]),
-                          sampler=sampler_of(ev["sampler"]), prefill_step_size=int(ev["prefill_step_size"]))
+    steps = generate_step(mx.array(prompt[cached:], dtype=mx.int32), model, max_tokens=int(ev["max_tokens"]),
+                          sampler=sampler_of(ev["sampler"]), prefill_step_size=int(ev["prefill_step_size"]),
+                          prompt_cache=cache)
     for token, logprobs in steps:
         t = int(token)
         rec["tokens"].append(t)
@@ -112,6 +172,8 @@ def replay_single(model, ev: dict, out: dict) -> None:
         if len(rec["tokens"]) == n:
             break
     rec["reason"] = ev["reason"]
+    if pc is not None:
+        pc.insert_cache(MODEL_KEY, prompt + rec["tokens"], cache)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,24 +193,31 @@ def main(argv: list[str] | None = None) -> int:
     sessions = 0
     total_calls = 0
     current: tuple[dict, list[dict]] | None = None
-    for ev in lines + [{"event": "end"}]:
-        kind = ev.get("event")
-        if kind in ("open", "single", "end") and current is not None:
-            total_calls += replay_session(model, current[0], current[1], out)
-            sessions += 1
-            current = None
-        if kind == "open":
-            current = (ev, [])
-        elif kind == "single":
-            replay_single(model, ev, out)
-        elif kind in ("insert", "remove", "leave", "close"):
-            if current is None or int(ev["session"]) != int(current[0]["session"]):
-                print(f"serve_replay: a {kind} event outside its session: {json.dumps(ev)[:200]}", file=sys.stderr)
+    sizes = {ev.get("prompt_cache_size") for ev in lines if ev.get("event") == "open"}
+    size = next((s for s in sizes if s is not None), None)
+    pc = LRUPromptCache(int(size)) if size is not None else None
+    try:
+        for ev in lines + [{"event": "end"}]:
+            kind = ev.get("event")
+            if kind in ("open", "single", "end") and current is not None:
+                total_calls += replay_session(model, current[0], current[1], out, pc)
+                sessions += 1
+                current = None
+            if kind == "open":
+                current = (ev, [])
+            elif kind == "single":
+                replay_single(model, ev, out, pc)
+            elif kind in ("insert", "remove", "leave", "close"):
+                if current is None or int(ev["session"]) != int(current[0]["session"]):
+                    print(f"serve_replay: a {kind} event outside its session: {json.dumps(ev)[:200]}", file=sys.stderr)
+                    return 2
+                current[1].append(ev)
+            elif kind != "end":
+                print(f"serve_replay: unknown event {kind!r}", file=sys.stderr)
                 return 2
-            current[1].append(ev)
-        elif kind != "end":
-            print(f"serve_replay: unknown event {kind!r}", file=sys.stderr)
-            return 2
+    except CacheMismatch as e:
+        print(f"serve_replay: the prompt cache disagrees: {e}", file=sys.stderr)
+        return 1
     text = json.dumps({"requests": out, "sessions": sessions, "calls": total_calls})
     if args.out:
         Path(args.out).write_text(text)

@@ -24,8 +24,8 @@
 // (rendered by each server's chat template: the prompt token counts show them; an assistant turn
 // with tool_calls whose arguments come as a JSON string, a tool result). The tiny model writes no
 // tool calls itself: suites/serve/tools.test.ts compares the tool-call responses.
-// mlx_lm.server runs with --prompt-cache-size 0: this server has no prompt cache yet, and a
-// cache hit would show in usage.prompt_tokens_details.cached_tokens.
+// Both servers run with --prompt-cache-size 0, so that every request here is prefilled from its
+// start; prefix reuse is compared in prefix_parity.test.ts.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { join } from "node:path";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
@@ -101,7 +101,7 @@ beforeAll(async () => {
   const [p1, p2] = [await freePort(), await freePort()];
   const started = await Promise.allSettled([
     startServerProcess("mlx_lm.server", PYTHON, ["-c", LAUNCH, "--model", DIR, "--host", "127.0.0.1", "--port", String(p1), "--prompt-cache-size", "0"], p1, START),
-    startServerProcess("npm run serve", process.execPath, ["run", "serve/cli.ts", "--model", DIR, "--port", String(p2)], p2, START),
+    startServerProcess("npm run serve", process.execPath, ["run", "serve/cli.ts", "--model", DIR, "--port", String(p2), "--prompt-cache-size", "0"], p2, START),
   ]);
   for (const s of started) if (s.status === "fulfilled") (s.value.name === "mlx_lm.server" ? (ref = s.value) : (ts = s.value));
   const failed = started.find((s) => s.status === "rejected");
