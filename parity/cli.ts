@@ -30,6 +30,7 @@ import { ProgressBar } from "./progress.ts";
 import { type OpLevelSummary, type ParityReport, type ReferenceRow, type ReferenceSummary, reportVerdict, type RunResult, SCHEMA_ID } from "./schema.ts";
 import { SPECULATIVE_MODES } from "./speculative_modes.ts";
 import { BATCH_MODES, batchModeCheck } from "./batch_report.ts";
+import { KV_QUANT_FLAGS, kvQuantParityRun } from "./kv_quant_flags.ts";
 
 // --mode NAME: one decoding mode against its oracle (each feature adds its runners here).
 const MODES: Record<string, (oracle: OracleClient, a: Parsed) => Promise<boolean>> = { ...SPECULATIVE_MODES, ...BATCH_MODES };
@@ -44,6 +45,7 @@ export const FLAGS: FlagSpec[] = [
   { name: "oracle-model", kind: "string", valueName: "dir", help: "with --model: let mlx-lm load this copy instead (e.g. the original of a modified checkpoint)" },
   ...MEDIA_FLAGS,
   ...VIDEO_FLAGS,
+  ...KV_QUANT_FLAGS,
   { name: "bisect", kind: "bool", help: "on a divergence, re-run the block of the first divergent tap op by op and name the first MLX op that differs" },
   { name: "only", kind: "string", valueName: "glob", help: "fixtures: only checkpoints whose id (e.g. c3_e2b/bf16) matches; '*' wildcards, several globs comma-separated" },
   { name: "skip-ops", kind: "bool", help: "fixtures: skip the op-level section" },
@@ -432,6 +434,8 @@ export async function parityPlan(argv: readonly string[]): Promise<ParityPlan | 
   }
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
   if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
+  // --kv-bits: a KV-quantized --model run against mlx-vlm's generate_step (parity/kv_quant_flags.ts)
+  if (a.video !== undefined || mode) kvQuantParityRun(a, null, null);
   if (a.video !== undefined) {
     // video: block by block against mlx-vlm (parity/video_parity.ts), files checked before the oracle starts
     if (mode) throw new UsageError("--video does not take --mode");
@@ -439,6 +443,9 @@ export async function parityPlan(argv: readonly string[]): Promise<ParityPlan | 
     return { a, dev, mode: videoParity, budget, spec: null };
   }
   const spec = a.model === undefined || mode ? null : await modelSpec(a, budget);
+  const textSpec = spec && !spec.mediaRequest ? spec : null;
+  const kvRun = kvQuantParityRun(a, textSpec, textSpec ? inspectCheckpoint(textSpec.tsDir).text : null);
+  if (kvRun) return { a, dev, mode: () => kvRun(), budget, spec: null };
   if (spec?.mediaRequest) {
     // the TS processor's output, checked before the capture (mlx-vlm would silently wrap a
     // placeholder count that does not match the media); the oracle runs mlx-vlm's own processor

@@ -17,6 +17,8 @@ import { kvSharedDonorConflict, kvSharedRefusal, type KVQuantConfig, makeKvQuant
 import { codebookValues } from "../model/cache/turboquant.ts";
 import { modelArgsFromDict } from "../model/gemma4/config.ts";
 import { DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, fromLegacy, KVQuantError, resolveKvBits, TURBOQUANT_SCHEME, turboquantEnabled, UNIFORM_SCHEME, validateUniformGroup } from "../model/kv_quant.ts";
+import { loadModel } from "../model/gemma4/index.ts";
+import { compareGenerations, type GenerationRecord, type KvQuantCase, oracleGeneration, portGeneration } from "../oracle/kv_quant.ts";
 import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
 
 export const KV_QUANT_FLAGS: FlagSpec[] = [
@@ -71,4 +73,86 @@ export function kvQuantPlan(a: Parsed, text: Record<string, unknown>, run: KvQua
     if (e instanceof KVQuantError) throw new UsageError(e.message);
     throw e;
   }
+}
+
+// ------------------------------------------------------------------ npm run parity --kv-bits
+
+/** A --model run of `npm run parity` as the KV-quantized comparison sees it (parity/cli.ts modelSpec). */
+export interface KvQuantParitySpec {
+  tsDir: string;
+  oracleCheckpoint: string;
+  prompt: number[];
+  steps: number;
+  prefillStepSize: number;
+}
+
+/**
+ * `npm run parity -- --model DIR --kv-bits B ...`: checked before any oracle starts (kvQuantPlan's
+ * checks, plus what the oracle's loader takes: a flat gemma4_text checkpoint with tied embeddings,
+ * held by mlx-vlm's gemma4 Model). Returns the run (the port's generateStep with the quantizer
+ * against mlx-vlm's generate_step(kv_bits=...), greedy, per step: token, logprobs sha256, every
+ * cache's type/offset and TurboQuant state sha256 + meta_state), or null without --kv-bits.
+ */
+export function kvQuantParityRun(a: Parsed, spec: KvQuantParitySpec | null, text: Record<string, unknown> | null): (() => Promise<boolean>) | null {
+  if (a["kv-bits"] === undefined) {
+    for (const f of ["kv-quant-scheme", "kv-group-size", "quantized-kv-start"] as const) {
+      if (a[f] !== undefined && a[f] !== KV_QUANT_FLAGS.find((s) => s.name === f)!.default) throw new UsageError(`--${f} needs --kv-bits`);
+    }
+    return null;
+  }
+  if (spec === null || text === null) throw new UsageError("--kv-bits needs --model (a text checkpoint) and no --mode / --video / media");
+  if (a["oracle-model"] !== undefined || a.bisect) throw new UsageError("--kv-bits does not take --oracle-model or --bisect");
+  if (text.model_type !== "gemma4_text" || text.tie_word_embeddings === false) {
+    throw new UsageError("--kv-bits in npm run parity takes a flat gemma4_text checkpoint with tied embeddings (the KV-quantization oracle holds it in mlx-vlm's gemma4 Model)");
+  }
+  const cfg = kvQuantPlan(a, text, { prompt: spec.prompt.length, maxTokens: spec.steps, otherMode: null });
+  if (cfg === null) return null;
+  const k: KvQuantCase = {
+    checkpoint: spec.tsDir,
+    prompt: spec.prompt,
+    maxTokens: spec.steps,
+    kvBits: cfg.kvBits!,
+    kvQuantScheme: cfg.kvQuantScheme === TURBOQUANT_SCHEME ? "turboquant" : "uniform",
+    kvGroupSize: cfg.kvGroupSize,
+    quantizedKvStart: cfg.quantizedKvStart,
+    prefillStepSize: spec.prefillStepSize,
+  };
+  return async () => {
+    const want = oracleGeneration({ ...k, checkpoint: spec.oracleCheckpoint });
+    const loaded = loadModel(spec.tsDir);
+    let got;
+    try {
+      got = await portGeneration(loaded, k);
+    } finally {
+      loaded.model.dispose();
+    }
+    const lines = kvQuantStepVerdicts(got, want);
+    const c = compareGenerations(got, want);
+    process.stdout.write(`KV quantization ${turboquantEnabled(k.kvBits, k.kvQuantScheme) ? "TurboQuant" : "uniform"} ${k.kvBits} bits, quantized_kv_start ${k.quantizedKvStart}: the port vs mlx-vlm's generate_step, per step\n`);
+    for (const l of lines) process.stdout.write(`${l}\n`);
+    process.stdout.write(c.firstMismatch === null ? `PASS: ${c.tokens} steps bit-exact (tokens, logprobs, ${c.turboCaches} TurboQuant cache(s), ${c.quantizedArrays} state arrays)\n` : `FAIL: ${c.firstMismatch}\n`);
+    return c.firstMismatch === null;
+  };
+}
+
+/** One line per step: token, logprobs and cache verdicts (and the error both sides stopped with). */
+export function kvQuantStepVerdicts(port: GenerationRecord, ref: GenerationRecord): string[] {
+  const out: string[] = [];
+  const n = Math.max(port.steps.length, ref.steps.length);
+  for (let i = 0; i < n; i++) {
+    const p = port.steps[i];
+    const r = ref.steps[i];
+    if (!p || !r) {
+      out.push(`step ${i}: ${p ? "port only" : "mlx-vlm only"}`);
+      continue;
+    }
+    const tok = p.token === r.token ? `token ${p.token} =` : `token ${p.token} vs ${r.token} DIFFERS`;
+    const lp = p.logprobs_sha256 === r.logprobs_sha256 ? "logprobs =" : "logprobs DIFFER";
+    // the step's caches as compareGenerations checks them (types, offsets, TurboQuant states)
+    const m = compareGenerations({ steps: [{ ...p, token: r.token, logprobs_sha256: r.logprobs_sha256 }], error: null }, { steps: [r], error: null }).firstMismatch;
+    const cache = m === null ? `caches = (${r.cache.map((c) => `${c.type}@${c.offset}`).join(" ")})` : `caches DIFFER (${m.replace(/^step 0 /, "")})`;
+    out.push(`step ${i}: ${tok}, ${lp}, ${cache}`);
+  }
+  if (port.error || ref.error) out.push(`then: port ${port.error ? `${port.error.type}: ${port.error.message}` : "no error"}; mlx-vlm ${ref.error ? `${ref.error.type}: ${ref.error.message}` : "no error"}`);
+  return out;
 }
