@@ -21,6 +21,7 @@
 import { fromLegacy, KVQuantError, type LegacyKVQuantArgs, turboquantEnabled } from "../kv_quant.ts";
 import { KVCache, type KVCacheLike, RotatingKVCache } from "./index.ts";
 import { TurboQuantKVCache, type TurboQuantOptions } from "./turboquant.ts";
+import { needsSplitCodec, TurboQuantSplitKVCache } from "./turboquant_split.ts";
 
 export interface KVQuantConfig extends LegacyKVQuantArgs {
   quantizedKvStart: number;
@@ -78,17 +79,19 @@ export function makeKvQuantizer(cfg: KVQuantConfig): ((cache: KVCacheLike[]) => 
   const start = cfg.quantizedKvStart;
   if (turboquantEnabled(cfg.kvBits, cfg.kvQuantScheme ?? null)) {
     const opts: TurboQuantOptions = { ...cfg.turbo, keyBits: cfg.kvKeyBits ?? null, valueBits: cfg.kvValueBits ?? null };
-    // constructing once validates the bits (and refuses the split codec) before generation
-    new TurboQuantKVCache(cfg.kvBits!, opts).dispose();
+    // a .5 key or value width runs mlx-vlm's Split codec (turboquant_split.ts); constructing
+    // once validates the bits before generation
+    const Cache = needsSplitCodec(cfg.kvBits!, opts.keyBits ?? null, opts.valueBits ?? null) ? TurboQuantSplitKVCache : TurboQuantKVCache;
+    new Cache(cfg.kvBits!, opts).dispose();
     return (cache) => {
       const last = cache.length > 2 ? cache.length - 1 : -1;
       for (let i = 0; i < cache.length; i++) {
         if (i === last) continue;
         const e = cache[i]!;
-        if (!(e instanceof KVCache)) continue; // RotatingKVCache, TurboQuantKVCache, others
+        if (!(e instanceof KVCache)) continue; // RotatingKVCache, TurboQuantKVCache (either class), others
         if (e.offset !== 0 && e.offset < start) continue;
         if (cfg.sharedDonors?.has(i)) throw new KVQuantError(`cache ${i} is read by KV-shared layers; quantizing it fails in mlx-vlm (see kvSharedRefusal)`);
-        cache[i] = e.offset === 0 ? new TurboQuantKVCache(cfg.kvBits!, opts) : TurboQuantKVCache.fromCache(e, cfg.kvBits!, opts);
+        cache[i] = e.offset === 0 ? new Cache(cfg.kvBits!, opts) : Cache.fromCache(e, cfg.kvBits!, opts);
         e.dispose();
       }
     };

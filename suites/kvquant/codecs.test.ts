@@ -1,0 +1,206 @@
+// The TurboQuant codecs beyond MSE in mlx-vlm 0.7.10 (oracle/python/kv_quant_codecs.py, one Python
+// process for the file):
+// - reachability: an AST scan of mlx-vlm's sources must show what suites/kvquant/RESULTS.md says:
+//   the Prod (QJL) codec is chosen only where mode == "prod" and every call passes mode "mse";
+//   the Polar codec (_TurboQuantPolarProdCodec) is constructed nowhere; the Split codec is built
+//   by _build_codec for a .5 width; HybridQuantKVCache by maybe_quantize_kv_cache;
+// - the Split codec (model/cache/turboquant_split.ts) driven directly as a TurboQuantKVCache
+//   (update, trim, update, decode and prefill attention): its outlier index sets, every state
+//   leaf (shape, dtype, sha256), meta_state and both attention outputs (sha256) equal mlx-vlm's;
+// - greedy generation with a Split codec (kv_key_bits / kv_value_bits .5) on c1_dense and c3_e2b,
+//   per token: the token, the sha256 of its logprobs, every cache's type and offset, each
+//   TurboQuant state leaf and meta_state, against mlx-vlm's generate_step.
+import { describe, expect, it } from "vitest";
+import { spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { join } from "node:path";
+import * as mx from "@mlx-bun/mlx";
+import type { MlxArray } from "@mlx-bun/mlx";
+import type { KVCacheLike } from "../../model/cache/index.ts";
+import { makeKvQuantizer } from "../../model/cache/kv_quantize.ts";
+import { TurboQuantKVCache } from "../../model/cache/turboquant.ts";
+import { TurboQuantSplitCodec, TurboQuantSplitKVCache } from "../../model/cache/turboquant_split.ts";
+import { generateStep } from "../../model/generate.ts";
+import { type LoadedModel, loadModel } from "../../model/gemma4/index.ts";
+import { generationModel } from "../../model/runtime.ts";
+import { DEFAULT_PYTHON, REPO_ROOT } from "../../oracle/client.ts";
+import { limit } from "../../tests/time_limit.ts";
+
+const FULL = process.env.KVQUANT_FULL === "1";
+const CK = join(REPO_ROOT, ".cache", "checkpoints");
+
+function oracle(job: Record<string, unknown>): any {
+  const r = spawnSync(DEFAULT_PYTHON, [join(REPO_ROOT, "oracle", "python", "kv_quant_codecs.py")], { input: JSON.stringify(job), encoding: "utf8", maxBuffer: 256 << 20 });
+  if (r.status !== 0) throw new Error(`kv_quant_codecs.py failed (exit ${r.status}): ${r.stderr.slice(-2000)}`);
+  return JSON.parse(r.stdout);
+}
+
+const sha = (a: MlxArray) => {
+  using f = a.dtype === "bfloat16" ? mx.astype(a, "float32") : mx.alias(a);
+  return createHash("sha256").update(f.toBytes()).digest("hex");
+};
+const arrRecord = (a: MlxArray) => ({ shape: a.shape, dtype: a.dtype, sha256: sha(a) });
+
+interface CacheRec {
+  type: string;
+  offset: number;
+  keys?: ReturnType<typeof arrRecord>[];
+  values?: ReturnType<typeof arrRecord>[];
+  meta_state?: string[];
+}
+
+/** kv_quant_codecs.py's cache_record for a port cache (mlx-vlm's class name, its state leaves in order). */
+function cacheRecord(c: KVCacheLike): CacheRec {
+  if (c instanceof TurboQuantSplitKVCache || c instanceof TurboQuantKVCache) {
+    const st = c.quantizedState;
+    const nk = c instanceof TurboQuantSplitKVCache ? c.keyLeafCount : 2;
+    try {
+      return { type: "TurboQuantKVCache", offset: c.offset, keys: st.slice(0, nk).map(arrRecord), values: st.slice(nk).map(arrRecord), meta_state: c.metaState };
+    } finally {
+      for (const a of st) a.dispose();
+    }
+  }
+  const named = c as { pythonClass?: string };
+  return { type: named.pythonClass ?? c.constructor.name, offset: c.offset };
+}
+
+// ------------------------------------------------------------------ the cases
+
+interface OpsCase {
+  seed: number;
+  heads: number;
+  dim: number;
+  prompt: number;
+  more: number;
+  trim: number;
+  bits: number;
+  key_bits?: number;
+  value_bits?: number;
+}
+
+const OPS: OpsCase[] = [
+  { seed: 3, heads: 2, dim: 32, prompt: 9, more: 3, trim: 4, bits: 4, key_bits: 3.5 },
+  { seed: 4, heads: 1, dim: 256, prompt: 20, more: 2, trim: 5, bits: 3, key_bits: 2.5, value_bits: 3.5 },
+  { seed: 5, heads: 2, dim: 64, prompt: 4, more: 1, trim: 9, bits: 2, value_bits: 1.5 },
+];
+
+interface GenCase {
+  label: string;
+  checkpoint: string;
+  prompt: number[];
+  max_tokens: number;
+  kv_bits: number;
+  kv_key_bits?: number;
+  kv_value_bits?: number;
+  quantized_kv_start: number;
+  prefill_step_size: number;
+}
+
+const prompt = (P: number) => Array.from({ length: P }, (_, i) => (i * 37 + 11) % 256);
+const gen = (fx: string, bits: [number, number?, number?], P: number, start: number, step: number): GenCase => ({
+  label: `${fx} bits ${bits[0]} key ${bits[1] ?? "-"} value ${bits[2] ?? "-"} P${P}/start${start}/chunks${step}`,
+  checkpoint: join(CK, fx, "f32"),
+  prompt: prompt(P),
+  max_tokens: FULL ? 12 : 6,
+  kv_bits: bits[0],
+  ...(bits[1] !== undefined ? { kv_key_bits: bits[1] } : {}),
+  ...(bits[2] !== undefined ? { kv_value_bits: bits[2] } : {}),
+  quantized_kv_start: start,
+  prefill_step_size: step,
+});
+
+const GENS: GenCase[] = [
+  gen("c1_dense", [4, 3.5], 20, 12, 8), // keys Split 3/4 bits, values MSE 4; converted mid-prefill, window crossed
+  gen("c1_dense", [3, 2.5, 3.5], 5, 8, 2048), // both sides Split, converted during decode (decode route)
+  gen("c3_e2b", [4, 3.5], 13, 0, 4), // E2B-like: its only convertible layer is the last cache: nothing converted
+  ...(FULL
+    ? [gen("c1_dense", [4, 3.5], 13, 0, 4), gen("c1_dense", [3, 2.5, 3.5], 20, 12, 8), gen("c2_keqv", [4, 4, 3.5], 20, 12, 8), gen("c5_moe", [3, 2.5, 3.5], 13, 0, 4)]
+    : []),
+];
+
+const ref = oracle({
+  command: "many",
+  jobs: [{ command: "reachability" }, ...OPS.map((o) => ({ command: "split_ops", ...o })), ...GENS.map(({ label: _, ...g }) => ({ command: "generate", kv_quant_scheme: "turboquant", ...g }))],
+}).results;
+const [reach, ...rest] = ref;
+const opsRef = rest.slice(0, OPS.length);
+const genRef = rest.slice(OPS.length);
+
+describe("which TurboQuant codecs mlx-vlm's generation can build (AST scan of its sources)", () => {
+  const calls = reach.calls as { file: string; in: string; callee: string; mode: string | null }[];
+  const choices = reach.choices as { file: string; in: string; expr: string }[];
+  it("Prod (QJL): chosen only where mode == 'prod', and every codec build passes mode 'mse'", () => {
+    expect(calls.filter((c) => c.callee === "_TurboQuantProdCodec")).toEqual([]);
+    expect(choices.map((c) => c.in).sort()).toEqual(["_SplitCodec._init_from_indices", "_build_codec"]);
+    for (const c of choices) expect(c.expr).toBe("_TurboQuantProdCodec if mode == 'prod' else _TurboQuantMSECodec");
+    const builds = calls.filter((c) => c.callee === "_build_codec" || c.callee === "from_indices");
+    expect(builds.length).toBeGreaterThanOrEqual(5);
+    for (const b of builds) expect(b.mode).toBe("'mse'");
+    // _SplitCodec is built only by _build_codec, which passes its own (always 'mse') mode on
+    expect(calls.filter((c) => c.callee === "_SplitCodec")).toEqual([{ file: "turboquant.py", in: "_build_codec", callee: "_SplitCodec", mode: "mode" }]);
+  });
+  it("Polar: _TurboQuantPolarProdCodec is constructed nowhere (its unit codec only inside it)", () => {
+    expect(calls.filter((c) => c.callee === "_TurboQuantPolarProdCodec")).toEqual([]);
+    expect(calls.filter((c) => c.callee === "_PolarQuantUnitCodec").map((c) => c.in)).toEqual(["_TurboQuantPolarProdCodec.__init__"]);
+  });
+  it("HybridQuantKVCache: built by generate_step's maybe_quantize_kv_cache (mixed key/value schemes)", () => {
+    expect(calls.filter((c) => c.callee === "HybridQuantKVCache").map((c) => `${c.file}:${c.in}`)).toContain("generate/common.py:maybe_quantize_kv_cache.hybridize");
+  });
+});
+
+describe("the Split codec driven as a TurboQuantKVCache vs mlx-vlm", () => {
+  for (const [i, op] of OPS.entries()) {
+    it(`D=${op.dim} H=${op.heads} bits ${op.bits} key ${op.key_bits ?? "-"} value ${op.value_bits ?? "-"}: ${op.prompt} tokens, trim ${op.trim}, ${op.more} more`, () => {
+      const want = opsRef[i];
+      mx.random.seed(op.seed);
+      const n = (shape: number[]) => mx.random.normal({ shape });
+      const [k1, v1, k2, v2] = [n([1, op.heads, op.prompt, op.dim]), n([1, op.heads, op.prompt, op.dim]), n([1, op.heads, op.more, op.dim]), n([1, op.heads, op.more, op.dim])];
+      const [q1, q3] = [n([1, 2 * op.heads, 1, op.dim]), n([1, 2 * op.heads, 3, op.dim])];
+      const c = new TurboQuantSplitKVCache(op.bits, { keyBits: op.key_bits ?? null, valueBits: op.value_bits ?? null });
+      try {
+        for (const a of c.updateAndFetch(k1, v1)) a.dispose();
+        const trimmed = c.trim(op.trim);
+        for (const a of c.updateAndFetch(k2, v2)) a.dispose();
+        using out1 = c.quantizedAttention(q1, 1, null);
+        using out3 = c.quantizedAttention(q3, 1, "causal");
+        const idx = (codec: unknown) => (codec instanceof TurboQuantSplitCodec ? { low: [...codec.lowIndices], high: [...codec.highIndices] } : null);
+        const got = { trimmed, offset: c.offset, meta_state: c.metaState, cache: cacheRecord(c), key_split: idx(c.keyCodec), value_split: idx(c.valueCodec), decode: sha(out1), prefill: sha(out3) };
+        expect(got).toEqual(want);
+        expect(got.key_split !== null || got.value_split !== null).toBe(true);
+      } finally {
+        c.dispose();
+        for (const a of [k1, v1, k2, v2, q1, q3]) a.dispose();
+      }
+    });
+  }
+});
+
+const models = new Map<string, LoadedModel>();
+
+describe("generation with a Split codec vs mlx-vlm's generate_step, token by token", () => {
+  for (const [i, g] of GENS.entries()) {
+    it(g.label, async () => {
+      const want = genRef[i] as { steps: { token: number; logprobs_sha256: string; cache: CacheRec[] }[]; error: unknown };
+      expect(want.error).toBeNull();
+      let loaded = models.get(g.checkpoint);
+      if (!loaded) models.set(g.checkpoint, (loaded = loadModel(g.checkpoint)));
+      const model = generationModel(loaded);
+      const cache = model.makeCache();
+      const ref: KVCacheLike[] = cache;
+      const quantizeCache = makeKvQuantizer({ kvBits: g.kv_bits, kvQuantScheme: "turboquant", kvGroupSize: 64, quantizedKvStart: g.quantized_kv_start, kvKeyBits: g.kv_key_bits ?? null, kvValueBits: g.kv_value_bits ?? null })!;
+      const steps: { token: number; logprobs_sha256: string; cache: CacheRec[] }[] = [];
+      try {
+        for await (const t of generateStep(model, g.prompt, { maxTokens: g.max_tokens, prefillStepSize: g.prefill_step_size, promptCache: cache, quantizeCache })) {
+          using lp32 = mx.astype(t.logprobs, "float32");
+          steps.push({ token: t.token, logprobs_sha256: sha(lp32), cache: ref.map(cacheRecord) });
+        }
+      } finally {
+        for (const c of ref) c.dispose();
+      }
+      expect(steps.length).toBe(g.max_tokens);
+      for (let s = 0; s < steps.length; s++) expect({ step: s, ...steps[s] }).toEqual({ step: s, ...want.steps[s]! });
+      const converted = want.steps.at(-1)!.cache.filter((c) => c.type === "TurboQuantKVCache").length;
+      expect(converted).toBe(g.checkpoint.includes("c3_e2b") ? 0 : 1);
+    }, limit(60_000));
+  }
+});
