@@ -6,7 +6,8 @@
 // Compared per generated token: the token, the sha256 of its logprobs (as float32 bytes), and every
 // cache entry: its type and offset, and for a TurboQuantKVCache the sha256, shape and dtype of
 // each state array (key norms, key indices, value norms, value indices, sliced to the offset)
-// and its meta_state. Unquantized caches are compared by type and offset only (their buffers
+// and its meta_state; for a QuantizedKVCache (uniform) the same of its state (packed, scales,
+// biases of keys then values) and meta_state. Unquantized caches are compared by type and offset only (their buffers
 // are covered by the generation parity suites; any difference would show in the logprobs).
 // Also: an error mlx-vlm raises (type and message) must be the port's, after the same tokens.
 import { spawnSync } from "node:child_process";
@@ -16,6 +17,7 @@ import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import type { KVCacheLike } from "../model/cache/index.ts";
 import { makeKvQuantizer } from "../model/cache/kv_quantize.ts";
+import { QuantizedKVCache } from "../model/cache/kv_quantize_uniform.ts";
 import { TurboQuantKVCache } from "../model/cache/turboquant.ts";
 import { generateStep } from "../model/generate.ts";
 import type { LoadedModel } from "../model/gemma4/index.ts";
@@ -77,7 +79,17 @@ function arrayRecord(a: MlxArray): ArrayRecord {
 
 export function cacheRecord(c: KVCacheLike): CacheRecord {
   const rec: CacheRecord = { type: c.constructor.name, offset: c.offset };
-  if (c instanceof TurboQuantKVCache) {
+  if (c instanceof QuantizedKVCache) {
+    // mlx-vlm's QuantizedKVCache.state: (packed, scales, biases) of keys, then of values
+    const st = c.state;
+    try {
+      rec.keys = st.slice(0, 3).map(arrayRecord);
+      rec.values = st.slice(3, 6).map(arrayRecord);
+    } finally {
+      for (const a of st) a.dispose();
+    }
+    rec.meta_state = c.metaState;
+  } else if (c instanceof TurboQuantKVCache) {
     const st = c.quantizedState;
     try {
       rec.keys = st.slice(0, 2).map(arrayRecord);
@@ -161,7 +173,7 @@ export function compareGenerations(port: GenerationRecord, ref: GenerationRecord
       const pc = p.cache[j]!;
       const rc = r.cache[j]!;
       if (pc.type !== rc.type || pc.offset !== rc.offset) return fail(`step ${i} cache ${j}: ${pc.type}@${pc.offset} vs ${rc.type}@${rc.offset}`);
-      if (rc.type !== "TurboQuantKVCache") continue;
+      if (rc.type !== "TurboQuantKVCache" && rc.type !== "QuantizedKVCache") continue;
       turbo.add(j);
       if (JSON.stringify(pc.meta_state) !== JSON.stringify(rc.meta_state)) return fail(`step ${i} cache ${j}: meta_state ${JSON.stringify(pc.meta_state)} vs ${JSON.stringify(rc.meta_state)}`);
       for (const part of ["keys", "values"] as const) {

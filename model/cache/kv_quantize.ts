@@ -9,9 +9,10 @@
 //   last one included. RotatingKVCache.to_quantized raises NotImplementedError("RotatingKVCache
 //   Quantization NYI"), and every Gemma 4 shape starts with a sliding layer, so mlx-vlm stops
 //   there (after the tokens generated before); the port raises the same error at the same call.
-//   KVCache.to_quantized (QuantizedKVCache) is not ported: an all-full-attention shape gets a
-//   clear error instead.
-// - Mixed key/value schemes (HybridQuantKVCache) are not ported: refused.
+//   A KVCache becomes a QuantizedKVCache (to_quantized, kv_quantize_uniform.ts): only an
+//   all-full-attention shape gets that far.
+// - Mixed key/value schemes: HybridQuantKVCache (turboquant_hybrid.ts), converted as mlx-vlm's
+//   hybridize does. A .5 key or value TurboQuant width runs the Split codec (turboquant_split.ts).
 //
 // KV sharing: a KV-shared layer attends over what its donor layer (the last non-shared layer of
 // its type) returned from update_and_fetch. When that donor's cache is converted, mlx-vlm hands
@@ -20,8 +21,10 @@
 // refuses such a model up front (kvSharedDonorConflict) and again at conversion time.
 import { fromLegacy, KVQuantError, type LegacyKVQuantArgs, turboquantEnabled } from "../kv_quant.ts";
 import { KVCache, type KVCacheLike, RotatingKVCache } from "./index.ts";
+import { QuantizedKVCache } from "./kv_quantize_uniform.ts";
 import { TurboQuantKVCache, type TurboQuantOptions } from "./turboquant.ts";
 import { needsSplitCodec, TurboQuantSplitKVCache } from "./turboquant_split.ts";
+import { HybridQuantKVCache } from "./turboquant_hybrid.ts";
 
 export interface KVQuantConfig extends LegacyKVQuantArgs {
   quantizedKvStart: number;
@@ -75,7 +78,22 @@ export function kvSharedRefusal(c: { donor: number; readers: number[] }): string
 export function makeKvQuantizer(cfg: KVQuantConfig): ((cache: KVCacheLike[]) => void) | null {
   const policy = fromLegacy(cfg);
   if (policy === null) return null;
-  if (!policy.isHomogeneous) throw new KVQuantError("mixed key/value quantization schemes (mlx-vlm's HybridQuantKVCache) are not ported");
+  if (!policy.isHomogeneous) {
+    // hybridize (turboquant_hybrid.ts): like TurboQuant's rule, but an empty KVCache or one at the start
+    const hstart = cfg.quantizedKvStart;
+    new HybridQuantKVCache(policy, undefined, cfg.turbo).dispose();
+    return (cache) => {
+      const last = cache.length > 2 ? cache.length - 1 : -1;
+      for (let i = 0; i < cache.length; i++) {
+        const e = cache[i]!;
+        if (i === last || !(e instanceof KVCache)) continue; // RotatingKVCache, HybridQuantKVCache, others
+        if (!(e.offset >= hstart || e.offset === 0)) continue;
+        if (cfg.sharedDonors?.has(i)) throw new KVQuantError(`cache ${i} is read by KV-shared layers; converting it to a HybridQuantKVCache is not checked against mlx-vlm, so the port refuses`);
+        cache[i] = HybridQuantKVCache.fromCache(e, policy, cfg.turbo);
+        e.dispose();
+      }
+    };
+  }
   const start = cfg.quantizedKvStart;
   if (turboquantEnabled(cfg.kvBits, cfg.kvQuantScheme ?? null)) {
     const opts: TurboQuantOptions = { ...cfg.turbo, keyBits: cfg.kvKeyBits ?? null, valueBits: cfg.kvValueBits ?? null };
@@ -96,11 +114,17 @@ export function makeKvQuantizer(cfg: KVQuantConfig): ((cache: KVCacheLike[]) => 
       }
     };
   }
+  const groupSize = Math.trunc(cfg.kvGroupSize ?? 64);
+  const bits = Math.trunc(cfg.kvBits!);
   return (cache) => {
-    for (const e of cache) {
+    for (let i = 0; i < cache.length; i++) {
+      const e = cache[i]!;
       if (e.offset < start) continue;
       if (e instanceof RotatingKVCache) throw new KVQuantError("RotatingKVCache Quantization NYI");
-      if (e instanceof KVCache) throw new KVQuantError("uniform KV quantization of a full-attention KVCache (mlx-vlm's QuantizedKVCache) is not ported");
+      if (!(e instanceof KVCache)) continue; // QuantizedKVCache has no to_quantized
+      if (cfg.sharedDonors?.has(i)) throw new KVQuantError(`cache ${i} is read by KV-shared layers; quantizing it fails in mlx-vlm (see kvSharedRefusal)`);
+      cache[i] = QuantizedKVCache.fromKVCache(e, groupSize, bits);
+      e.dispose();
     }
   };
 }

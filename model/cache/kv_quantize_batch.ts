@@ -27,6 +27,7 @@ import { type Mask, type MakeMaskOptions } from "../mask.ts";
 import { type BatchCacheLike, BatchKVCache, BatchRotatingKVCache, createCausalMaskPadded } from "./batch.ts";
 import { CacheError, KVCache, type KVCacheLike, RotatingKVCache } from "./index.ts";
 import { sharedDonors } from "./kv_quantize.ts";
+import { quantizedScaledDotProductAttention } from "./kv_quantize_uniform.ts";
 import type { QuantizedAttentionCache, TurboQuantOptions } from "./turboquant.ts";
 import { BatchTurboQuantKVCache } from "./turboquant_batch.ts";
 
@@ -161,53 +162,15 @@ export class BatchQuantizedKVCache implements BatchCacheLike, QuantizedAttention
     return [String(this.idx), String(this.groupSize), String(this.bits)];
   }
 
-  /**
-   * quantized_scaled_dot_product_attention: scores = quantized_matmul(q * scale, keys^T), the
-   * mask aligned to the grouped scores (B, 1, 1, L, K) and applied with finfo.min, a precise
-   * softmax, quantized_matmul with the values.
-   */
+  /** models/base.py quantized_scaled_dot_product_attention over the state up to idx, with the batch mask. */
   quantizedAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
     if (this.keys === null || this.values === null) throw new CacheError("BatchQuantizedKVCache", "attention over an empty cache");
-    const [B, Hq, L, D] = queries.shape as [number, number, number, number];
     const st = this.quantizedState;
-    using stack = new DisposableStack();
-    for (const a of st) stack.use(a);
-    let qk = st.slice(0, 3);
-    let qv = st.slice(3, 6);
-    const Hkv = qk[0]!.shape[qk[0]!.ndim - 3]!;
-    const R = Hq / Hkv;
-    let q = stack.use(mx.multiply(queries, scale));
-    if (R > 1) {
-      q = stack.use(mx.reshape(q, [B, Hkv, R, L, D]));
-      qk = qk.map((x) => stack.use(mx.expandDims(x, -3)));
-      qv = qv.map((x) => stack.use(mx.expandDims(x, -3)));
+    try {
+      return quantizedScaledDotProductAttention(queries, st.slice(0, 3), st.slice(3, 6), scale, mask, this.groupSize, this.bits);
+    } finally {
+      for (const a of st) a.dispose();
     }
-    let scores = stack.use(mx.quantizedMatmul(q, qk[0]!, qk[1]!, qk[2]!, { transpose: true, groupSize: this.groupSize, bits: this.bits }));
-    if (mask !== null) {
-      let m: MlxArray;
-      if (mask === "causal") {
-        const qL = scores.shape[scores.ndim - 2]!;
-        const kL = scores.shape[scores.ndim - 1]!;
-        using qi0 = mx.arange(kL - qL, kL);
-        using ki0 = mx.arange(kL);
-        using qi = mx.expandDims(qi0, 1);
-        using ki = mx.expandDims(ki0, 0);
-        m = stack.use(mx.greaterEqual(qi, ki));
-      } else {
-        m = mask;
-        // align_attention_mask_to_scores: size-1 axes before (L, K) until the ranks match
-        while (m.ndim < scores.ndim) m = stack.use(mx.expandDims(m, Math.max(m.ndim - 2, 0)));
-      }
-      if (m.dtype === "bool") scores = stack.use(mx.where(m, scores, mx.finfo(scores.dtype).min));
-      else scores = stack.use(mx.add(scores, m));
-    }
-    const sm = stack.use(mx.softmax(scores, -1, true));
-    const out = mx.quantizedMatmul(sm, qv[0]!, qv[1]!, qv[2]!, { transpose: false, groupSize: this.groupSize, bits: this.bits });
-    if (R > 1) {
-      using o = out;
-      return mx.reshape(o, [B, Hq, L, D]);
-    }
-    return out;
   }
 
   filter(batchIndices: readonly number[]): void {

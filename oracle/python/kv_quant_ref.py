@@ -20,6 +20,7 @@ Commands (one JSON job on argv[1] or stdin, one JSON reply on stdout):
   sampler saw (float32), the responses (uid, token, float32 bits of its logprob, finish reason), and
   every batch cache (type, offsets, left padding, meta_state, each state leaf's shape/dtype/sha256);
   or the error.
+- all_full_fixture {src, dst, copy_layer}: an all-full-attention copy of a text fixture (test data).
 - cache_ops {seed, heads, dim, prompt, more, trim, bits}: a TurboQuantKVCache driven directly
   (update, trim, update, decode and prefill attention, a copy restored from state + meta_state).
 - many {jobs}: any of the above, one process.
@@ -60,9 +61,15 @@ def leaves(x):
 
 
 def cache_record(c) -> dict:
+    from mlx_vlm.models.cache import QuantizedKVCache
     from mlx_vlm.turboquant import TurboQuantKVCache
     d = {"type": type(c).__name__, "offset": int(c.offset)}
-    if isinstance(c, TurboQuantKVCache):
+    if isinstance(c, QuantizedKVCache):
+        ks, vs = (None, None) if c.keys is None else c.state
+        d["keys"] = [{"shape": list(a.shape), "dtype": str(a.dtype).replace("mlx.core.", ""), "sha256": sha(a)} for a in leaves(ks)]
+        d["values"] = [{"shape": list(a.shape), "dtype": str(a.dtype).replace("mlx.core.", ""), "sha256": sha(a)} for a in leaves(vs)]
+        d["meta_state"] = list(c.meta_state)
+    elif isinstance(c, TurboQuantKVCache):
         ks, vs = c.state
         d["keys"] = [{"shape": list(a.shape), "dtype": str(a.dtype).replace("mlx.core.", ""), "sha256": sha(a)} for a in leaves(ks)]
         d["values"] = [{"shape": list(a.shape), "dtype": str(a.dtype).replace("mlx.core.", ""), "sha256": sha(a)} for a in leaves(vs)]
@@ -273,6 +280,32 @@ def cmd_batch_generate(job: dict) -> dict:
     return {"calls": calls, "error": error}
 
 
+def cmd_all_full_fixture(job: dict) -> dict:
+    """A test fixture whose layers are all full attention (the shape where mlx-vlm's uniform scheme
+    runs on the single-sequence path): job["src"]'s config with every layer_types entry
+    "full_attention" and layer job["copy_layer"]'s weights (a full-attention layer) copied to every
+    layer index; written to job["dst"] (config.json, model.safetensors)."""
+    import re
+    src, dst = Path(job["src"]), Path(job["dst"])
+    cfg = json.loads((src / "config.json").read_text())
+    w = mx.load(str(src / "model.safetensors"))
+    n = cfg["num_hidden_layers"]
+    pat = re.compile(r"(^|\.)layers\.(\d+)\.")
+    out = {}
+    for k, v in w.items():
+        m = pat.search(k)
+        if m is None:
+            out[k] = v
+        elif int(m.group(2)) == job["copy_layer"]:
+            for i in range(n):
+                out[k[:m.start()] + f"{m.group(1)}layers.{i}." + k[m.end():]] = v
+    cfg["layer_types"] = ["full_attention"] * n
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    mx.save_safetensors(str(dst / "model.safetensors"), out, metadata={"format": "mlx"})
+    return {"layers": n, "tensors": len(out)}
+
+
 def cmd_many(job: dict) -> dict:
     """Several jobs in one process: {"jobs": [...]} -> {"results": [...]}."""
     return {"results": [COMMANDS[j["command"]](j) for j in job["jobs"]]}
@@ -288,7 +321,7 @@ def main() -> None:
 
 
 COMMANDS = {"codebooks": cmd_codebooks, "signs": cmd_signs, "policy": cmd_policy, "generate": cmd_generate,
-            "generate_many": cmd_generate_many, "cache_ops": cmd_cache_ops, "batch_generate": cmd_batch_generate, "many": cmd_many}
+            "generate_many": cmd_generate_many, "cache_ops": cmd_cache_ops, "batch_generate": cmd_batch_generate, "all_full_fixture": cmd_all_full_fixture, "many": cmd_many}
 
 if __name__ == "__main__":
     main()

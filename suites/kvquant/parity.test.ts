@@ -8,7 +8,9 @@
 //   and of every TurboQuant state array (key/value norms and packed indices) plus meta_state, the
 //   cache types and offsets; prompts crossing quantized_kv_start and the sliding window, prefill
 //   chunks after the conversion (dequantize + SDPA) and decode steps (the quantized decode path);
-//   uniform's RotatingKVCache NYI after the same tokens;
+//   uniform's RotatingKVCache NYI after the same tokens; on an all-full-attention copy of c1_dense
+//   (built by the oracle), uniform running: every cache a QuantizedKVCache, its state (packed,
+//   scales, biases) and meta_state compared per token;
 // - a TurboQuantKVCache driven directly (D 32/64/256/512, and 48 with mlx-vlm's numpy-QR rotation
 //   matrices taken as an input): update, trim, update, decode and prefill attention, and a copy
 //   restored from state + meta_state: state and output sha256 equal;
@@ -35,6 +37,9 @@ import { compareGenerations, type GenerationRecord, type KvQuantCase, kvQuantOra
 import { limit } from "../../tests/time_limit.ts";
 
 const FULL = process.env.KVQUANT_FULL === "1";
+function FULL_GRID_FLAG(): boolean {
+  return FULL;
+}
 const CK = join(REPO_ROOT, ".cache", "checkpoints");
 const ckpt = (fx: string) => join(CK, fx, "f32");
 const prompt = (P: number) => Array.from({ length: P }, (_, i) => (i * 37 + 11) % 256);
@@ -61,7 +66,38 @@ const POLICY_CASES: Record<string, unknown>[] = [
 
 interface GenCase extends KvQuantCase {
   label: string;
+  /** on the all-full-attention fixture (built in beforeAll): uniform runs there */
+  allFull?: boolean;
 }
+
+// An all-full-attention copy of c1_dense (layer 2's weights at every layer index; written by the
+// oracle's all_full_fixture command before the generations): the one shape where mlx-vlm's
+// uniform scheme runs on the single-sequence path (QuantizedKVCache, every cache converted).
+const ALL_FULL_DIR = mkdtempSync(join(tmpdir(), "kvq-allfull-"));
+afterAll(() => rmSync(ALL_FULL_DIR, { recursive: true, force: true }));
+const full = (label: string, scheme: "turboquant" | "uniform", kvBits: number, P: number, start: number, step: number, N: number): GenCase => ({
+  label: `all-full-attention ${label}`,
+  allFull: true,
+  checkpoint: ALL_FULL_DIR,
+  prompt: prompt(P),
+  maxTokens: N,
+  kvBits,
+  kvQuantScheme: scheme,
+  kvGroupSize: 32,
+  quantizedKvStart: start,
+  prefillStepSize: step,
+});
+const ALL_FULL_CASES: GenCase[] = FULL_GRID_FLAG()
+  ? [
+      full("uniform 4, P=20 start 12 chunks of 8", "uniform", 4, 20, 12, 8, 12),
+      full("uniform 8, P=20 start 12 chunks of 8", "uniform", 8, 20, 12, 8, 12),
+      full("uniform 4, P=5 start 8: converted during decode", "uniform", 4, 5, 8, 2048, 12),
+      full("uniform 8, P=5 start 8: converted during decode", "uniform", 8, 5, 8, 2048, 12),
+      full("uniform 4, P=13 start 0 chunks of 4", "uniform", 4, 13, 0, 4, 12),
+      full("uniform 8, P=300 start 100 chunks of 64 (past the 256-column step)", "uniform", 8, 300, 100, 64, 4),
+      full("turboquant 3.5, P=20 start 12 chunks of 8 (the last cache stays KVCache)", "turboquant", 3.5, 20, 12, 8, 12),
+    ]
+  : [full("uniform 4, P=20 start 12 chunks of 8", "uniform", 4, 20, 12, 8, 6)];
 
 const gen = (label: string, fx: string, scheme: "turboquant" | "uniform", kvBits: number, P: number, start: number, step: number, N: number): GenCase => ({
   label,
@@ -108,6 +144,7 @@ const GEN_CASES: GenCase[] = FULL
       gen("c1_dense uniform 4, P=5 start 8: RotatingKVCache NYI after the tokens before", "c1_dense", "uniform", 4, 5, 8, 2048, 8),
       gen("c1_dense bf16 turboquant 4, P=13 start 0 chunks of 4", "c1_dense/bf16", "turboquant", 4, 13, 0, 4, 6),
     ];
+GEN_CASES.push(...ALL_FULL_CASES);
 
 const CODEBOOK_DIMS = FULL ? [32, 48, 64, 96, 128, 256, 512] : [32];
 const CODEBOOK_BITS = FULL ? [1, 2, 3, 4, 5, 6, 7, 8] : [3, 4];
@@ -135,10 +172,11 @@ beforeAll(() => {
       { command: "signs", dims: SIGN_DIMS, seeds: SIGN_SEEDS },
       { command: "codebooks", dims: CODEBOOK_DIMS, bits: CODEBOOK_BITS },
       { command: "many", jobs: CACHE_OPS.map((c) => ({ command: "cache_ops", ...c })) },
+      { command: "all_full_fixture", src: ckpt("c1_dense"), dst: ALL_FULL_DIR, copy_layer: 2 },
       { command: "generate_many", cases: GEN_CASES.map((k) => ({ checkpoint: k.checkpoint, prompt: k.prompt, max_tokens: k.maxTokens, kv_bits: k.kvBits, kv_quant_scheme: k.kvQuantScheme, kv_group_size: k.kvGroupSize, quantized_kv_start: k.quantizedKvStart, prefill_step_size: k.prefillStepSize })) },
     ],
   }).results;
-  ref = { policy: r[0].results, signs: r[1], codebooks: r[2].codebooks, cacheOps: r[3].results, gens: r[4].results };
+  ref = { policy: r[0].results, signs: r[1], codebooks: r[2].codebooks, cacheOps: r[3].results, gens: r[5].results };
 }, limit(FULL ? 600_000 : 120_000));
 
 const models = new Map<string, LoadedModel>();
@@ -257,7 +295,12 @@ describe("generation with a quantized KV cache vs mlx-vlm's generate_step, token
       const got = await portGeneration(model(k.checkpoint), k);
       const c = compareGenerations(got, want);
       expect(c.firstMismatch).toBeNull();
-      if (k.kvQuantScheme === "uniform") {
+      if (k.kvQuantScheme === "uniform" && k.allFull) {
+        // no sliding layer: every cache becomes a QuantizedKVCache once it reaches the start
+        expect(want.error).toBeNull();
+        expect(c.tokens).toBe(k.maxTokens);
+        expect(want.steps.at(-1)!.cache.every((x) => x.type === "QuantizedKVCache")).toBe(true);
+      } else if (k.kvQuantScheme === "uniform") {
         // every fixture has sliding layers: mlx-vlm stops with NYI once one reaches the start
         expect(want.error?.message).toBe("RotatingKVCache Quantization NYI");
       } else {
@@ -265,7 +308,7 @@ describe("generation with a quantized KV cache vs mlx-vlm's generate_step, token
         expect(c.tokens).toBe(k.maxTokens);
       }
       const last = want.steps.at(-1);
-      summary.push(`${k.label}: ${c.tokens} tokens, ${c.turboCaches} TurboQuant cache(s), ${c.quantizedArrays} state arrays${want.error ? `, then ${want.error.type}: ${want.error.message}` : ""}; caches at the end: ${last ? last.cache.map((x) => `${x.type}@${x.offset}`).join(" ") : "-"}`);
+      summary.push(`${k.label}: ${c.tokens} tokens, ${c.turboCaches} quantized cache(s), ${c.quantizedArrays} state arrays${want.error ? `, then ${want.error.type}: ${want.error.message}` : ""}; caches at the end: ${last ? last.cache.map((x) => `${x.type}@${x.offset}`).join(" ") : "-"}`);
     }, limit(FULL ? 120_000 : 60_000));
   }
 
