@@ -269,6 +269,47 @@ export async function speculativeParity(oracle: OracleClient, pool: ModelPool, s
   };
 }
 
+/**
+ * The per-round bookkeeping of the round-by-round comparisons (MTP here, DFlash in
+ * speculative_dflash.ts): counts rounds, accepted and drafted tokens, rounds with an accepted and
+ * with a rejected draft, and pairs each TS round with the oracle's.
+ */
+export class RoundCounts implements RoundTotals {
+  rounds = 0;
+  acceptRounds = 0;
+  rejectRounds = 0;
+  accepted = 0;
+  drafted = 0;
+
+  /** Counts one TS round; its label and the oracle's round of the same index (null, recorded in `t`, when the oracle had none). */
+  // the oracle's rounds are readTree's untyped JSON
+  next(t: Tally, oracleRounds: readonly any[], accepted: number, drafted: number): { w: string; o: any } {
+    const k = this.rounds++;
+    const w = `round ${k}`;
+    this.accepted += accepted;
+    this.drafted += drafted;
+    if (accepted > 0) this.acceptRounds++;
+    if (accepted < drafted) this.rejectRounds++;
+    const o = oracleRounds[k];
+    if (!o) t.value(w, "a round", "no round");
+    return { w, o: o ?? null };
+  }
+
+  totals(): RoundTotals {
+    return { rounds: this.rounds, acceptRounds: this.acceptRounds, rejectRounds: this.rejectRounds, accepted: this.accepted, drafted: this.drafted };
+  }
+}
+
+/** What a round-by-round comparison reports about its rounds. */
+export interface RoundTotals {
+  rounds: number;
+  /** Rounds with at least one accepted draft / with a rejected draft. */
+  acceptRounds: number;
+  rejectRounds: number;
+  accepted: number;
+  drafted: number;
+}
+
 // ------------------------------------------------------------------ MTP
 
 export interface MtpSpec {
@@ -281,15 +322,9 @@ export interface MtpSpec {
   prefillStepSize?: number;
 }
 
-export interface MtpResult {
+export interface MtpResult extends RoundTotals {
   spec: MtpSpec;
   tokens: number[];
-  rounds: number;
-  /** Rounds with at least one accepted draft / with a rejected draft. */
-  acceptRounds: number;
-  rejectRounds: number;
-  accepted: number;
-  drafted: number;
   /** TS vs mlx-vlm, round by round. */
   vsOracle: TallySummary;
   /** TS MTP output vs TS plain greedy generate_step (tokens). */
@@ -309,25 +344,12 @@ export async function mtpParity(oracle: OracleClient, pool: ModelPool, spec: Mtp
   const drafter = pool.drafter(spec.drafter);
   const t = new Tally();
   const tokens: number[] = [];
-  let k = 0;
-  let acceptRounds = 0;
-  let rejectRounds = 0;
-  let accepted = 0;
-  let drafted = 0;
+  const n = new RoundCounts();
   let maxStartPosition = 0;
   const onRound = (r: MtpRound): void => {
     for (const c of r.cache) if (c instanceof BufferedRotatingKVCache) maxStartPosition = Math.max(maxStartPosition, c.startPosition);
-    const o = orc.rounds[k];
-    const w = `round ${k}`;
-    k++;
-    accepted += r.accepted;
-    drafted += r.drafted.length;
-    if (r.accepted > 0) acceptRounds++;
-    if (r.accepted < r.drafted.length) rejectRounds++;
-    if (!o) {
-      t.value(`${w}`, "a round", "no round");
-      return;
-    }
+    const { w, o } = n.next(t, orc.rounds, r.accepted, r.drafted.length);
+    if (!o) return;
     t.value(`${w} block_size`, r.blockSize, o.block_size);
     t.value(`${w} drafted`, r.drafted, o.drafted);
     t.value(`${w} accepted`, r.accepted, o.accepted);
@@ -351,12 +373,12 @@ export async function mtpParity(oracle: OracleClient, pool: ModelPool, spec: Mtp
   })) {
     tokens.push(tok.token);
   }
-  t.value("rounds", k, orc.rounds.length);
+  t.value("rounds", n.rounds, orc.rounds.length);
   t.value("tokens", tokens, orc.tokens);
   const vsGreedy = new Tally();
   let i = 0;
   for await (const g of generateStep(pool.generation(spec.target), spec.prompt, { maxTokens: spec.maxTokens })) vsGreedy.value(`token ${i}`, tokens[i++], g.token);
-  return { spec, tokens, rounds: k, acceptRounds, rejectRounds, accepted, drafted, vsOracle: t.summary(), vsGreedy: vsGreedy.summary(), maxStartPosition, ms: performance.now() - t0 };
+  return { spec, tokens, ...n.totals(), vsOracle: t.summary(), vsGreedy: vsGreedy.summary(), maxStartPosition, ms: performance.now() - t0 };
 }
 
 // ------------------------------------------------------------------ exact verifier

@@ -20,7 +20,7 @@ import { clampTemperature, dflashGenerateStep, type DFlashRound, type DFlashSamp
 import type { NpyRecord } from "./npy.ts";
 import type { OracleClient } from "./client.ts";
 import { rawOf, rawOfNpy, type RawTensor } from "./compare.ts";
-import { compareCaches, type ModelPool, readTree, Tally, type TallySummary } from "./speculative.ts";
+import { compareCaches, type ModelPool, readTree, RoundCounts, type RoundTotals, Tally, type TallySummary } from "./speculative.ts";
 
 const rawN = (r: NpyRecord | null | undefined): RawTensor | null => (r ? rawOfNpy(r) : null);
 
@@ -51,14 +51,9 @@ export interface DFlashSpec {
   skipGreedy?: boolean;
 }
 
-export interface DFlashResult {
+export interface DFlashResult extends RoundTotals {
   spec: DFlashSpec;
   tokens: number[];
-  rounds: number;
-  acceptRounds: number;
-  rejectRounds: number;
-  accepted: number;
-  drafted: number;
   blockSizes: number[];
   /** TS vs mlx-vlm, round by round. */
   vsOracle: TallySummary;
@@ -83,24 +78,11 @@ export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafte
   t.value("config", { mask_token_id: c.mask_token_id, target_layer_ids: c.target_layer_ids, block_size: c.block_size, layer_types: c.layer_types, sliding_window: c.sliding_window, is_causal: c.is_causal, num_target_layers: c.num_target_layers }, orc.config);
   const tokens: number[] = [];
   const blockSizes: number[] = [];
-  let k = 0;
-  let acceptRounds = 0;
-  let rejectRounds = 0;
-  let accepted = 0;
-  let drafted = 0;
+  const n = new RoundCounts();
   const onRound = (r: DFlashRound): void => {
-    const o = orc.rounds[k];
-    const w = `round ${k}`;
-    k++;
-    accepted += r.accepted;
-    drafted += r.drafted.length;
     blockSizes.push(r.blockSize);
-    if (r.accepted > 0) acceptRounds++;
-    if (r.accepted < r.drafted.length) rejectRounds++;
-    if (!o) {
-      t.value(w, "a round", "no round");
-      return;
-    }
+    const { w, o } = n.next(t, orc.rounds, r.accepted, r.drafted.length);
+    if (!o) return;
     t.value(`${w} block_size`, r.blockSize, o.block_size);
     t.value(`${w} drafted`, r.drafted, o.drafted);
     t.tensor(`${w} drafter logits`, rawOf(r.draftLogits), rawN(o.draft_logits));
@@ -136,7 +118,7 @@ export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafte
     if (!(e instanceof GenerateError)) throw e;
     t.value("TS run", `refused: ${e.message}`, "ran");
   }
-  t.value("rounds", k, orc.rounds.length);
+  t.value("rounds", n.rounds, orc.rounds.length);
   t.value("tokens", tokens, orc.tokens);
   t.value("accept_lens", drafter.accept_lens, orc.accept_lens);
   t.value("draft_lens", drafter.draft_lens, orc.draft_lens);
@@ -151,5 +133,5 @@ export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafte
     vsGreedy.value("length", tokens.length, greedy.length);
     oracleEqualsGreedy = JSON.stringify(orc.tokens) === JSON.stringify(greedy);
   }
-  return { spec, tokens, rounds: k, acceptRounds, rejectRounds, accepted, drafted, blockSizes, vsOracle: t.summary(), vsGreedy: vsGreedy?.summary() ?? null, oracleConfig: orc.config, oracleEqualsGreedy, ms: performance.now() - t0 };
+  return { spec, tokens, ...n.totals(), blockSizes, vsOracle: t.summary(), vsGreedy: vsGreedy?.summary() ?? null, oracleConfig: orc.config, oracleEqualsGreedy, ms: performance.now() - t0 };
 }

@@ -100,6 +100,35 @@ def text_variant(fx: str, *, window: int | None = None, perturb: float = 0.0, vo
     return build
 
 
+def seeded_weights(model, tag: str, shape=lambda name, v, p: v) -> None:
+    """Every parameter of `model` seeded (make_checkpoints' _init_value under "<tag>:<name>"), then
+    passed through shape(name, value, parameter); set on the model and evaluated."""
+    new = []
+    for name, p in tree_flatten(model.parameters()):
+        v = mx.array(_init_value(SEED, f"{tag}:{name}", tuple(p.shape)))
+        new.append((name, shape(name, v, p)))
+    model.update(tree_unflatten(new))
+    mx.eval(model.parameters())
+
+
+def save_vlm(tmp: Path, model, cfg: dict) -> None:
+    """mlx-vlm's own save_weights and save_config."""
+    from mlx_vlm.utils import save_config, save_weights
+
+    save_weights(tmp, model)
+    save_config(cfg, tmp / "config.json")
+
+
+def mask_direction(fx: str, tag: str, cfg: dict, mask_token_id: int):
+    """The target's embedding table and the unit direction of the mask token's embedding as layer
+    0 of the drafter sees it (scaled by sqrt(H), RMS-normed with that layer's seeded input norm)."""
+    H = cfg["hidden_size"]
+    emb = mx.load(str(source(fx) / "model.safetensors"))["model.embed_tokens.weight"]
+    ln0 = mx.array(_init_value(SEED, f"{tag}:layers.0.input_layernorm.weight", (H,)))
+    xm = mx.fast.rms_norm(emb[mask_token_id] * (H ** 0.5), ln0, cfg["rms_norm_eps"])
+    return emb, xm / mx.sqrt(mx.sum(xm * xm))
+
+
 TINY = dict(model_type="gemma4_text", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
             num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
             layer_types=["sliding_attention", "full_attention"], sliding_window=8, vocab_size=64,
@@ -118,14 +147,13 @@ def tiny_model(perturb: float):
         from mlx_lm.utils import save_config, save_model
 
         model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(TINY))
-        new = []
-        for name, p in tree_flatten(model.parameters()):
-            v = mx.array(_init_value(SEED, f"tiny:{name}", tuple(p.shape)))
+
+        def shape(name, v, p):
             if perturb:
                 v = v + mx.array(_param_rng(SEED, f"tiny-perturb:{name}").standard_normal(p.shape).astype(np.float32)) * perturb
-            new.append((name, v))
-        model.update(tree_unflatten(new))
-        mx.eval(model.parameters())
+            return v
+
+        seeded_weights(model, "tiny", shape)
         save_model(tmp, model)
         save_config(dict(TINY), tmp / "config.json")
 
@@ -164,42 +192,45 @@ def build_assistant(fx: str, ordered: bool, model_type: str = "gemma4_assistant"
     def build(tmp: Path) -> None:
         import importlib
 
-        from mlx_vlm.utils import save_config, save_weights
-
         pkg = importlib.import_module(f"mlx_vlm.speculative.drafters.{model_type}")
         cfg = assistant_config(fx, ordered, model_type)
         model = pkg.Model(pkg.ModelConfig.from_dict(json.loads(json.dumps(cfg))))
         target = mx.load(str(source(fx) / "model.safetensors"))
         H = cfg["backbone_hidden_size"]
-        new = []
-        for name, p in tree_flatten(model.parameters()):
-            v = mx.array(_init_value(SEED, f"assistant:{name}", tuple(p.shape)))
+
+        def shape(name, v, p):
             if name == "model.embed_tokens.weight":
-                v = target["model.embed_tokens.weight"]
-            elif name == "pre_projection.weight":
-                v = mx.concatenate([mx.eye(H) * 4.0, v[:, H:]], axis=1)
-            elif name.endswith(("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")):
-                v = v * 0.1
-            elif name == "masked_embedding.token_ordering":
-                v = mx.array(_param_rng(SEED, "token_ordering").permutation(p.shape[0]).astype(np.int32))
-            new.append((name, v))
-        model.update(tree_unflatten(new))
-        mx.eval(model.parameters())
-        save_weights(tmp, model)
-        save_config(cfg, tmp / "config.json")
+                return target["model.embed_tokens.weight"]
+            if name == "pre_projection.weight":
+                return mx.concatenate([mx.eye(H) * 4.0, v[:, H:]], axis=1)
+            if name.endswith(("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")):
+                return v * 0.1
+            if name == "masked_embedding.token_ordering":
+                return mx.array(_param_rng(SEED, "token_ordering").permutation(p.shape[0]).astype(np.int32))
+            return v
+
+        seeded_weights(model, "assistant", shape)
+        save_vlm(tmp, model, cfg)
 
     return build
 
 
-def dflash_config(fx: str) -> dict:
+def block_drafter_config(fx: str, **own) -> dict:
+    """The 2-layer block drafter both DFlash-loop kinds share (hidden size and vocabulary of the
+    target, 4 heads, window 4, target layers 1, n/2 and n-1), with each kind's own keys on top
+    (mlx-vlm's save_config sorts the keys, so their order does not reach the file)."""
     t = json.loads((source(fx) / "config.json").read_text())
     n = t["num_hidden_layers"]
-    return dict(model_type="gemma4", architectures=["DFlashDraftModel"], hidden_size=t["hidden_size"],
-                intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                head_dim=t["hidden_size"] // 4, rms_norm_eps=1e-6, vocab_size=t["vocab_size"],
-                max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True, block_size=6,
-                layer_types=["sliding_attention", "full_attention"], sliding_window=4,
-                dflash_config={"target_layer_ids": [1, n // 2, n - 1]})
+    base = dict(hidden_size=t["hidden_size"], intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=4, head_dim=t["hidden_size"] // 4, rms_norm_eps=1e-6, vocab_size=t["vocab_size"],
+                max_position_embeddings=4096, sliding_window=4, dflash_config={"target_layer_ids": [1, n // 2, n - 1]})
+    dflash = {**base["dflash_config"], **own.pop("dflash_config", {})}
+    return {**base, **own, "dflash_config": dflash}
+
+
+def dflash_config(fx: str) -> dict:
+    return block_drafter_config(fx, model_type="gemma4", architectures=["DFlashDraftModel"], rope_theta=10000.0,
+                                tie_word_embeddings=True, block_size=6, layer_types=["sliding_attention", "full_attention"])
 
 
 def build_dflash(fx: str):
@@ -215,48 +246,39 @@ def build_dflash(fx: str):
 
     def build(tmp: Path) -> None:
         from mlx_vlm.speculative.drafters.gemma4_dflash import Gemma4DFlashConfig, Gemma4DFlashDraftModel
-        from mlx_vlm.utils import save_config, save_weights
 
         cfg = dflash_config(fx)
         model = Gemma4DFlashDraftModel(Gemma4DFlashConfig.from_dict(json.loads(json.dumps(cfg))))
         H = cfg["hidden_size"]
-        emb = mx.load(str(source(fx) / "model.safetensors"))["model.embed_tokens.weight"]
-        ln0 = mx.array(_init_value(SEED, "dflash:layers.0.input_layernorm.weight", (H,)))
-        xm = mx.fast.rms_norm(emb[model.config.mask_token_id] * (H ** 0.5), ln0, cfg["rms_norm_eps"])
-        u = xm / mx.sqrt(mx.sum(xm * xm))
-        new = []
-        for name, p in tree_flatten(model.parameters()):
-            v = mx.array(_init_value(SEED, f"dflash:{name}", tuple(p.shape)))
+        _, u = mask_direction(fx, "dflash", cfg, model.config.mask_token_id)
+
+        def shape(name, v, p):
             if name == "layers.0.self_attn.v_proj.weight":
-                v = mx.eye(H) - u[:, None] * u[None, :]
-            elif name == "layers.0.self_attn.o_proj.weight":
-                v = mx.eye(H) * 30.0
-            elif name == "layers.0.self_attn.q_norm.weight":
-                v = v * 0.01
-            elif name == "hidden_norm.weight":
-                v = v * 0.05
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                v = v * 0.1
-            new.append((name, v))
-        model.update(tree_unflatten(new))
-        mx.eval(model.parameters())
-        save_weights(tmp, model)
-        save_config(cfg, tmp / "config.json")
+                return mx.eye(H) - u[:, None] * u[None, :]
+            if name == "layers.0.self_attn.o_proj.weight":
+                return mx.eye(H) * 30.0
+            if name == "layers.0.self_attn.q_norm.weight":
+                return v * 0.01
+            if name == "hidden_norm.weight":
+                return v * 0.05
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                return v * 0.1
+            return v
+
+        seeded_weights(model, "dflash", shape)
+        save_vlm(tmp, model, cfg)
 
     return build
 
 
 def dspark_config(fx: str) -> dict:
     t = json.loads((source(fx) / "config.json").read_text())
-    n = t["num_hidden_layers"]
-    return dict(model_type="gemma4_text", architectures=["Gemma4DSparkModel"], hidden_size=t["hidden_size"],
-                intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                head_dim=t["hidden_size"] // 4, global_head_dim=t["hidden_size"] // 4, num_global_key_value_heads=4,
-                attention_k_eq_v=False, rms_norm_eps=1e-6, vocab_size=t["vocab_size"], max_position_embeddings=4096,
-                layer_types=["full_attention", "sliding_attention"], sliding_window=4, final_logit_softcapping=30.0,
-                rope_parameters=t["rope_parameters"],
-                dflash_config={"target_layer_ids": [1, n // 2, n - 1], "num_target_layers": n, "mask_token_id": 4,
-                               "block_size": 5, "markov_rank": 8})
+    return block_drafter_config(fx, model_type="gemma4_text", architectures=["Gemma4DSparkModel"],
+                                global_head_dim=t["hidden_size"] // 4, num_global_key_value_heads=4, attention_k_eq_v=False,
+                                layer_types=["full_attention", "sliding_attention"], final_logit_softcapping=30.0,
+                                rope_parameters=t["rope_parameters"],
+                                dflash_config={"num_target_layers": t["num_hidden_layers"], "mask_token_id": 4,
+                                               "block_size": 5, "markov_rank": 8})
 
 
 def build_dspark(fx: str):
@@ -273,41 +295,35 @@ def build_dspark(fx: str):
 
     def build(tmp: Path) -> None:
         from mlx_vlm.speculative.drafters.gemma4_dspark import Gemma4DsparkConfig, Gemma4DSparkDraftModel
-        from mlx_vlm.utils import save_config, save_weights
 
         cfg = dspark_config(fx)
         model = Gemma4DSparkDraftModel(Gemma4DsparkConfig.from_dict(json.loads(json.dumps(cfg))))
         H = cfg["hidden_size"]
-        emb = mx.load(str(source(fx) / "model.safetensors"))["model.embed_tokens.weight"]
-        ln0 = mx.array(_init_value(SEED, "dspark:layers.0.input_layernorm.weight", (H,)))
-        xm = mx.fast.rms_norm(emb[model.config.mask_token_id] * (H ** 0.5), ln0, cfg["rms_norm_eps"])
-        u = xm / mx.sqrt(mx.sum(xm * xm))
-        new = []
-        for name, p in tree_flatten(model.parameters()):
-            v = mx.array(_init_value(SEED, f"dspark:{name}", tuple(p.shape)))
+        emb, u = mask_direction(fx, "dspark", cfg, model.config.mask_token_id)
+
+        def shape(name, v, p):
             if name in ("embed_tokens.weight", "lm_head.weight"):
-                v = emb
-            elif name.endswith("layer_scalar"):
-                v = mx.ones(p.shape)
-            elif name == "layers.0.self_attn.v_proj.weight":
-                v = mx.eye(H) - u[:, None] * u[None, :]
-            elif name == "layers.0.self_attn.o_proj.weight":
-                v = mx.eye(H)
-            elif name == "layers.0.self_attn.q_norm.weight":
-                v = v * 0.01
-            elif name == "layers.0.post_attention_layernorm.weight":
-                v = mx.full(p.shape, 3.0)
-            elif name == "hidden_norm.weight":
-                v = v * 0.05
-            elif name.endswith("post_feedforward_layernorm.weight") or name == "layers.1.post_attention_layernorm.weight":
-                v = v * 0.1
-            elif name.startswith("markov_head."):
-                v = v * 12.0  # a correction of std ~1 (the seeded init gives ~7e-3): it changes some drafts
-            new.append((name, v))
-        model.update(tree_unflatten(new))
-        mx.eval(model.parameters())
-        save_weights(tmp, model)
-        save_config(cfg, tmp / "config.json")
+                return emb
+            if name.endswith("layer_scalar"):
+                return mx.ones(p.shape)
+            if name == "layers.0.self_attn.v_proj.weight":
+                return mx.eye(H) - u[:, None] * u[None, :]
+            if name == "layers.0.self_attn.o_proj.weight":
+                return mx.eye(H)
+            if name == "layers.0.self_attn.q_norm.weight":
+                return v * 0.01
+            if name == "layers.0.post_attention_layernorm.weight":
+                return mx.full(p.shape, 3.0)
+            if name == "hidden_norm.weight":
+                return v * 0.05
+            if name.endswith("post_feedforward_layernorm.weight") or name == "layers.1.post_attention_layernorm.weight":
+                return v * 0.1
+            if name.startswith("markov_head."):
+                return v * 12.0  # a correction of std ~1 (the seeded init gives ~7e-3): it changes some drafts
+            return v
+
+        seeded_weights(model, "dspark", shape)
+        save_vlm(tmp, model, cfg)
 
     return build
 

@@ -96,12 +96,17 @@ TINY_VISION = dict(model_type="gemma4_vision", hidden_size=8, intermediate_size=
 
 def vlm_target(ckpt: Path):
     """mlx-vlm's gemma4 Model holding a text fixture's weights (language_model.*); the (unused)
-    vision tower is a tiny stand-in: MTP decoding of a text prompt never calls it."""
+    vision tower is a tiny stand-in: speculative decoding of a text prompt never calls it. A
+    quantized fixture (a `quantization` block) has its language model quantized first as mlx-vlm's
+    loader does it: nn.quantize on the modules whose .scales the checkpoint holds, with the
+    config's group size, bits and mode, or the per-module entry (its own parameters, or false)
+    where the config has one."""
+    import mlx.nn as nn
     from mlx_vlm.models.gemma4 import Model, ModelConfig, TextConfig, VisionConfig
 
     tcfg = json.loads((ckpt / "config.json").read_text())
     if tcfg.get("model_type") != "gemma4_text" or tcfg.get("tie_word_embeddings") is False:
-        raise ValueError(f"{ckpt}: the MTP oracle takes a flat gemma4_text checkpoint with tied embeddings")
+        raise ValueError(f"{ckpt}: the speculative oracles take a flat gemma4_text checkpoint with tied embeddings")
     cfg = ModelConfig.from_dict({"model_type": "gemma4", "text_config": tcfg, "vision_config": TINY_VISION,
                                  "vocab_size": tcfg["vocab_size"]})
     cfg.text_config = TextConfig.from_dict(tcfg)
@@ -109,6 +114,10 @@ def vlm_target(ckpt: Path):
     cfg.audio_config = None
     model = Model(cfg)
     weights = mx.load(str(ckpt / "model.safetensors"))
+    q = tcfg.get("quantization")
+    if q:
+        nn.quantize(model.language_model, group_size=q["group_size"], bits=q["bits"], mode=q.get("mode", "affine"),
+                    class_predicate=lambda p, m: q[p] if p in q else f"{p}.scales" in weights)
     model.language_model.load_weights(list(weights.items()), strict=True)
     mx.eval(model.parameters())
     return model
@@ -137,22 +146,66 @@ def patched(owner: Any, attr: str, make: Callable[[Callable], Callable]) -> Iter
         setattr(owner, attr, orig)
 
 
+def round_recorders(cur: dict, rounds: list, after_commit: Callable[[dict], None] | None = None):
+    """The wrappers every recorded round loop shares (MTP here, DFlash in speculative_dflash.py):
+    _record_speculative_round keeps the accepted count in `cur`; commit_speculative_round adds
+    every target cache after the rollback (and whatever `after_commit` adds), appends the round
+    to `rounds` and starts the next."""
+
+    def on_record(orig):
+        def f(dm, accepted, draft_count):
+            cur["accepted"] = int(accepted)
+            return orig(dm, accepted, draft_count)
+        return f
+
+    def on_commit(orig):
+        def f(lm, caches, state, accepted, block_size):
+            out = orig(lm, caches, state, accepted, block_size)
+            cur["cache"] = vlm_cache_states(caches)
+            if after_commit is not None:
+                after_commit(cur)
+            rounds.append(dict(cur))
+            cur.clear()
+            return out
+        return f
+
+    return on_record, on_commit
+
+
+def drain(gen, prompt_cache: list) -> tuple[list[int], dict]:
+    """Every token of an mlx-vlm generate_step, and the first one's token, logprobs and the
+    target caches right after it (the prefill's)."""
+    tokens: list[int] = []
+    first: dict[str, Any] = {}
+    for i, (t, lp) in enumerate(gen):
+        tokens.append(int(t))
+        if i == 0:
+            first = {"token": int(t), "logprobs": mx.array(lp), "cache": vlm_cache_states(prompt_cache)}
+    return tokens, first
+
+
+def target_and_drafter(ckpt: Path, drafter: Path, kind: str):
+    """vlm_target, mlx-vlm's load_drafter (which must resolve to `kind`) and a fresh prompt cache."""
+    from mlx_vlm.models import cache as vcache
+    from mlx_vlm.speculative.drafters import load_drafter
+
+    model = vlm_target(ckpt)
+    draft, resolved = load_drafter(str(drafter))
+    if resolved != kind:
+        raise ValueError(f"{drafter}: drafter kind {resolved!r}, expected {kind!r}")
+    return model, draft, vcache.make_prompt_cache(model.language_model)
+
+
 def run_mtp(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft_block_size: int | None,
             prefill_step_size: int) -> dict:
     """mlx-vlm generate_step(draft_kind="mtp", temperature=0) on one prompt, recorded per round:
     block size, drafted tokens, the drafter's logits per step, the target's logits at every walked
     position, the accepted count and every target cache after the round's rollback."""
     from mlx_vlm.generate.ar import generate_step as vlm_generate_step
-    from mlx_vlm.models import cache as vcache
     from mlx_vlm.speculative import mtp as vmtp
-    from mlx_vlm.speculative.drafters import load_drafter
     from mlx_vlm.speculative.drafters.gemma4_assistant import Gemma4AssistantDraftModel
 
-    model = vlm_target(ckpt)
-    draft, kind = load_drafter(str(drafter))
-    if kind != "mtp":
-        raise ValueError(f"{drafter}: drafter kind {kind!r}, expected 'mtp'")
-    prompt_cache = vcache.make_prompt_cache(model.language_model)
+    model, draft, prompt_cache = target_and_drafter(ckpt, drafter, "mtp")
     rounds: list[dict] = []
     cur: dict[str, Any] = {}
 
@@ -177,23 +230,7 @@ def run_mtp(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft
             return out
         return f
 
-    def on_record(orig):
-        def f(dm, accepted, draft_count):
-            cur["accepted"] = int(accepted)
-            return orig(dm, accepted, draft_count)
-        return f
-
-    def on_commit(orig):
-        def f(lm, caches, state, accepted, block_size):
-            out = orig(lm, caches, state, accepted, block_size)
-            cur["cache"] = vlm_cache_states(caches)
-            rounds.append(dict(cur))
-            cur.clear()
-            return out
-        return f
-
-    tokens: list[int] = []
-    first: dict[str, Any] = {}
+    on_record, on_commit = round_recorders(cur, rounds)
     with patched(Gemma4AssistantDraftModel, "__call__", on_call), patched(draft, "draft_block", on_block), \
             patched(vmtp, "_mtp_logits_from_hidden", on_logits), \
             patched(vmtp, "_record_speculative_round", on_record), \
@@ -202,10 +239,7 @@ def run_mtp(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft
                                 temperature=0.0, draft_model=draft, draft_kind="mtp",
                                 draft_block_size=draft_block_size, prefill_step_size=prefill_step_size,
                                 prompt_cache=prompt_cache)
-        for i, (t, lp) in enumerate(gen):
-            tokens.append(int(t))
-            if i == 0:
-                first = {"token": int(t), "logprobs": mx.array(lp), "cache": vlm_cache_states(prompt_cache)}
+        tokens, first = drain(gen, prompt_cache)
     return {"tokens": tokens, "first": first, "rounds": rounds, "accept_lens": list(draft.accept_lens)}
 
 

@@ -16,38 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from speculative import TINY_VISION, patched, vlm_cache_states, vlm_target
-
-
-def dflash_target(ckpt: Path):
-    """speculative.vlm_target, and for a quantized fixture (a `quantization` block) the language
-    model quantized first as mlx-vlm's loader does it: nn.quantize on the modules whose .scales
-    the checkpoint holds, with the config's group size, bits and mode, or the per-module entry
-    (its own parameters, or false) where the config has one."""
-    import json
-
-    import mlx.nn as nn
-
-    cfg = json.loads((ckpt / "config.json").read_text())
-    q = cfg.get("quantization")
-    if not q:
-        return vlm_target(ckpt)
-    from mlx_vlm.models.gemma4 import Model, ModelConfig, TextConfig, VisionConfig
-
-    if cfg.get("model_type") != "gemma4_text" or cfg.get("tie_word_embeddings") is False:
-        raise ValueError(f"{ckpt}: the DFlash oracle takes a flat gemma4_text checkpoint with tied embeddings")
-    mcfg = ModelConfig.from_dict({"model_type": "gemma4", "text_config": cfg, "vision_config": TINY_VISION,
-                                  "vocab_size": cfg["vocab_size"]})
-    mcfg.text_config = TextConfig.from_dict(cfg)
-    mcfg.vision_config = VisionConfig.from_dict(TINY_VISION)
-    mcfg.audio_config = None
-    model = Model(mcfg)
-    weights = mx.load(str(ckpt / "model.safetensors"))
-    nn.quantize(model.language_model, group_size=q["group_size"], bits=q["bits"], mode=q.get("mode", "affine"),
-                class_predicate=lambda p, m: q[p] if p in q else f"{p}.scales" in weights)
-    model.language_model.load_weights(list(weights.items()), strict=True)
-    mx.eval(model.parameters())
-    return model
+from speculative import drain, patched, round_recorders, target_and_drafter, vlm_cache_states
 
 
 def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft_block_size: int | None,
@@ -59,16 +28,10 @@ def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, dr
     the captured prompt hidden; and the drafter's resolved config. `sampling` = {temp, top_p,
     top_k, min_p, seed} (absent: greedy)."""
     from mlx_vlm.generate.ar import generate_step as vlm_generate_step
-    from mlx_vlm.models import cache as vcache
     from mlx_vlm.speculative import dflash as vdfl
     from mlx_vlm.speculative import utils as vutils
-    from mlx_vlm.speculative.drafters import load_drafter
 
-    model = dflash_target(ckpt)
-    draft, kind = load_drafter(str(drafter))
-    if kind != "dflash":
-        raise ValueError(f"{drafter}: drafter kind {kind!r}, expected 'dflash'")
-    prompt_cache = vcache.make_prompt_cache(model.language_model)
+    model, draft, prompt_cache = target_and_drafter(ckpt, drafter, "dflash")
     rounds: list[dict] = []
     cur: dict[str, Any] = {}
     holder: dict[str, Any] = {}
@@ -119,25 +82,8 @@ def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, dr
             return out
         return f
 
-    def on_record(orig):
-        def f(dm, accepted, draft_count):
-            cur["accepted"] = int(accepted)
-            return orig(dm, accepted, draft_count)
-        return f
-
-    def on_commit(orig):
-        def f(lm, caches, state, accepted, block_size):
-            out = orig(lm, caches, state, accepted, block_size)
-            cur["cache"] = vlm_cache_states(caches)
-            if sampling:
-                cur["rng"] = mx.array(mx.random.state[0])
-            rounds.append(dict(cur))
-            cur.clear()
-            return out
-        return f
-
-    tokens: list[int] = []
-    first: dict[str, Any] = {}
+    # sampled runs: the global random key after the round's walk (commit follows the walk)
+    on_record, on_commit = round_recorders(cur, rounds, (lambda c: c.update(rng=mx.array(mx.random.state[0]))) if sampling else None)
     with patched(vutils, "_dflash_rounds", on_rounds), patched(draft, "reset", on_reset), \
             patched(draft, "draft_block", on_block), patched(draft, "_logits", on_logits), \
             patched(vdfl, "_dflash_verify", on_verify), patched(vdfl, "_record_speculative_round", on_record), \
@@ -151,10 +97,7 @@ def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, dr
         gen = vlm_generate_step(mx.array([prompt], dtype=mx.int32), model, None, None, max_tokens=max_tokens,
                                 draft_model=draft, draft_kind="dflash", draft_block_size=draft_block_size,
                                 prompt_cache=prompt_cache, **sample_kwargs)
-        for i, (t, lp) in enumerate(gen):
-            tokens.append(int(t))
-            if i == 0:
-                first = {"token": int(t), "logprobs": mx.array(lp), "cache": vlm_cache_states(prompt_cache)}
+        tokens, first = drain(gen, prompt_cache)
     c = draft.config
     config = {"mask_token_id": int(c.mask_token_id), "target_layer_ids": list(c.target_layer_ids),
               "block_size": int(c.block_size), "layer_types": list(c.layer_types),

@@ -9,17 +9,13 @@
 // (asserted) and the score caught / applied is printed.
 import { afterAll, describe, expect, it } from "vitest";
 import { join } from "node:path";
-import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
-import { ModelPool } from "../../oracle/speculative.ts";
+import { sharedOracle } from "../../oracle/client.ts";
 import { DrafterPool, dflashParity, type DFlashSpec } from "../../oracle/speculative_dflash.ts";
 import { DRAFTER_MUTATIONS, type DrafterMutation, withDrafterMutation } from "../../model/speculative/mutations.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { CK, filePools, prompt, SP } from "../speculative/helpers.ts";
 
-const CK = join(REPO_ROOT, ".cache", "checkpoints");
-const SP = join(CK, "speculative");
-const pool = new ModelPool();
-afterAll(() => pool.dispose());
-const prompt = (P: number) => Array.from({ length: P }, (_, i) => (i * 37 + 11) % 256);
+const { pool } = filePools();
 
 const GREEDY: DFlashSpec = { target: join(CK, "c1_dense", "f32"), drafter: join(SP, "c1_dense_dflash"), prompt: prompt(3), maxTokens: 8, skipGreedy: true };
 const DSPARK: DFlashSpec = { target: join(CK, "c1_dense", "f32"), drafter: join(SP, "c1_dense_dspark"), prompt: prompt(3), maxTokens: 16, skipGreedy: true };

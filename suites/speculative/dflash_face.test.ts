@@ -3,38 +3,21 @@
 // run the DFlash loop, a gemma4_unified_assistant drafter runs MTP; all print plain greedy decoding's
 // tokens and mlx-vlm's statistics line. With --temp / --top-k / --seed the DFlash-loop drafters print
 // plain sampled decoding's tokens for the same seed (one key per emitted token, as mlx-vlm's loop);
-// the MTP loop is greedy only in this port: --temp > 0 with it is refused, exit 2. Bad input is one clear error, exit 2: a DFlash drafter for
-// a target of another hidden size, or whose vocabulary differs from the target's, a drafter kind
-// this port does not run, --draft-kind other than mtp/dflash.
+// the MTP loop is greedy only in this port: --temp > 0 with it is refused, exit 2. Bad input is one
+// clear error, exit 2: a DFlash drafter for a target of another hidden size, or whose vocabulary
+// differs from the target's, a drafter kind this port does not run, --draft-kind other than
+// mtp/dflash.
 import { afterAll, describe, expect, it } from "vitest";
-import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { REPO_ROOT } from "../../oracle/client.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { CK, expectClean, generate, ids, SP } from "./helpers.ts";
 
-const CK = join(REPO_ROOT, ".cache", "checkpoints");
-const SP = join(CK, "speculative");
 const C1 = join(CK, "c1_dense", "f32");
 const tmp = mkdtempSync(join(tmpdir(), "dflash-face-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 
-function generate(args: string[]): { code: number | null; out: string; stdout: string } {
-  const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", "generate_cli.ts"), ...args], { cwd: REPO_ROOT, encoding: "utf8", timeout: limit(120_000) });
-  return { code: r.status, out: `${r.stdout}${r.stderr}`, stdout: r.stdout };
-}
-function expectClean(r: { code: number | null; out: string }, code: number, message: RegExp): void {
-  expect(r.out).toMatch(message);
-  expect(r.code).toBe(code);
-  expect(r.out).not.toMatch(/\n\s+at .+:\d+:\d+/); // no stack frames
-}
-/** The generated ids: the text between the two ========== rules (never empty: a run that printed none fails here). */
-const ids = (stdout: string): string => {
-  const text = (stdout.split("==========")[1] ?? "").trim();
-  expect(text).toMatch(/^\d+( \d+)*$/);
-  return text;
-};
 const TOKENS = ["--tokens", "11,48,85", "--max-tokens", "12"];
 
 /** A copy of a drafter directory (weights linked) with config edits. */

@@ -13,23 +13,15 @@
 // (asserted). And the relation the loop implies: every emitted token costs one key of the global
 // sequence, so on the CPU device (rows.ts) and f32 targets the tokens equal TS plain sampled
 // generate_step with the same seed and sampler.
-import { afterAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { join } from "node:path";
 import { ROWS_INVARIANT } from "./rows.ts";
-import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
-import { ModelPool } from "../../oracle/speculative.ts";
-import { DrafterPool, dflashParity, type DFlashResult, type DFlashSpec } from "../../oracle/speculative_dflash.ts";
+import { sharedOracle } from "../../oracle/client.ts";
+import { dflashParity, type DFlashResult, type DFlashSpec } from "../../oracle/speculative_dflash.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { CK, filePools, prompt, SP, summarizeDFlashResults } from "./helpers.ts";
 
-const CK = join(REPO_ROOT, ".cache", "checkpoints");
-const SP = join(CK, "speculative");
-const pool = new ModelPool();
-const drafters = new DrafterPool();
-afterAll(() => {
-  pool.dispose();
-  drafters.dispose();
-});
-const prompt = (P: number) => Array.from({ length: P }, (_, i) => (i * 37 + 11) % 256);
+const { pool, drafters } = filePools();
 
 interface Scenario {
   label: string;
@@ -52,10 +44,7 @@ const SAMPLED_SCENARIOS: Scenario[] = [
 ];
 
 const results: DFlashResult[] = [];
-afterAll(() => {
-  const sum = (f: (r: DFlashResult) => number) => results.reduce((s, r) => s + f(r), 0);
-  console.log(`[dflash sampled] ${results.length} scenarios, ${sum((r) => r.rounds)} rounds, ${sum((r) => r.vsOracle.tensors)} tensors and ${sum((r) => r.vsOracle.values)} values bit-exact vs mlx-vlm; accepted ${sum((r) => r.accepted)}/${sum((r) => r.drafted)} sampled drafts`);
-});
+summarizeDFlashResults("dflash sampled", results, null);
 
 describe("sampled DFlash / DSpark decoding vs mlx-vlm, round by round", () => {
   let ran = 0;

@@ -3,38 +3,16 @@
 // input is one clear error (no stack trace): a draft with another vocabulary or tokenizer, a
 // prompt-cache file of another model or truncated, --num-draft-tokens 0.
 import { afterAll, describe, expect, it } from "vitest";
-import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { REPO_ROOT } from "../../oracle/client.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { CK, expectClean, generate, ids, runFace as run, SP } from "./helpers.ts";
 
-const CK = join(REPO_ROOT, ".cache", "checkpoints");
-const SP = join(CK, "speculative");
 const C1 = join(CK, "c1_dense", "f32");
 const tmp = mkdtempSync(join(tmpdir(), "spec-faces-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 
-function run(script: string, args: string[]): { code: number | null; out: string; stdout: string } {
-  const r = spawnSync(process.execPath, [join(REPO_ROOT, "parity", script), ...args], { cwd: REPO_ROOT, encoding: "utf8", timeout: limit(120_000) });
-  return { code: r.status, out: `${r.stdout}${r.stderr}`, stdout: r.stdout };
-}
-const generate = (args: string[]) => run("generate_cli.ts", args);
-
-function expectClean(r: { code: number | null; out: string }, code: number, message: RegExp): void {
-  expect(r.out).toMatch(message);
-  expect(r.code).toBe(code);
-  expect(r.out).not.toMatch(/\n\s+at .+:\d+:\d+/); // no stack frames
-}
-
-/** The generated ids printed between the two ===== lines. */
-/** The generated ids: the text between the two ========== rules (never empty: a run that printed none fails here). */
-const ids = (stdout: string): string => {
-  const text = (stdout.split("==========")[1] ?? "").trim();
-  expect(text).toMatch(/^\d+( \d+)*$/);
-  return text;
-};
 
 /** A copy of a checkpoint (weights linked) with a tokenizer.json of the given vocabulary. */
 function withTokenizer(src: string, name: string, vocab: Record<string, number>): string {

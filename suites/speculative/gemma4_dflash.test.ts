@@ -11,26 +11,17 @@
 // The drafter mutations are caught in suites/mutations/drafters.test.ts.
 // The adaptive block size against mlx-vlm's _dflash_next_block_size on 400 random histories.
 // SPEC_FULL=1 runs the larger grid and rewrites gemma4_dflash.full.json.
-import { afterAll, describe, expect, it } from "vitest";
-import { writeFileSync } from "node:fs";
+import { describe, expect, it } from "vitest";
 import { join } from "node:path";
 import { ROWS_INVARIANT } from "./rows.ts";
-import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
-import { ModelPool } from "../../oracle/speculative.ts";
-import { DrafterPool, dflashParity, type DFlashResult } from "../../oracle/speculative_dflash.ts";
+import { sharedOracle } from "../../oracle/client.ts";
+import { dflashParity, type DFlashResult } from "../../oracle/speculative_dflash.ts";
 import { dflashNextBlockSize } from "../../model/speculative/dflash.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { CK, filePools, prompt, SP, summarizeDFlashResults } from "./helpers.ts";
 
-const CK = join(REPO_ROOT, ".cache", "checkpoints");
-const SP = join(CK, "speculative");
 const FULL = process.env.SPEC_FULL === "1";
-const pool = new ModelPool();
-const drafters = new DrafterPool();
-afterAll(() => {
-  pool.dispose();
-  drafters.dispose();
-});
-const prompt = (P: number) => Array.from({ length: P }, (_, i) => (i * 37 + 11) % 256);
+const { pool, drafters } = filePools();
 
 interface Scenario {
   label: string;
@@ -63,14 +54,7 @@ const GRID: Scenario[] = [
 ];
 
 const results: DFlashResult[] = [];
-afterAll(() => {
-  const sum = (f: (r: DFlashResult) => number) => results.reduce((s, r) => s + f(r), 0);
-  console.log(`[gemma4_dflash] ${results.length} scenarios, ${sum((r) => r.rounds)} rounds, ${sum((r) => r.vsOracle.tensors)} tensors and ${sum((r) => r.vsOracle.values)} values bit-exact vs mlx-vlm; accepted ${sum((r) => r.accepted)}/${sum((r) => r.drafted)} drafts`);
-  if (FULL) {
-    const rows = results.map((r) => ({ target: r.spec.target.slice(CK.length + 1), drafter: r.spec.drafter.slice(CK.length + 1), P: r.spec.prompt.length, N: r.spec.maxTokens, block: r.spec.draftBlockSize ?? null, rounds: r.rounds, blockSizes: r.blockSizes, accepted: r.accepted, drafted: r.drafted, tensors: r.vsOracle.tensors, values: r.vsOracle.values, firstMismatch: r.vsOracle.first, equalsGreedy: r.vsGreedy ? r.vsGreedy.first === null : null, oracleEqualsGreedy: r.oracleEqualsGreedy }));
-    writeFileSync(join(import.meta.dir, "gemma4_dflash.full.json"), JSON.stringify({ device: ROWS_INVARIANT ? "cpu" : "gpu", scenarios: rows }, null, 1) + "\n");
-  }
-});
+summarizeDFlashResults("gemma4_dflash", results, FULL ? join(import.meta.dir, "gemma4_dflash.full.json") : null);
 
 describe("gemma4_dflash speculative decoding vs mlx-vlm, round by round", () => {
   const scenarios = FULL ? [...DEFAULT, ...GRID] : DEFAULT;

@@ -16,27 +16,19 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSyn
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { ROWS_INVARIANT } from "./rows.ts";
-import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
-import { ModelPool } from "../../oracle/speculative.ts";
-import { DrafterPool, dflashParity, type DFlashResult } from "../../oracle/speculative_dflash.ts";
+import { sharedOracle } from "../../oracle/client.ts";
+import { dflashParity, type DFlashResult } from "../../oracle/speculative_dflash.ts";
 import { GenerateError } from "../../model/generate.ts";
 import { ConfigError } from "../../model/gemma4/config.ts";
 import { loadDFlashDrafter } from "../../model/speculative/drafters/index.ts";
 import { dflashGenerateStep } from "../../model/speculative/dflash.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { CK, filePools, prompt, SP, summarizeDFlashResults } from "./helpers.ts";
 
-const CK = join(REPO_ROOT, ".cache", "checkpoints");
-const SP = join(CK, "speculative");
 const FULL = process.env.SPEC_FULL === "1";
-const pool = new ModelPool();
-const drafters = new DrafterPool();
+const { pool, drafters } = filePools();
 const tmp = mkdtempSync(join(tmpdir(), "dspark-"));
-afterAll(() => {
-  pool.dispose();
-  drafters.dispose();
-  rmSync(tmp, { recursive: true, force: true });
-});
-const prompt = (P: number) => Array.from({ length: P }, (_, i) => (i * 37 + 11) % 256);
+afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 
 const DEFAULT = [
   { label: "dense, P=9 (context past the drafter's window of 4: blocks of 4)", fx: "c1_dense", P: 9, N: 24 },
@@ -54,14 +46,7 @@ const GRID = [
 ];
 
 const results: DFlashResult[] = [];
-afterAll(() => {
-  const sum = (f: (r: DFlashResult) => number) => results.reduce((s, r) => s + f(r), 0);
-  console.log(`[gemma4_dspark] ${results.length} scenarios, ${sum((r) => r.rounds)} rounds, ${sum((r) => r.vsOracle.tensors)} tensors and ${sum((r) => r.vsOracle.values)} values bit-exact vs mlx-vlm; accepted ${sum((r) => r.accepted)}/${sum((r) => r.drafted)} drafts`);
-  if (FULL) {
-    const rows = results.map((r) => ({ target: r.spec.target.slice(CK.length + 1), drafter: r.spec.drafter.slice(CK.length + 1), P: r.spec.prompt.length, N: r.spec.maxTokens, block: r.spec.draftBlockSize ?? null, rounds: r.rounds, blockSizes: r.blockSizes, accepted: r.accepted, drafted: r.drafted, tensors: r.vsOracle.tensors, values: r.vsOracle.values, firstMismatch: r.vsOracle.first, equalsGreedy: r.vsGreedy ? r.vsGreedy.first === null : null, oracleEqualsGreedy: r.oracleEqualsGreedy }));
-    writeFileSync(join(import.meta.dir, "gemma4_dspark.full.json"), JSON.stringify({ device: ROWS_INVARIANT ? "cpu" : "gpu", scenarios: rows }, null, 1) + "\n");
-  }
-});
+summarizeDFlashResults("gemma4_dspark", results, FULL ? join(import.meta.dir, "gemma4_dspark.full.json") : null);
 
 describe("gemma4_dspark speculative decoding vs mlx-vlm, round by round", () => {
   const scenarios: { label: string; fx: string; target?: string; P: number; N: number; block?: number }[] = FULL ? [...DEFAULT, ...GRID] : DEFAULT;

@@ -2,11 +2,8 @@
 // loop a drafter needs (DRAFTER_KIND_BY_MODEL_TYPE, resolve_drafter_kind), the normalized model type
 // of a drafter checkpoint (mlx_vlm.utils.get_model_type's drafter rules) and load_drafter for the
 // DFlash kind (the MTP drafters load through gemma4_assistant.ts's loadAssistant).
-import * as mx from "@mlx-bun/mlx";
-import { existsSync, readFileSync } from "node:fs";
-import { join } from "node:path";
-import { ConfigError, decodeTaggedFloats, type LoadedConfig } from "../../gemma4/config.ts";
-import { loadWeights, loadWeightsStrict, quantizeModel, WeightsError } from "../../gemma4/weights.ts";
+import { ConfigError, type LoadedConfig } from "../../gemma4/config.ts";
+import { loadDrafterWeights, readDrafterConfig } from "./load.ts";
 import { dflashConfigFromDict } from "./qwen3_dflash/config.ts";
 import { DFlashDraftModel } from "./qwen3_dflash/dflash.ts";
 import { Gemma4DFlashDraftModel, gemma4DFlashConfigFromDict } from "./gemma4_dflash/index.ts";
@@ -69,16 +66,7 @@ export function expectedDrafterKind(modelType: string | null, config?: Record<st
   return null;
 }
 
-/** Reads a drafter's config.json (tagged floats decoded); a ConfigError when it is missing or not JSON. */
-export function readDrafterConfig(dir: string): { raw: Record<string, unknown>; file: string } {
-  const file = join(dir, "config.json");
-  if (!existsSync(file)) throw new ConfigError(file, "(file)", "no config.json in the drafter directory");
-  try {
-    return { raw: decodeTaggedFloats(JSON.parse(readFileSync(file, "utf8"))) as Record<string, unknown>, file };
-  } catch (e) {
-    throw new ConfigError(file, "(file)", `invalid JSON: ${(e as Error).message}`);
-  }
-}
+export { readDrafterConfig } from "./load.ts";
 
 /**
  * resolve_drafter_kind for a checkpoint: the kind its model type requires; an explicit `kind` that
@@ -101,21 +89,5 @@ export function loadDFlashDrafter(dir: string): DFlashDraftModel {
   else if (type === "qwen3_dflash") model = new DFlashDraftModel(dflashConfigFromDict(raw, file));
   else if (type === "gemma4_dspark") model = new Gemma4DSparkDraftModel(gemma4DsparkConfigFromDict(raw, file));
   else throw new ConfigError(file, "model_type", `a DFlash drafter (model_type "gemma4" or "qwen3" with a dflash_config, or a Gemma4DSparkModel) was expected, this is ${JSON.stringify(type)}`);
-  let weights = loadWeights(dir);
-  try {
-    weights = model.sanitize(weights);
-    const loaded = { layout: "gemma4_text", args: {}, raw, file } as unknown as LoadedConfig;
-    quantizeModel(model, loaded, weights);
-    loadWeightsStrict(model, weights, dir);
-    try {
-      mx.evaluate([...model.parameters().values()]);
-    } catch (e) {
-      throw new WeightsError(dir, [], `reading the weights failed: ${(e as Error).message}`);
-    }
-    return model;
-  } catch (e) {
-    for (const w of weights.values()) if (!w.array.disposed) w.array.dispose();
-    model.dispose();
-    throw e;
-  }
+  return loadDrafterWeights(model, dir, { layout: "gemma4_text", args: {}, raw, file } as unknown as LoadedConfig);
 }

@@ -13,17 +13,15 @@
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import type { LayerType } from "../../../gemma4/config.ts";
-import { ConfigError, decodeTaggedFloats, type LoadedConfig } from "../../../gemma4/config.ts";
+import { ConfigError, type LoadedConfig } from "../../../gemma4/config.ts";
 import { type AnyEmbedding, DecoderLayer, type KV, type Model as TargetModel } from "../../../gemma4/gemma4_text.ts";
 import { Embedding, Linear, Module, RMSNorm } from "../../../gemma4/nn.ts";
-import { loadWeights, loadWeightsStrict, quantizeModel, WeightsError } from "../../../gemma4/weights.ts";
 import type { Tensor } from "../../../gemma4/tensors.ts";
 import type { Sampler } from "../../../sample.ts";
 import { assistantConfigFromDict, type Gemma4AssistantConfig } from "./config.ts";
 import { makeDrafterMasks } from "./masks.ts";
 import { MaskedEmbedder } from "./masked_embedder.ts";
-import { existsSync, readFileSync } from "node:fs";
-import { join } from "node:path";
+import { loadDrafterWeights, readDrafterConfig } from "../load.ts";
 
 class _DraftInner extends Module {
   embed_tokens: Embedding;
@@ -233,35 +231,12 @@ export class Gemma4AssistantDraftModel extends Module {
 
 /** Loads a gemma4_assistant checkpoint (config.json + model*.safetensors, quantized or not). */
 export function loadAssistant(dir: string): Gemma4AssistantDraftModel {
-  const file = join(dir, "config.json");
-  if (!existsSync(file)) throw new ConfigError(file, "(file)", "no config.json in the drafter directory");
-  let raw: Record<string, unknown>;
-  try {
-    raw = decodeTaggedFloats(JSON.parse(readFileSync(file, "utf8"))) as Record<string, unknown>;
-  } catch (e) {
-    throw new ConfigError(file, "(file)", `invalid JSON: ${(e as Error).message}`);
-  }
+  const { raw, file } = readDrafterConfig(dir);
   // gemma4_unified_assistant (mlx-vlm's package of that name) is this model under its own model_type
   if (raw.model_type !== "gemma4_assistant" && raw.model_type !== "gemma4_unified_assistant") {
     throw new ConfigError(file, "model_type", `expected "gemma4_assistant" or "gemma4_unified_assistant" for an MTP drafter, got ${JSON.stringify(raw.model_type)}`);
   }
   const config = assistantConfigFromDict(raw, file);
-  const model = new Gemma4AssistantDraftModel(config);
-  let weights = loadWeights(dir);
-  try {
-    weights = model.sanitize(weights);
-    const loaded: LoadedConfig = { layout: "gemma4_text", args: config.text_config, raw, file };
-    quantizeModel(model, loaded, weights);
-    loadWeightsStrict(model, weights, dir);
-    try {
-      mx.evaluate([...model.parameters().values()]);
-    } catch (e) {
-      throw new WeightsError(dir, [], `reading the weights failed: ${(e as Error).message}`);
-    }
-    return model;
-  } catch (e) {
-    for (const w of weights.values()) if (!w.array.disposed) w.array.dispose();
-    model.dispose();
-    throw e;
-  }
+  const loaded: LoadedConfig = { layout: "gemma4_text", args: config.text_config, raw, file };
+  return loadDrafterWeights(new Gemma4AssistantDraftModel(config), dir, loaded);
 }
