@@ -8,8 +8,10 @@
 //   (update, trim, update, decode and prefill attention): its outlier index sets, every state
 //   leaf (shape, dtype, sha256), meta_state and both attention outputs (sha256) equal mlx-vlm's;
 // - greedy generation with a Split codec (kv_key_bits / kv_value_bits .5) on c1_dense and c3_e2b,
-//   per token: the token, the sha256 of its logprobs, every cache's type and offset, each
-//   TurboQuant state leaf and meta_state, against mlx-vlm's generate_step.
+//   and with mixed key/value schemes (HybridQuantKVCache: uniform keys, TurboQuant 4 or 3.5
+//   values) on c1_dense, per token: the token, the sha256 of its logprobs, every cache's type and
+//   offset, each quantized state leaf (shape, dtype, sha256) and meta_state, against mlx-vlm's
+//   generate_step. KVQUANT_FULL=1 adds c1/c2_keqv/c5_moe cases and 12 tokens instead of 6.
 import { describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
@@ -19,6 +21,7 @@ import type { MlxArray } from "@mlx-bun/mlx";
 import type { KVCacheLike } from "../../model/cache/index.ts";
 import { makeKvQuantizer } from "../../model/cache/kv_quantize.ts";
 import { TurboQuantKVCache } from "../../model/cache/turboquant.ts";
+import { HybridQuantKVCache } from "../../model/cache/turboquant_hybrid.ts";
 import { TurboQuantSplitCodec, TurboQuantSplitKVCache } from "../../model/cache/turboquant_split.ts";
 import { generateStep } from "../../model/generate.ts";
 import { type LoadedModel, loadModel } from "../../model/gemma4/index.ts";
@@ -51,11 +54,11 @@ interface CacheRec {
 
 /** kv_quant_codecs.py's cache_record for a port cache (mlx-vlm's class name, its state leaves in order). */
 function cacheRecord(c: KVCacheLike): CacheRec {
-  if (c instanceof TurboQuantSplitKVCache || c instanceof TurboQuantKVCache) {
+  if (c instanceof TurboQuantSplitKVCache || c instanceof TurboQuantKVCache || c instanceof HybridQuantKVCache) {
     const st = c.quantizedState;
-    const nk = c instanceof TurboQuantSplitKVCache ? c.keyLeafCount : 2;
+    const nk = c instanceof TurboQuantKVCache ? 2 : c.keyLeafCount;
     try {
-      return { type: "TurboQuantKVCache", offset: c.offset, keys: st.slice(0, nk).map(arrRecord), values: st.slice(nk).map(arrRecord), meta_state: c.metaState };
+      return { type: c instanceof HybridQuantKVCache ? "HybridQuantKVCache" : "TurboQuantKVCache", offset: c.offset, keys: st.slice(0, nk).map(arrRecord), values: st.slice(nk).map(arrRecord), meta_state: c.metaState };
     } finally {
       for (const a of st) a.dispose();
     }
@@ -92,6 +95,10 @@ interface GenCase {
   kv_bits: number;
   kv_key_bits?: number;
   kv_value_bits?: number;
+  kv_quant_scheme?: "turboquant" | "uniform";
+  kv_key_scheme?: string;
+  kv_value_scheme?: string;
+  kv_group_size?: number;
   quantized_kv_start: number;
   prefill_step_size: number;
 }
@@ -113,6 +120,10 @@ const GENS: GenCase[] = [
   gen("c1_dense", [4, 3.5], 20, 12, 8), // keys Split 3/4 bits, values MSE 4; converted mid-prefill, window crossed
   gen("c1_dense", [3, 2.5, 3.5], 5, 8, 2048), // both sides Split, converted during decode (decode route)
   gen("c3_e2b", [4, 3.5], 13, 0, 4), // E2B-like: its only convertible layer is the last cache: nothing converted
+  // HybridQuantKVCache: uniform keys (4 bits, group 32) with TurboQuant 4 values; uniform base
+  // scheme with TurboQuant 3.5 values (the Split codec inside the hybrid)
+  { ...gen("c1_dense", [4], 20, 12, 8), label: "c1_dense hybrid: keys uniform 4/g32, values TurboQuant 4, P20/start12/chunks8", kv_key_scheme: "uniform", kv_group_size: 32 },
+  { ...gen("c1_dense", [4, undefined, 3.5], 5, 8, 2048), label: "c1_dense hybrid: uniform 4/g32 keys, values TurboQuant 3.5 (Split), P5/start8", kv_quant_scheme: "uniform", kv_value_scheme: "turboquant", kv_group_size: 32 },
   ...(FULL
     ? [gen("c1_dense", [4, 3.5], 13, 0, 4), gen("c1_dense", [3, 2.5, 3.5], 20, 12, 8), gen("c2_keqv", [4, 4, 3.5], 20, 12, 8), gen("c5_moe", [3, 2.5, 3.5], 13, 0, 4)]
     : []),
@@ -120,7 +131,7 @@ const GENS: GenCase[] = [
 
 const ref = oracle({
   command: "many",
-  jobs: [{ command: "reachability" }, ...OPS.map((o) => ({ command: "split_ops", ...o })), ...GENS.map(({ label: _, ...g }) => ({ command: "generate", kv_quant_scheme: "turboquant", ...g }))],
+  jobs: [{ command: "reachability" }, ...OPS.map((o) => ({ command: "split_ops", ...o })), ...GENS.map(({ label: _, ...g }) => ({ command: "generate", kv_quant_scheme: "turboquant", kv_group_size: 64, ...g }))],
 }).results;
 const [reach, ...rest] = ref;
 const opsRef = rest.slice(0, OPS.length);
@@ -177,7 +188,7 @@ describe("the Split codec driven as a TurboQuantKVCache vs mlx-vlm", () => {
 
 const models = new Map<string, LoadedModel>();
 
-describe("generation with a Split codec vs mlx-vlm's generate_step, token by token", () => {
+describe("generation with a Split codec or a HybridQuantKVCache vs mlx-vlm's generate_step, token by token", () => {
   for (const [i, g] of GENS.entries()) {
     it(g.label, async () => {
       const want = genRef[i] as { steps: { token: number; logprobs_sha256: string; cache: CacheRec[] }[]; error: unknown };
@@ -187,7 +198,16 @@ describe("generation with a Split codec vs mlx-vlm's generate_step, token by tok
       const model = generationModel(loaded);
       const cache = model.makeCache();
       const ref: KVCacheLike[] = cache;
-      const quantizeCache = makeKvQuantizer({ kvBits: g.kv_bits, kvQuantScheme: "turboquant", kvGroupSize: 64, quantizedKvStart: g.quantized_kv_start, kvKeyBits: g.kv_key_bits ?? null, kvValueBits: g.kv_value_bits ?? null })!;
+      const quantizeCache = makeKvQuantizer({
+        kvBits: g.kv_bits,
+        kvQuantScheme: g.kv_quant_scheme ?? "turboquant",
+        kvGroupSize: g.kv_group_size ?? 64,
+        quantizedKvStart: g.quantized_kv_start,
+        kvKeyBits: g.kv_key_bits ?? null,
+        kvValueBits: g.kv_value_bits ?? null,
+        kvKeyScheme: g.kv_key_scheme ?? null,
+        kvValueScheme: g.kv_value_scheme ?? null,
+      })!;
       const steps: { token: number; logprobs_sha256: string; cache: CacheRec[] }[] = [];
       try {
         for await (const t of generateStep(model, g.prompt, { maxTokens: g.max_tokens, prefillStepSize: g.prefill_step_size, promptCache: cache, quantizeCache })) {
@@ -199,7 +219,7 @@ describe("generation with a Split codec vs mlx-vlm's generate_step, token by tok
       }
       expect(steps.length).toBe(g.max_tokens);
       for (let s = 0; s < steps.length; s++) expect({ step: s, ...steps[s] }).toEqual({ step: s, ...want.steps[s]! });
-      const converted = want.steps.at(-1)!.cache.filter((c) => c.type === "TurboQuantKVCache").length;
+      const converted = want.steps.at(-1)!.cache.filter((c) => c.type === (g.kv_key_scheme || g.kv_value_scheme ? "HybridQuantKVCache" : "TurboQuantKVCache")).length;
       expect(converted).toBe(g.checkpoint.includes("c3_e2b") ? 0 : 1);
     }, limit(60_000));
   }
