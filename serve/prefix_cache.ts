@@ -93,6 +93,9 @@ export interface PrefixStats {
   lruBytes: number;
   snapshotEntries: number;
   snapshotBytes: number;
+  /** The running batch's cache bytes at the last budget check, and the most seen. */
+  batchBytes: number;
+  maxBatchBytes: number;
 }
 
 interface Snapshot {
@@ -149,6 +152,10 @@ class SnapshotStore {
     this.evicted++;
   }
 
+  sizes(): number[] {
+    return this.items.map((s) => s.nbytes);
+  }
+
   trimTo(bytes: number): void {
     while (this.items.length && this.nbytes > bytes) this.evictOldest();
   }
@@ -169,7 +176,7 @@ export interface Fetched {
 export class PrefixReuse {
   readonly lru: LRUPromptCache<CacheList>;
   private readonly snaps: SnapshotStore;
-  private readonly counts = { lookups: 0, lruHits: 0, snapshotHits: 0, cachedTokens: 0, exactAsMiss: 0, snapshotsTaken: 0 };
+  private readonly counts = { lookups: 0, lruHits: 0, snapshotHits: 0, cachedTokens: 0, exactAsMiss: 0, snapshotsTaken: 0, batchBytes: 0, maxBatchBytes: 0 };
 
   constructor(readonly opts: PrefixOptions) {
     // mlx_lm.server: LRUPromptCache(prompt_cache_size), no byte bound of its own (trim_to bounds it)
@@ -231,9 +238,16 @@ export class PrefixReuse {
 
   /** With --prompt-cache-bytes: snapshots first, then the LRU entries, as mlx_lm.server trims (trim_to(total - active)). */
   enforceBytes(activeBytes: number): void {
+    this.counts.batchBytes = activeBytes;
+    this.counts.maxBatchBytes = Math.max(this.counts.maxBatchBytes, activeBytes);
     if (this.opts.bytes === null) return;
     this.snaps.trimTo(Math.max(0, this.opts.bytes - activeBytes - this.lru.nbytes));
     this.lru.trimTo({ nBytes: this.opts.bytes - activeBytes - this.snaps.nbytes });
+  }
+
+  /** The kept snapshots' sizes in bytes, oldest first (for checks). */
+  snapshotSizes(): number[] {
+    return this.snaps.sizes();
   }
 
   stats(): PrefixStats {
