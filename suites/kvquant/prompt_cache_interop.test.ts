@@ -11,6 +11,8 @@
 //   must equal mlx-vlm's own in-memory continuation (no file) per step: token, logprobs sha256,
 //   every cache's type and offset, and every TurboQuant state array (sha256, shape, dtype) and
 //   meta_state; the port's own in-memory continuation too;
+// - the generate face (`npm run generate -- --prompt-cache-file F --tokens …`) on mlx-vlm's file
+//   prints mlx-vlm's continuation tokens;
 // - mlx-vlm's inherited TurboQuantKVCache.from_state is checked to fail as the loader's comment
 //   says (why the Python loader builds the cache with __init__ and sets state + meta_state).
 import { afterAll, describe, expect, test } from "vitest";
@@ -132,6 +134,12 @@ describe("prompt-cache files with a TurboQuant cache: port <-> mlx-vlm", () => {
     expectSame("mlx-vlm continuing from the port's file", pyFromTs.continued, pyWrite.continued);
     expectSame("the port continuing from mlx-vlm's file", tsFromPy, pyWrite.continued);
     expectSame("the port continuing in memory", tsMem, pyWrite.continued);
+
+    // the generate face's loader on mlx-vlm's file
+    const face = spawnSync("bun", ["run", join(REPO_ROOT, "parity", "generate_cli.ts"), "--prompt-cache-file", F_PY, "--tokens", SUFFIX.join(","), "--max-tokens", String(N)], { encoding: "utf8", cwd: REPO_ROOT });
+    expect({ status: face.status, stderr: face.status === 0 ? "" : face.stderr }).toEqual({ status: 0, stderr: "" });
+    const printed = face.stdout.split("==========")[1]!.trim().split(/\s+/).map(Number);
+    expect(printed).toEqual(pyWrite.continued.map((s: StepRecord) => s.token));
 
     expect(probe.error).toEqual({ type: "AttributeError", message: "'TurboQuantKVCache' object has no attribute 'key_codec'" });
     loaded.model.dispose();
