@@ -6,7 +6,9 @@ import { realpathSync } from "node:fs";
 import { createServer } from "node:net";
 import * as mx from "@mlx-bun/mlx";
 import { batchModel } from "../model/generate_batch.ts";
-import { loadGenerationModel } from "../model/runtime.ts";
+import { generationModel, loadGenerationModel } from "../model/runtime.ts";
+import { loadWithAdapters } from "../model/fuse.ts";
+import { AdapterError } from "../model/tuner/utils.ts";
 import { checkCheckpoint } from "../model/gemma4/index.ts";
 import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "../parity/args.ts";
 import { applyDeviceFlag, DEVICE_FLAG } from "../parity/device.ts";
@@ -15,6 +17,7 @@ import { Engine } from "./engine.ts";
 import { PrefixReuse } from "./prefix_cache.ts";
 import { startServer } from "./server.ts";
 import { loadServedTokenizer, TokenizerLoadError } from "./tokenizer.ts";
+import { toolCallingFor, ToolParserError } from "./tools.ts";
 
 export const FLAGS: FlagSpec[] = [
   { name: "model", kind: "string", valueName: "dir", help: "the local Gemma 4 checkpoint to serve (required; the only model this server serves)" },
@@ -26,6 +29,9 @@ export const FLAGS: FlagSpec[] = [
   { name: "top-p", kind: "number", valueName: "P", help: "default nucleus sampling top-p", default: 1 },
   { name: "top-k", kind: "int", valueName: "K", help: "default top-k sampling (0 disables)", default: 0 },
   { name: "min-p", kind: "number", valueName: "P", help: "default min-p sampling (0 disables)", default: 0 },
+  { name: "adapter-path", kind: "string", valueName: "dir", help: "LoRA / DoRA / full fine-tuned adapters (adapter_config.json + adapters.safetensors, as mlx_lm.lora writes them) applied to the model for every request" },
+  { name: "draft-model", kind: "string", valueName: "dir", help: "a draft Gemma 4 checkpoint with the model's vocabulary for speculative decoding (every request then runs alone, as in mlx_lm.server)" },
+  { name: "num-draft-tokens", kind: "int", valueName: "N", help: "default number of draft tokens per round (a request's num_draft_tokens overrides it)", default: 3 },
   { name: "max-tokens", kind: "int", valueName: "N", help: "default maximum number of tokens to generate", default: 512 },
   { name: "chat-template-args", kind: "string", valueName: "json", help: "JSON object of arguments for the chat template, e.g. '{\"enable_thinking\":false}'", default: "{}" },
   { name: "prefill-step-size", kind: "int", valueName: "N", help: "step size for prefill processing", default: 2048 },
@@ -44,7 +50,7 @@ export const FLAGS: FlagSpec[] = [
 ];
 
 /** mlx_lm.server flags this server does not have yet: named, so that the error says so. */
-const NOT_YET = ["adapter-path", "draft-model", "num-draft-tokens", "trust-remote-code", "chat-template", "use-default-chat-template", "kv-bits", "kv-group-size", "quantized-kv-start", "pipeline"];
+const NOT_YET = ["trust-remote-code", "chat-template", "use-default-chat-template", "kv-bits", "kv-group-size", "quantized-kv-start", "pipeline"];
 
 function positiveInt(a: Record<string, unknown>, name: string, min = 1): number {
   const v = Number(a[name]);
@@ -122,7 +128,35 @@ async function main(argv: string[]): Promise<number> {
     if (e instanceof TokenizerLoadError) throw new UsageError(e.message);
     throw e;
   }
-  const { loaded, model } = loadGenerationModel(a.model);
+  try {
+    toolCallingFor(tokenizer);
+  } catch (e) {
+    if (e instanceof ToolParserError) throw new UsageError(`${a.model}: ${e.message}`);
+    throw e;
+  }
+  const adapterPath = typeof a["adapter-path"] === "string" ? a["adapter-path"] : null;
+  const draftDir = typeof a["draft-model"] === "string" ? a["draft-model"] : null;
+  const numDraftTokens = positiveInt(a, "num-draft-tokens");
+  for (const [flag, v] of [["adapter-path", adapterPath], ["draft-model", draftDir]] as const) {
+    if (v !== null && typeof a["record-schedule"] === "string") throw new UsageError(`--${flag} cannot be combined with --record-schedule: the replay (oracle/python/serve_replay.py) loads the plain model`);
+  }
+  let draft = null;
+  if (draftDir !== null) {
+    const draftInfo = inspectCheckpoint(draftDir);
+    checkCheckpoint(draftDir);
+    // mlx_lm.server only warns; speculative decoding over two vocabularies is refused here
+    if (Number(draftInfo.text.vocab_size) !== Number(info.text.vocab_size)) throw new UsageError(`--draft-model ${draftDir}: vocabulary of ${draftInfo.text.vocab_size} tokens, the model's has ${info.text.vocab_size}`);
+  }
+  // mlx_lm.utils.load(model, adapter_path=...): the adapters are loaded once, for every request
+  let loaded;
+  try {
+    loaded = adapterPath === null ? loadGenerationModel(a.model).loaded : loadWithAdapters(a.model, adapterPath);
+  } catch (e) {
+    if (e instanceof AdapterError) throw new UsageError(`--adapter-path ${adapterPath}: ${e.message}`);
+    throw e;
+  }
+  const model = generationModel(loaded);
+  if (draftDir !== null) draft = loadGenerationModel(draftDir).model;
   const log = (line: string) => process.stderr.write(`${new Date().toISOString()} ${line}\n`);
   // no max_position_embeddings refusal at insert: mlx_lm.server's BatchGenerator has none (the prompt limit is --max-prompt-tokens)
   const batched = { ...batchModel(loaded), maxPositions: undefined };
@@ -135,6 +169,7 @@ async function main(argv: string[]): Promise<number> {
     prefillBatchSize: positiveInt(a, "prompt-concurrency"),
     completionBatchSize: positiveInt(a, "decode-concurrency"),
     recordSchedule: typeof a["record-schedule"] === "string" ? a["record-schedule"] : null,
+    draft,
     log,
   });
   let server;
@@ -151,7 +186,8 @@ async function main(argv: string[]): Promise<number> {
         maxPromptTokens,
         maxTokensLimit: positiveInt(a, "max-tokens-limit"),
         vocabSize: Number(info.text.vocab_size ?? 262144),
-        defaults: { maxTokens: Number(a["max-tokens"]), temp, topP, topK: Number(a["top-k"]), minP, numDraftTokens: 3 },
+        defaults: { maxTokens: Number(a["max-tokens"]), temp, topP, topK: Number(a["top-k"]), minP, numDraftTokens },
+        hasDraft: draft !== null,
         chatTemplateArgs: chatTemplateArgs as Record<string, unknown>,
         systemFingerprint: `gemma4-parity-serve-${process.platform}-${process.arch}-${dev.device}${dev.gpu ? `-${dev.gpu}` : ""}`,
         log: (line) => (verbose || line.startsWith("error") ? log(line) : undefined),

@@ -43,6 +43,8 @@ export interface GenerationArgs {
   logprobs: boolean;
   topLogprobs: number;
   seed: number | null;
+  /** num_draft_tokens (used only when the server has a draft model). */
+  numDraftTokens: number;
   stopWords: string[];
   chatTemplateKwargs: Record<string, unknown> | null;
 }
@@ -104,7 +106,7 @@ function get(body: Record<string, PyJson>, key: string, dflt: PyJson): PyJson {
 
 const f = (x: number) => new PyFloat(x);
 
-export function readGenerationArgs(body: Record<string, PyJson>, d: RequestDefaults, limits: { maxTokensLimit: number; vocabSize: number }): GenerationArgs {
+export function readGenerationArgs(body: Record<string, PyJson>, d: RequestDefaults, limits: { maxTokensLimit: number; vocabSize: number; hasDraft?: boolean }): GenerationArgs {
   const stream = get(body, "stream", false);
   const streamOptions = get(body, "stream_options", null);
   const model = get(body, "model", "default_model");
@@ -173,8 +175,10 @@ export function readGenerationArgs(body: Record<string, PyJson>, d: RequestDefau
   if (num(presencePenalty) !== 0) unsupported("presence_penalty");
   if (num(frequencyPenalty) !== 0) unsupported("frequency_penalty");
   if (num(xtcProbability) > 0 && num(temperature) !== 0) unsupported("xtc_probability (XTC sampling)");
-  if (adapter !== null) unsupported("adapters");
-  if (draftModel !== "default_model") unsupported("draft_model (speculative decoding)");
+  // a request cannot make this server load adapters or a draft model from a path (--adapter-path / --draft-model do, at start)
+  if (adapter !== null) throw new RequestError(400, "adapters: a request cannot name adapters here (this server never loads a path a request names); start the server with --adapter-path");
+  if (draftModel !== "default_model") throw new RequestError(400, "draft_model: a request cannot name a draft model here (this server never loads a path a request names); start the server with --draft-model");
+  if (limits.hasDraft && num(numDraft) < 1) throw new RequestError(400, "num_draft_tokens must be at least 1 with a draft model (this server)");
   if (streamOptions !== null && !isType(streamOptions, "dict")) throw new RequestError(400, "stream_options must be of type dict");
   if (chatTemplateKwargs !== null && !isType(chatTemplateKwargs, "dict")) throw new RequestError(400, "chat_template_kwargs must be of type dict");
   const rawStop = get(body, "stop", null);
@@ -204,6 +208,7 @@ export function readGenerationArgs(body: Record<string, PyJson>, d: RequestDefau
     logprobs: logprobs === true,
     topLogprobs: num(topLogprobs),
     seed: seed === null ? null : num(seed),
+    numDraftTokens: num(numDraft),
     stopWords,
     chatTemplateKwargs: chatTemplateKwargs as Record<string, unknown> | null,
   };

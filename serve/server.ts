@@ -35,6 +35,8 @@ export interface ServerConfig {
   maxTokensLimit: number;
   vocabSize: number;
   defaults: RequestDefaults;
+  /** --draft-model given: num_draft_tokens must then be at least 1. */
+  hasDraft?: boolean;
   chatTemplateArgs: Record<string, unknown>;
   systemFingerprint: string;
   log: (line: string) => void;
@@ -255,7 +257,7 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run"> & Par
       return json(400, errorBody(`Invalid JSON in request body: ${(e as Error).message}`), cors);
     }
     if (body === null || typeof body !== "object" || Array.isArray(body) || body instanceof PyFloat) return json(400, errorBody("Request should be a JSON dictionary"), cors);
-    const args = readGenerationArgs(body, cfg.defaults, { maxTokensLimit: cfg.maxTokensLimit, vocabSize: cfg.vocabSize });
+    const args = readGenerationArgs(body, cfg.defaults, { maxTokensLimit: cfg.maxTokensLimit, vocabSize: cfg.vocabSize, hasDraft: cfg.hasDraft === true });
     if (kind === "chat" && !Object.hasOwn(body, "messages")) throw new RequestError(400, "Request did not contain messages");
     if (kind === "text" && !Object.hasOwn(body, "prompt")) throw new RequestError(400, "Request did not contain a prompt");
     if (args.model !== "default_model" && args.model !== cfg.modelArg && args.model !== cfg.modelId) {
@@ -284,6 +286,7 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run"> & Par
       maxTokens: args.maxTokens,
       sampler: { temp: args.temperature, topP: args.topP, topK: args.topK, minP: args.minP },
       seed: args.seed,
+      numDraftTokens: args.numDraftTokens,
       topLogprobs: args.topLogprobs,
       stop: makeStopSequences(tok.eosTokenIds, args.stopWords, (w) => tok.encode(w, false)),
       cancelled: () => gone || req.signal.aborted,
