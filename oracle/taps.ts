@@ -165,13 +165,17 @@ export function mediaTapConfig(config: Record<string, unknown>): MediaTapConfig 
 }
 
 /** Ordered tap names (without the "embed/" prefix) of one mlx-vlm get_input_embeddings call. */
-export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; audio: boolean; imageList?: boolean }): string[] {
+export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; audio: boolean; imageList?: boolean; video?: boolean }): string[] {
+  // video: the frames through the vision tower as one batch (condition "video"); the scheme
+  // covers images or videos in one embed call, not both (the tower would run twice)
+  if (media.video && (media.image || cfg.unified)) throw new Error("the tap scheme covers an embed call with images or videos, not both (or a gemma4_unified video)");
   const conds = new Set<string>();
   if (cfg.ple) conds.add("ple");
   if (media.image && cfg.unified) {
     conds.add("unified");
-  } else if (media.image) {
-    conds.add("image");
+  } else if (media.image || media.video) {
+    conds.add(media.video ? "video" : "image");
+    conds.add("tower");
     if (!media.imageList) conds.add("image_batch");
     if (cfg.vision_clip) conds.add("vision_clip");
   }
@@ -182,7 +186,7 @@ export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; au
     if (cfg.audio_clip) conds.add("audio_clip");
     if (cfg.audio_proj) conds.add("audio_proj");
   }
-  const layers: Record<string, number> = { vision_layer: media.image && !media.imageList && !cfg.unified ? cfg.vision_layers : 0, audio_layer: media.audio && !cfg.unified ? cfg.audio_layers : 0 };
+  const layers: Record<string, number> = { vision_layer: conds.has("image_batch") ? cfg.vision_layers : 0, audio_layer: media.audio && !cfg.unified ? cfg.audio_layers : 0 };
   const out: string[] = [];
   const entries = TAP_SPEC.media_taps;
   for (let k = 0; k < entries.length; ) {

@@ -18,6 +18,7 @@ import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "./device.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
 import { checkMediaCheckpoint, checkpointTowers, MEDIA_FLAGS, type MediaRequest, mediaRequest, prepareMedia, VIDEO_FLAGS, wantsMedia } from "./media.ts";
 import { videoParity, videoParityPreflight } from "./video_parity.ts";
+import { checkUnifiedCheckpoint, isUnifiedCheckpoint, type UnifiedMediaPlan, unifiedMediaPlan, unifiedScenarioOf } from "./unified_face.ts";
 import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { modelConfigFromDict } from "../model/gemma4_unified/index.ts";
 import { inlineScenario, unifiedInputs, unifiedScenario } from "../oracle/unified_fixtures.ts";
@@ -291,13 +292,16 @@ async function compareTokenization(oracle: OracleClient, dir: string, prompt: st
   process.stderr.write(`[tokenizer] ${ours.length} prompt tokens${chat ? " (chat template)" : ""}: TS = mlx-lm\n`);
 }
 
+/** A --model run's spec: a gemma4 media run keeps its request; a gemma4_unified one its prompt's ids before expansion. */
+type ModelSpec = RunSpec & { mediaRequest?: MediaRequest; unifiedTokenized?: UnifiedMediaPlan["tokenized"] };
+
 /** A --model run after its pre-flight: the prompt's tokenization against mlx-lm's, then the tap-by-tap run. */
-export async function modelRun(oracle: OracleClient, plan: { a: Parsed; spec: (RunSpec & { mediaRequest?: MediaRequest }) | null }): Promise<RunResult> {
+export async function modelRun(oracle: OracleClient, plan: { a: Parsed; spec: ModelSpec | null }): Promise<RunResult> {
   const { a, spec } = plan;
   if (!spec) throw new UsageError("modelRun needs a --model plan");
   // a media prompt: its text tokens (before the placeholders are expanded), the media's
   // typed parts in the user message when --chat placed them
-  const tok = spec.mediaRequest?.tokenized;
+  const tok = spec.mediaRequest?.tokenized ?? spec.unifiedTokenized;
   if (typeof a.prompt === "string") await compareTokenization(oracle, spec.oracleCheckpoint, a.prompt, a.chat === true, tok?.ids ?? spec.prompt, tok?.content);
   return runOne(oracle, spec);
 }
@@ -314,12 +318,13 @@ async function runOne(oracle: OracleClient, spec: RunSpec, capture?: Promise<Cap
 }
 
 /** Everything about a --model run that can be checked before the oracle starts. */
-async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<RunSpec & { mediaRequest?: MediaRequest }> {
+async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<ModelSpec> {
   const dir = resolve(String(a.model));
   const info = inspectCheckpoint(dir);
   if (wantsMedia(a as Parsed)) {
     if (a.bisect) throw new UsageError("--bisect replays text-model blocks; it does not apply to --image / --audio runs");
     if (a["oracle-model"] !== undefined) throw new UsageError("--oracle-model does not apply to --image / --audio runs");
+    if (isUnifiedCheckpoint(dir)) return unifiedSpec(dir, a as Parsed, info.modelType, budget);
     const req = await mediaRequest(dir, a as Parsed);
     const steps = Number(a.steps);
     const prefill = Number(a["prefill-step-size"]);
@@ -347,6 +352,18 @@ async function modelSpec(a: Record<string, unknown>, budget: Budget): Promise<Ru
     checkCheckpoint(oracleDir);
   }
   return { tsDir: dir, oracleCheckpoint: oracleDir, model: basename(dir), variant: info.modelType, prompt, prefillStepSize: prefill, steps, budget, bisect: a.bisect === true };
+}
+
+/** A gemma4_unified --image run (parity/unified_face.ts): the TS processor's inputs, mlx-vlm's generate_step on the same files. */
+async function unifiedSpec(dir: string, a: Parsed, variant: string, budget: Budget): Promise<ModelSpec> {
+  const steps = Number(a.steps);
+  const prefill = Number(a["prefill-step-size"]);
+  if (steps < 1) throw new UsageError("--steps must be at least 1");
+  if (prefill < 1) throw new UsageError("--prefill-step-size must be at least 1");
+  checkUnifiedCheckpoint(dir);
+  const plan = await unifiedMediaPlan(dir, a);
+  const scenario = unifiedScenarioOf(plan, prefill, steps);
+  return { tsDir: dir, oracleCheckpoint: dir, model: basename(dir), variant, prompt: [], prefillStepSize: prefill, steps, budget, media: { scenario, unified: () => plan }, unifiedTokenized: plan.tokenized };
 }
 
 function writeReports(rep: ParityReport, out: string): string[] {
@@ -409,7 +426,7 @@ export interface ParityPlan {
   /** --mode NAME: that decoding mode's runner (no tap-by-tap run then). */
   mode: Mode | null;
   budget: Budget;
-  spec: (RunSpec & { mediaRequest?: MediaRequest }) | null;
+  spec: ModelSpec | null;
 }
 
 /**
@@ -437,7 +454,7 @@ export async function parityPlan(argv: readonly string[]): Promise<ParityPlan | 
   // --kv-bits: a KV-quantized --model run against mlx-vlm's generate_step (parity/kv_quant_flags.ts)
   if (a.video !== undefined || mode) kvQuantParityRun(a, null, null);
   if (a.video !== undefined) {
-    // video: block by block against mlx-vlm (parity/video_parity.ts), files checked before the oracle starts
+    // video: block by block, then tap by tap against mlx-vlm (parity/video_parity.ts), files checked before the oracle starts
     if (mode) throw new UsageError("--video does not take --mode");
     await videoParityPreflight(a);
     return { a, dev, mode: videoParity, budget, spec: null };

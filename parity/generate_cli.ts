@@ -9,6 +9,7 @@ import { checkCheckpoint, loadMultimodalModel, MediaError } from "../model/gemma
 import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { type FlagSpec, helpText, type Parsed, parseArgs, runMain, UsageError } from "./args.ts";
 import { checkMediaCheckpoint, MEDIA_FLAGS, mediaPlan, type PreparedMedia, VIDEO_FLAGS, wantsMedia } from "./media.ts";
+import { checkUnifiedCheckpoint, isUnifiedCheckpoint, unifiedFaceModel, unifiedMediaPlan } from "./unified_face.ts";
 import { applyDeviceFlag, DEVICE_FLAG } from "./device.ts";
 import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts";
 import { checkSpeculativeFlags, faceLoadPromptCache, modelDirOf, SPECULATIVE_FLAGS, speculativeFaceStream } from "./speculative_face.ts";
@@ -79,8 +80,10 @@ export async function generatePlan(argv: readonly string[]) {
   // --image / --audio: the TS Gemma4Processor (mlx-vlm's, ported) gives the expanded prompt and
   // the media arrays, checked against the model's rules
   if (wantsMedia(a)) for (const f of ["draft-model", "prompt-cache-file"]) if (a[f] !== undefined) throw new UsageError(`--${f} does not apply to --image / --audio / --video runs`);
-  const media = wantsMedia(a) ? await mediaPlan(dir, a) : null;
-  const prompt = media ? media.ids : await resolvePrompt(dir, a);
+  // a gemma4_unified checkpoint: its own processor and model (parity/unified_face.ts)
+  const unified = wantsMedia(a) && isUnifiedCheckpoint(dir) ? await unifiedMediaPlan(dir, a) : null;
+  const media = wantsMedia(a) && !unified ? await mediaPlan(dir, a) : null;
+  const prompt = unified ? unified.ids : media ? media.ids : await resolvePrompt(dir, a);
   const maxTokens = Number(a["max-tokens"]);
   if (maxTokens < 1) throw new UsageError("--max-tokens must be at least 1");
   const temp = Number(a.temp);
@@ -93,11 +96,12 @@ export async function generatePlan(argv: readonly string[]) {
   const bad = prompt.find((t) => t >= vocab);
   if (bad !== undefined) throw new UsageError(`token id ${bad} is outside the vocabulary (vocab_size ${vocab})`);
   checkPromptLength(prompt, maxTokens, info);
-  const otherMode = media ? "--image / --audio runs" : a["draft-model"] !== undefined ? "--draft-model" : a["prompt-cache-file"] !== undefined ? "--prompt-cache-file" : null;
+  const otherMode = media || unified ? "--image / --audio runs" : a["draft-model"] !== undefined ? "--draft-model" : a["prompt-cache-file"] !== undefined ? "--prompt-cache-file" : null;
   const kvQuant = kvQuantPlan(a, info.text, { prompt: prompt.length, maxTokens, otherMode });
   if (media) checkMediaCheckpoint(dir);
+  else if (unified) checkUnifiedCheckpoint(dir);
   else checkCheckpoint(dir);
-  return { a, dev, dir, info, prompt, maxTokens, temp, media, batch: null, kvQuant };
+  return { a, dev, dir, info, prompt, maxTokens, temp, media, unified, batch: null, kvQuant };
 }
 
 /** The multimodal model on the prepared media: mlx-vlm's generate_step from the merged embeddings. */
@@ -129,10 +133,10 @@ async function main(argv: string[]): Promise<number> {
     const rootCfg = JSON.parse(readFileSync(join(plan.dir, "config.json"), "utf8")) as Record<string, unknown>;
     return runBatch(plan.batch, plan.dev, { loadTokenizer, eosIds: (d) => eosIds(d, { ...plan.info.text, ...rootCfg }) });
   }
-  const { a, dev, dir, info, prompt, maxTokens, temp, media, kvQuant } = plan;
+  const { a, dev, dir, info, prompt, maxTokens, temp, media, unified, kvQuant } = plan;
 
   const tokenizer = typeof a.prompt === "string" ? await loadTokenizer(dir) : null;
-  const mm = media ? mediaModel(dir, media) : null;
+  const mm = media ? mediaModel(dir, media) : unified ? unifiedFaceModel(dir, unified) : null;
   const loaded = mm ? null : loadGenerationModel(dir);
   const model = mm ? mm.generate : loaded!.model;
   const promptCache = loaded && typeof a["prompt-cache-file"] === "string" ? faceLoadPromptCache(a["prompt-cache-file"], dir, loaded.loaded) : undefined;

@@ -1,13 +1,15 @@
 // `npm run parity -- --model DIR --video a.avi --prompt "..."`: the video path against live
-// mlx-vlm 0.7.10, block by block (the tap capture has no video condition yet, so this run
-// compares the blocks oracle/python/video_media.py records, not every tap):
+// mlx-vlm 0.7.10, block by block, then tap by tap:
 //   1. sampling: load_video's frame indices, frame count and fps (TS decoder vs OpenCV), equal;
 //      the pixel difference of the two decoders is printed (not a verdict: two decoders);
 //   2. processor, from OpenCV's frames on both sides: pixel_values_videos, video_position_ids,
 //      soft tokens per frame, timestamps, byte for byte;
 //   3. the model, from those arrays and the TS face's prompt ids: vision tower, video features,
 //      merged embeddings, per-layer inputs, logits; then --steps greedy steps of generate_step
-//      (tokens and log-probs), byte for byte.
+//      (tokens and log-probs), byte for byte;
+//   4. every tap of generate_step on the same prompt and OpenCV frames (parity/video_taps.ts,
+//      oracle/TAPS.md condition "video"): the tower's every layer, the merge, every
+//      language-model call with token type 2 and the video-block masks, byte for byte.
 // Exit 0 when all agree, 1 on a divergence (its first block named), 2 on bad input.
 
 import * as mx from "@mlx-bun/mlx";
@@ -23,6 +25,7 @@ import { mediaGenerationModel, mmTokenTypes } from "../model/runtime.ts";
 import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { type Parsed, UsageError } from "./args.ts";
 import { mediaPlan, videoSampling } from "./media.ts";
+import { type VideoTapFile, videoTapParity } from "./video_taps.ts";
 
 const buf = (r: NpyRecord) => Buffer.from(r.data.buffer, r.data.byteOffset, r.data.byteLength);
 const rec = (dtype: "float32" | "int64", shape: number[], data: Float32Array | BigInt64Array): NpyRecord => ({ dtype, shape, data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength) });
@@ -161,6 +164,15 @@ export async function videoParity(oracle: OracleClient, a: Parsed): Promise<bool
   } finally {
     model.dispose();
   }
+  // 4. every tap of generate_step (oracle/TAPS.md condition "video"), from the same OpenCV frames
+  const files: VideoTapFile[] = paths.map((path) => ({ path, sampling: explicit }));
+  const taps = await videoTapParity(oracle, { dir, ids, files, processed, steps, prefillStepSize: prefill, processorConfig: vcfg });
+  const tapsOk = taps.firstDivergence === null && taps.bitExact === taps.tapsCompared && JSON.stringify(taps.tokens.ts) === JSON.stringify(taps.tokens.oracle);
+  say(
+    `taps: ${taps.tapsCompared} compared over the embed call and ${steps} generate_step calls, ${taps.bitExact} byte-identical` +
+      (taps.firstDivergence ? `; first divergence at ${taps.firstDivergence.tap} (max abs ${taps.firstDivergence.maxAbs}, ${taps.firstDivergence.mismatches} elements)` : ""),
+  );
+  if (!tapsOk) problems.push(taps.firstDivergence ? `taps diverge first at ${taps.firstDivergence.tap}` : "tap run: tokens differ");
   for (const p of problems) say(`  - ${p}`);
   say(`Verdict: ${problems.length ? "FAIL" : "PASS"}`);
   return problems.length === 0;

@@ -136,7 +136,34 @@ def file_processor(model_dir: str | Path | None) -> SimpleNamespace:
                            ms=got["audio_ms_per_token"], seq=got["audio_seq_length"])
 
 
-def build_media(spec: dict, proc: SimpleNamespace | None = None, unified: bool = False) -> dict:
+def unified_file_image_processor(model_dir: str | Path | None):
+    """The Gemma4UnifiedImageProcessor that mlx-vlm's load_processor builds for a gemma4_unified
+    checkpoint (Gemma4UnifiedProcessor.from_pretrained reads processor_config.json /
+    preprocessor_config.json): that same from_pretrained body, run with the tokenizer stubbed out
+    (a checkpoint may have none: --tokens), so that mlx-vlm's own code reads the config files."""
+    import transformers
+    from mlx_vlm.models.gemma4_unified import processing_gemma4_unified as pu
+
+    if model_dir is None:
+        return pu.Gemma4UnifiedImageProcessor()
+    got: dict[str, Any] = {}
+
+    class Capture:
+        def __init__(self, **kw):
+            got.update(kw)
+
+    saved = (transformers.AutoTokenizer.from_pretrained, pu.load_chat_template)
+    transformers.AutoTokenizer.from_pretrained = lambda *a, **k: SimpleNamespace(chat_template=None)
+    pu.load_chat_template = lambda *a, **k: None
+    try:
+        pu.Gemma4UnifiedProcessor.from_pretrained.__func__(Capture, str(model_dir))
+    finally:
+        transformers.AutoTokenizer.from_pretrained, pu.load_chat_template = saved
+    return got["image_processor"]
+
+
+def build_media(spec: dict, proc: SimpleNamespace | None = None, unified: bool = False,
+                model_dir: str | Path | None = None) -> dict:
     """One image or audio clip, through mlx-vlm's own processor classes: a fixture spec (seeded
     pattern image, seeded tone; default processor settings), or a file (`path`:
     mlx_vlm.utils.load_image / load_audio, then the checkpoint's processor `proc`). Audio gives
@@ -150,9 +177,14 @@ def build_media(spec: dict, proc: SimpleNamespace | None = None, unified: bool =
         # gemma4_unified: Gemma4UnifiedImageProcessor's model patches and 2-D positions (-1 = padding)
         from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedImageProcessor
 
-        img = load_image(spec["path"]) if "path" in spec else pattern_image(spec["seed"], spec["height"], spec["width"])
+        # a file: the checkpoint's processor (its config files, as load_processor reads them); a
+        # fixture image: the default settings
+        if "path" in spec:
+            img, ip = load_image(spec["path"]), unified_file_image_processor(model_dir)
+        else:
+            img, ip = pattern_image(spec["seed"], spec["height"], spec["width"]), Gemma4UnifiedImageProcessor()
         kw = {"max_soft_tokens": spec["max_soft_tokens"]} if spec.get("max_soft_tokens") is not None else {}
-        data, n = Gemma4UnifiedImageProcessor()(img, **kw)
+        data, n = ip(img, **kw)
         return {"kind": "image", "pixels": data["pixel_values"][0], "positions": data["image_position_ids"][0], "n": int(n[0])}
     if spec["kind"] == "audio" and unified:
         # gemma4_unified: raw 640-sample frames (Gemma4UnifiedAudioFeatureExtractor, run over all
@@ -196,7 +228,7 @@ def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None, u
     float32 and image_position_ids (B, N, 2) int64); every image of a prompt needs the same N."""
     media_specs = {**load_mm_scenarios()["media"], **scn.get("media", {})}
     proc = None
-    if any("path" in media_specs[i] for i in scn["prompt"] if isinstance(i, str)):
+    if not unified and any("path" in media_specs[i] for i in scn["prompt"] if isinstance(i, str)):
         proc = file_processor(model_dir)
     ids: list[int] = []
     images, audios = [], []
@@ -204,7 +236,7 @@ def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None, u
         if isinstance(item, int):
             ids.append(item)
             continue
-        m = build_media(media_specs[item], proc, unified)
+        m = build_media(media_specs[item], proc, unified, model_dir)
         if m["kind"] == "image":
             images.append(m if unified else m["pixels"])
             ids += [config["boi_token_id"]] + [config["image_token_id"]] * m["n"] + [config["eoi_token_id"]]
@@ -215,7 +247,29 @@ def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None, u
     tt = np.zeros(len(ids), np.int32)
     tt[arr == config["image_token_id"]] = 1
     tt[arr == config["audio_token_id"]] = 3
-    out: dict[str, Any] = {"input_ids": mx.array([ids], dtype=mx.int32), "mm_token_type_ids": mx.array(tt[None])}
+    if scn.get("videos"):
+        # video (the tap-level video capture): the prompt's ids come expanded (per frame its
+        # timestamp ids, boi, video_token * n, eoi); each file decoded by mlx_vlm.utils.load_video
+        # (OpenCV), its first `frames` sampled frames through Gemma4VideoProcessor
+        import video_media
+
+        if config.get("video_token_id") is None:
+            raise ValueError("a video scenario needs a checkpoint whose config sets video_token_id")
+        tt[arr == config["video_token_id"]] = 2
+        pvs, poss = [], []
+        for vspec in scn["videos"]:
+            sampling = {k: vspec.get(k) for k in ("fps", "nframes", "min_frames", "max_frames")}
+            got = video_media.video_load(vspec["path"], processor_config=vspec.get("processor_config"), **sampling)
+            frames = got["frames"][: vspec.get("frames")]
+            proc = video_media.video_process(frames, got["sampled_fps"], processor_config=vspec.get("processor_config"))
+            pvs.append(proc["pixel_values_videos"][0])
+            poss.append(proc["video_position_ids"][0])
+        if len({p.shape for p in pvs}) != 1:
+            raise ValueError("video scenario: every video of a prompt needs the same frame count and size (one stacked batch)")
+        out_v = {"pixel_values_videos": mx.array(np.stack(pvs)), "video_position_ids": mx.array(np.stack(poss))}
+    else:
+        out_v = {}
+    out: dict[str, Any] = {"input_ids": mx.array([ids], dtype=mx.int32), "mm_token_type_ids": mx.array(tt[None]), **out_v}
     if images and unified:
         if len({im["pixels"].shape for im in images}) != 1:
             raise ValueError("gemma4_unified scenario: every image of a prompt needs the same max_soft_tokens (one stacked batch)")
@@ -265,6 +319,7 @@ class MMRecorder(cap.Recorder):
         self._counts = {"prefill": 0, "step": 0}
         self._meta: dict[int, dict] = {}  # call index -> flags for verify
         self._last_media: str | None = None
+        self._video_pixels: Any = None  # the embed call's pixel_values_videos (the tower's video call)
         self._vision_ropes: dict[str, int] = {}
 
     # ---------------------------------------------------------------- patching
@@ -292,6 +347,7 @@ class MMRecorder(cap.Recorder):
             self._patch(cls, "as_linear", self._wrap_method(cls.__dict__["as_linear"], "lm_head"))
         pe = v.vision.VisionPatchEmbedder
         self._patch(pe, "_position_embeddings", self._wrap_method(pe.__dict__["_position_embeddings"], "vision_tower/patch_embedder/position_embeddings"))
+        self._patch(pe, "embed_patches", self._wrap_embed_patches(pe.__dict__["embed_patches"]))
         vp = v.vision.VisionPooler
         self._patch(vp, "_avg_pool_by_positions", self._wrap_pool(vp.__dict__["_avg_pool_by_positions"]))
         ae = v.audio.AudioEncoder
@@ -317,7 +373,7 @@ class MMRecorder(cap.Recorder):
             if call.kind == "embed":
                 want = tapspec.expand_media(cfg.text_config, cfg.vision_config, cfg.audio_config,
                                             image=f["image"], with_audio=f["audio"], image_list=f["image_list"],
-                                            unified=f["unified"])
+                                            unified=f["unified"], video=f["video"])
             else:
                 want = tapspec.expand(self.args, batch=call.batch, length=call.length, cache=call.cache,
                                       step=call.kind == "step", ids=f["ids"], embed=f["embed"], embeds=f["embeds"],
@@ -336,8 +392,12 @@ class MMRecorder(cap.Recorder):
             has_img = pixel_values is not None and tower is not None
             has_aud = (kwargs.get("input_features") is not None or kwargs.get("audio_features") is not None) and \
                 (model.embed_audio if unified else model.audio_tower) is not None
+            videos = kwargs.get("pixel_values_videos")
+            has_vid = videos is not None and not unified and tower is not None and getattr(model.config, "video_token_id", None) is not None
+            rec._video_pixels = videos if has_vid else None
             rec.begin("embed/", "embed", 0, input_ids, int(input_ids.shape[1]), int(input_ids.shape[0]), None,
-                      {"image": has_img, "audio": has_aud, "image_list": isinstance(pixel_values, list), "unified": unified})
+                      {"image": has_img, "audio": has_aud, "image_list": isinstance(pixel_values, list), "unified": unified,
+                       "video": has_vid})
             rec.record("inputs", input_ids)
             out = orig(model, input_ids, pixel_values, *args, **kwargs)
             if "embed_scaled" not in rec.call.taps:
@@ -428,7 +488,8 @@ class MMRecorder(cap.Recorder):
                 self.record("vision_tower/pixel_values", x)
                 out = orig(mod, *args, **kwargs)
             self.record("vision_tower", out)
-            self._last_media = "image"
+            # _encode_video calls the same tower on the frames (the embed call's pixel_values_videos)
+            self._last_media = "video" if x is not None and x is self._video_pixels else "image"
             return out
         if isinstance(mod, v.unified.VisionEmbedder):
             # gemma4_unified: the processor's patches and positions are the embedder's inputs; its
@@ -439,6 +500,7 @@ class MMRecorder(cap.Recorder):
             self._last_media = "image"
             return out
         if isinstance(mod, v.vision.VisionPatchEmbedder):
+            # (video frames come through embed_patches instead: _wrap_embed_patches)
             self.record("vision_tower/patch_positions", args[1])
             out = orig(mod, *args, **kwargs)
             self.record(name, out)
@@ -504,6 +566,17 @@ class MMRecorder(cap.Recorder):
             self.record(f"{parent}/depthwise_conv1d", x)
         elif name.startswith("audio_tower/layers.") and name.endswith("self_attn/post"):
             self.record(f"{parent}/context", x)
+
+    def _wrap_embed_patches(self, orig: Callable) -> Callable:
+        def wrapper(obj, pixel_values, patch_positions, padding_positions):
+            # video frames (patches given, (N*T, L, D)): the positions and the patch embedding are
+            # recorded under the image batch's names (patch_positions, patch_embedder); inside,
+            # input_proj's input is the "patches" tap (2 * (x - 0.5), cast)
+            self.record("vision_tower/patch_positions", patch_positions)
+            out = orig(obj, pixel_values, patch_positions, padding_positions)
+            self.record("vision_tower/patch_embedder", out)
+            return out
+        return wrapper
 
     def _wrap_unified_audio(self, orig: Callable) -> Callable:
         def wrapper(model, input_features, input_features_mask=None):
@@ -609,13 +682,14 @@ def mm_capture(model, scn: dict, mode: str = "full",
     """Run one multimodal scenario under the recorder; the verified calls and scenario meta
     (media files go through the processor of `model_dir`)."""
     v = _vlm()
-    cfg = {k: getattr(model.config, k) for k in ("image_token_id", "audio_token_id", "boi_token_id", "eoi_token_id",
-                                                 "boa_token_id", "eoa_token_id")}
+    cfg = {k: getattr(model.config, k, None) for k in ("image_token_id", "audio_token_id", "boi_token_id", "eoi_token_id",
+                                                       "boa_token_id", "eoa_token_id", "video_token_id")}
     inputs = build_inputs(scn, cfg, model_dir, unified=isinstance(model, v.unified.Model))
     keep = (lambda c, n: True) if mode == "full" else logits_only
     rec = MMRecorder(model, keep, spill, kind=scn["kind"])
     meta: dict[str, Any] = {"scenario": scn["id"], "kind": scn["kind"], "mode": mode}
-    kw = {k: inputs[k] for k in ("mm_token_type_ids", "input_features", "input_features_mask", "image_position_ids") if k in inputs}
+    kw = {k: inputs[k] for k in ("mm_token_type_ids", "input_features", "input_features_mask", "image_position_ids",
+                                 "pixel_values_videos", "video_position_ids") if k in inputs}
     with rec:
         if scn["kind"] == "forward":
             out = model(inputs["input_ids"], pixel_values=inputs.get("pixel_values"), **kw)

@@ -106,17 +106,21 @@ def observed_as_input() -> set[str]:
 
 
 def media_conditions(text: Any, vision: Any, audio: Any, *, image: bool, with_audio: bool,
-                     image_list: bool = False, unified: bool = False) -> set[str]:
+                     image_list: bool = False, unified: bool = False, video: bool = False) -> set[str]:
     """Conditions of one get_input_embeddings call (mlx-vlm's config objects or dicts).
     `unified`: a gemma4_unified model, whose images go through its encoder-free VisionEmbedder
-    (condition "unified" instead of "image")."""
+    (condition "unified" instead of "image"). `video`: video frames through the vision tower, as
+    one batch (condition "video"; not with images in the same call: the tower would run twice)."""
+    if video and (image or unified):
+        raise ValueError("the tap scheme covers an embed call with images or videos, not both (or a gemma4_unified video)")
     conds: set[str] = set()
     if _get(text, "hidden_size_per_layer_input", 0):
         conds.add("ple")
     if image and unified:
         conds.add("unified")
-    elif image:
-        conds.add("image")
+    elif image or video:
+        conds.add("video" if video else "image")
+        conds.add("tower")
         if not image_list:
             conds.add("image_batch")
         if _get(vision, "use_clipped_linears", False):
@@ -133,11 +137,11 @@ def media_conditions(text: Any, vision: Any, audio: Any, *, image: bool, with_au
 
 
 def expand_media(text: Any, vision: Any, audio: Any, *, image: bool, with_audio: bool,
-                 image_list: bool = False, unified: bool = False) -> list[str]:
+                 image_list: bool = False, unified: bool = False, video: bool = False) -> list[str]:
     """Ordered tap names (without the "embed/" prefix) of one get_input_embeddings call."""
     conds = media_conditions(text, vision, audio, image=image, with_audio=with_audio, image_list=image_list,
-                             unified=unified)
-    layers = {"vision_layer": _get(vision, "num_hidden_layers", 0) if image and not image_list and not unified else 0,
+                             unified=unified, video=video)
+    layers = {"vision_layer": _get(vision, "num_hidden_layers", 0) if "image_batch" in conds else 0,
               "audio_layer": _get(audio, "num_hidden_layers", 0) if with_audio and not unified else 0}
     entries = spec()["media_taps"]
     out: list[str] = []
