@@ -140,8 +140,8 @@ class Server:
 
     @staticmethod
     def is_mm(scn: dict) -> bool:
-        """A multimodal scenario (fixtures/mm_scenarios.json, or an inline one with `media`)."""
-        return scn.get("id", "").startswith("mm_") or "media" in scn or "needs" in scn
+        """A multimodal scenario (fixtures/mm_scenarios.json, or an inline one with `media` or `videos`)."""
+        return scn.get("id", "").startswith("mm_") or "media" in scn or "needs" in scn or "videos" in scn
 
     @staticmethod
     def scenario(req: dict) -> dict:
