@@ -11,7 +11,8 @@
 //   and with mixed key/value schemes (HybridQuantKVCache: uniform keys, TurboQuant 4 or 3.5
 //   values) on c1_dense, per token: the token, the sha256 of its logprobs, every cache's type and
 //   offset, each quantized state leaf (shape, dtype, sha256) and meta_state, against mlx-vlm's
-//   generate_step. KVQUANT_FULL=1 adds c1/c2_keqv/c5_moe cases and 12 tokens instead of 6.
+//   generate_step. KVQUANT_FULL=1 runs the grid (11 generation cases: c1, c2_keqv, c5_moe, bf16
+//   fixtures, 12 tokens instead of 6); its results are in RESULTS.md.
 import { describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
@@ -106,7 +107,7 @@ interface GenCase {
 const prompt = (P: number) => Array.from({ length: P }, (_, i) => (i * 37 + 11) % 256);
 const gen = (fx: string, bits: [number, number?, number?], P: number, start: number, step: number): GenCase => ({
   label: `${fx} bits ${bits[0]} key ${bits[1] ?? "-"} value ${bits[2] ?? "-"} P${P}/start${start}/chunks${step}`,
-  checkpoint: join(CK, fx, "f32"),
+  checkpoint: fx.includes("/") ? join(CK, fx) : join(CK, fx, "f32"),
   prompt: prompt(P),
   max_tokens: FULL ? 12 : 6,
   kv_bits: bits[0],
@@ -117,15 +118,23 @@ const gen = (fx: string, bits: [number, number?, number?], P: number, start: num
 });
 
 const GENS: GenCase[] = [
-  gen("c1_dense", [4, 3.5], 20, 12, 8), // keys Split 3/4 bits, values MSE 4; converted mid-prefill, window crossed
-  gen("c1_dense", [3, 2.5, 3.5], 5, 8, 2048), // both sides Split, converted during decode (decode route)
+  gen("c1_dense", [4, 3.5], 20, 12, 8), // keys Split 3/4 bits, values MSE 4; converted mid-prefill (prefill and decode routes), window crossed
   gen("c3_e2b", [4, 3.5], 13, 0, 4), // E2B-like: its only convertible layer is the last cache: nothing converted
-  // HybridQuantKVCache: uniform keys (4 bits, group 32) with TurboQuant 4 values; uniform base
-  // scheme with TurboQuant 3.5 values (the Split codec inside the hybrid)
-  { ...gen("c1_dense", [4], 20, 12, 8), label: "c1_dense hybrid: keys uniform 4/g32, values TurboQuant 4, P20/start12/chunks8", kv_key_scheme: "uniform", kv_group_size: 32 },
+  // HybridQuantKVCache with a uniform base scheme: uniform 4/g32 keys, TurboQuant 3.5 values (the Split codec inside the hybrid)
   { ...gen("c1_dense", [4, undefined, 3.5], 5, 8, 2048), label: "c1_dense hybrid: uniform 4/g32 keys, values TurboQuant 3.5 (Split), P5/start8", kv_quant_scheme: "uniform", kv_value_scheme: "turboquant", kv_group_size: 32 },
   ...(FULL
-    ? [gen("c1_dense", [4, 3.5], 13, 0, 4), gen("c1_dense", [3, 2.5, 3.5], 20, 12, 8), gen("c2_keqv", [4, 4, 3.5], 20, 12, 8), gen("c5_moe", [3, 2.5, 3.5], 13, 0, 4)]
+    ? [
+        gen("c1_dense", [3, 2.5, 3.5], 5, 8, 2048), // both sides Split, converted during decode
+        { ...gen("c1_dense", [4], 20, 12, 8), label: "c1_dense hybrid: keys uniform 4/g32, values TurboQuant 4, P20/start12/chunks8", kv_key_scheme: "uniform", kv_group_size: 32 },
+        gen("c1_dense", [4, 3.5], 13, 0, 4),
+        gen("c1_dense", [3, 2.5, 3.5], 20, 12, 8),
+        gen("c2_keqv", [4, 4, 3.5], 20, 12, 8),
+        gen("c5_moe", [3, 2.5, 3.5], 13, 0, 4),
+        gen("c1_dense/bf16", [4, 3.5], 20, 12, 8),
+        gen("c2_keqv/bf16", [3, 2.5, 3.5], 5, 8, 2048),
+        { ...gen("c2_keqv", [4], 20, 12, 8), label: "c2_keqv hybrid: keys uniform 4/g32, values TurboQuant 4, P20/start12/chunks8", kv_key_scheme: "uniform", kv_group_size: 32 },
+        { ...gen("c5_moe", [8, undefined, 3.5], 13, 0, 4), label: "c5_moe hybrid: uniform 8/g32 keys, values TurboQuant 3.5 (Split), P13/start0/chunks4", kv_quant_scheme: "uniform" as const, kv_value_scheme: "turboquant", kv_group_size: 32 },
+      ]
     : []),
 ];
 
