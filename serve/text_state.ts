@@ -5,9 +5,9 @@
 // routes decoded text to a state ("normal", "reasoning") and strips the control sequences and
 // stop words from it, holding back text that may still be the start of one.
 //
-// Not ported: tool-call transitions (the server refuses `tools`; see the README's "Serving"
-// section), structural markers and chat_template_type response formats (no Gemma 4 checkpoint
-// has them).
+// The server builds its machine with serve/tools.ts's makeServedTextStateMachine, which adds the
+// tool-call transitions. Not ported: structural markers and chat_template_type response formats
+// (no Gemma 4 checkpoint has them).
 
 interface TrieNode<K> {
   next: Map<K, TrieNode<K>>;
