@@ -6,7 +6,8 @@ import type { MlxArray } from "@mlx-bun/mlx";
 import { KVCache, type KVCacheLike, RotatingKVCache } from "./cache/index.ts";
 import type { CallInfo, GenerateModel, StepInfo } from "./generate.ts";
 import type { MultimodalConfig } from "./gemma4/config.ts";
-import type { MediaInputs, MultimodalModel } from "./gemma4/gemma4.ts";
+import type { InputEmbeddings, MediaInputs } from "./gemma4/gemma4.ts";
+import type { LanguageModel } from "./gemma4/language.ts";
 import { type LoadedModel, loadModel, prefixed, type TapSink } from "./gemma4/index.ts";
 
 export const cacheFactory = {
@@ -48,14 +49,29 @@ export function stepTaps(taps: TapSink): (info: StepInfo) => void {
 }
 
 /** The prompt of a multimodal generation: token ids (placeholders included) and the media. */
-export interface MediaPrompt {
+export interface MediaPrompt<M = MediaInputs> {
   ids: readonly number[];
-  media: MediaInputs;
+  media: M;
 }
 
+/** The media token ids mm_token_type_ids is made from (gemma4's and gemma4_unified's configs). */
+type MediaTokenIds = Pick<MultimodalConfig, "image_token_id" | "audio_token_id" | "video_token_id">;
+
 /** Gemma4Processor's mm_token_type_ids: 1 on image, 2 on video (when the config has a video token), 3 on audio placeholders, else 0. */
-export function mmTokenTypes(ids: readonly number[], config: MultimodalConfig): number[] {
+export function mmTokenTypes(ids: readonly number[], config: MediaTokenIds): number[] {
   return ids.map((t) => (t === config.image_token_id ? 1 : t === config.video_token_id ? 2 : t === config.audio_token_id ? 3 : 0));
+}
+
+/**
+ * What mediaGenerationModel uses of a multimodal model: gemma4's MultimodalModel and
+ * gemma4_unified's Model (which differ only in how get_input_embeddings encodes the media; the
+ * language model and generate_step's calls are gemma4's in both).
+ */
+export interface EmbeddingModel<M> {
+  readonly config: MediaTokenIds;
+  language_model: LanguageModel;
+  get_input_embeddings(input_ids: MlxArray, media: M, taps?: TapSink): InputEmbeddings;
+  makeCache(factory: typeof cacheFactory): KVCacheLike[];
 }
 
 /**
@@ -66,14 +82,14 @@ export function mmTokenTypes(ids: readonly number[], config: MultimodalConfig): 
  * is the model's chunked-prefill policy (pass it as generateStep's chunkedPrefill). dispose()
  * frees the embeddings.
  */
-export function mediaGenerationModel(model: MultimodalModel, prompt: MediaPrompt, taps?: TapSink): { generate: GenerateModel; chunked: boolean; dispose(): void } {
+export function mediaGenerationModel<M = MediaInputs>(model: EmbeddingModel<M>, prompt: MediaPrompt<M>, taps?: TapSink): { generate: GenerateModel; chunked: boolean; dispose(): void } {
   const types = mmTokenTypes(prompt.ids, model.config);
   using ids = mx.array(Int32Array.from(prompt.ids), [1, prompt.ids.length], "int32");
   const { inputs_embeds, per_layer_inputs } = model.get_input_embeddings(ids, prompt.media, taps ? prefixed(taps, "embed/") : undefined);
   const mm = mx.array(Int32Array.from(types), [1, types.length], "int32");
   let offset = 0;
   const generate: GenerateModel = {
-    makeCache: () => model.makeCache(cacheFactory) as KVCacheLike[],
+    makeCache: () => model.makeCache(cacheFactory),
     forward: (inputs: MlxArray, cache: KVCacheLike[], call: CallInfo): MlxArray => {
       const t = taps ? prefixed(taps, callPrefix(call)) : undefined;
       if (call.kind === "step" && call.index > 0) return model.language_model.call(inputs, { cache, logits_to_keep: 1, taps: t });
