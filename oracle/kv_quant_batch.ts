@@ -156,9 +156,9 @@ function caseJob(k: KvQuantBatchCase): Record<string, unknown> {
   };
 }
 
-/** Several cases in one Python process. */
-export function oracleBatchGenerations(cases: readonly KvQuantBatchCase[]): BatchGenerationRecord[] {
-  return kvQuantOracle({ command: "many", jobs: cases.map(caseJob) }).results;
+/** Several cases in one Python process, after the `prelude` jobs (e.g. building test fixtures; their replies are dropped). */
+export function oracleBatchGenerations(cases: readonly KvQuantBatchCase[], prelude: Record<string, unknown>[] = []): BatchGenerationRecord[] {
+  return kvQuantOracle({ command: "many", jobs: [...prelude, ...cases.map(caseJob)] }).results.slice(prelude.length);
 }
 
 export interface BatchComparison {

@@ -20,7 +20,9 @@ Commands (one JSON job on argv[1] or stdin, one JSON reply on stdout):
   sampler saw (float32), the responses (uid, token, float32 bits of its logprob, finish reason), and
   every batch cache (type, offsets, left padding, meta_state, each state leaf's shape/dtype/sha256);
   or the error.
-- all_full_fixture {src, dst, copy_layer}: an all-full-attention copy of a text fixture (test data).
+- relayered_fixture {src, dst, layer_types, copy}: a text fixture with other layer types, layers'
+  weights copied where a layer changes type (test data: an all-full-attention c1_dense; an
+  E2B-like c3_e2b whose first layer is full attention and not a KV-sharing donor).
 - cache_ops {seed, heads, dim, prompt, more, trim, bits}: a TurboQuantKVCache driven directly
   (update, trim, update, decode and prefill attention, a copy restored from state + meta_state).
 - many {jobs}: any of the above, one process.
@@ -280,30 +282,36 @@ def cmd_batch_generate(job: dict) -> dict:
     return {"calls": calls, "error": error}
 
 
-def cmd_all_full_fixture(job: dict) -> dict:
-    """A test fixture whose layers are all full attention (the shape where mlx-vlm's uniform scheme
-    runs on the single-sequence path): job["src"]'s config with every layer_types entry
-    "full_attention" and layer job["copy_layer"]'s weights (a full-attention layer) copied to every
-    layer index; written to job["dst"] (config.json, model.safetensors)."""
+def cmd_relayered_fixture(job: dict) -> dict:
+    """Test data: a copy of a text fixture with other layer types. job: src, dst, layer_types (the new
+    list), copy {dst layer: src layer} (that layer's weights, all of them, at dst's index instead of
+    its own; a layer that becomes full attention takes a full-attention layer's weights: their head
+    dims differ). Written to dst (config.json, model.safetensors)."""
     import re
     src, dst = Path(job["src"]), Path(job["dst"])
     cfg = json.loads((src / "config.json").read_text())
     w = mx.load(str(src / "model.safetensors"))
-    n = cfg["num_hidden_layers"]
+    copy = {int(d): int(s_) for d, s_ in job["copy"].items()}
     pat = re.compile(r"(^|\.)layers\.(\d+)\.")
     out = {}
     for k, v in w.items():
         m = pat.search(k)
         if m is None:
             out[k] = v
-        elif int(m.group(2)) == job["copy_layer"]:
-            for i in range(n):
-                out[k[:m.start()] + f"{m.group(1)}layers.{i}." + k[m.end():]] = v
-    cfg["layer_types"] = ["full_attention"] * n
+            continue
+        i = int(m.group(2))
+        if i not in copy:
+            out[k] = v
+        for d, s_ in copy.items():
+            if s_ == i:
+                out[k[:m.start()] + f"{m.group(1)}layers.{d}." + k[m.end():]] = v
+    if len(job["layer_types"]) != cfg["num_hidden_layers"]:
+        raise ValueError("layer_types must have num_hidden_layers entries")
+    cfg["layer_types"] = job["layer_types"]
     dst.mkdir(parents=True, exist_ok=True)
     (dst / "config.json").write_text(json.dumps(cfg))
     mx.save_safetensors(str(dst / "model.safetensors"), out, metadata={"format": "mlx"})
-    return {"layers": n, "tensors": len(out)}
+    return {"layers": cfg["num_hidden_layers"], "tensors": len(out)}
 
 
 def cmd_many(job: dict) -> dict:
@@ -321,7 +329,7 @@ def main() -> None:
 
 
 COMMANDS = {"codebooks": cmd_codebooks, "signs": cmd_signs, "policy": cmd_policy, "generate": cmd_generate,
-            "generate_many": cmd_generate_many, "cache_ops": cmd_cache_ops, "batch_generate": cmd_batch_generate, "all_full_fixture": cmd_all_full_fixture, "many": cmd_many}
+            "generate_many": cmd_generate_many, "cache_ops": cmd_cache_ops, "batch_generate": cmd_batch_generate, "relayered_fixture": cmd_relayered_fixture, "many": cmd_many}
 
 if __name__ == "__main__":
     main()

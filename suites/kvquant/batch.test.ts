@@ -16,15 +16,18 @@
 // row alone: TurboQuant's masked decode route); start 21 (> the longest: TurboQuant deferred to a
 // plain BatchKVCache for good, uniform quantizes anyway); one prompt without chunking.
 // KVQUANT_FULL=1: fixtures c1_dense, c2_keqv (k_eq_v), c3_e2b, c4_e4b (E2B/E4B-like: KV sharing,
-// per-layer inputs), c5_moe in f32, c1_dense and c2_keqv in bf16, x TurboQuant 3.5/4 and uniform
-// 4/8 (group 32: the fixtures' full-attention head dim is 32) x the four shapes; results in
-// RESULTS.md. The default runs 6 cases on c1_dense (a few seconds).
+// per-layer inputs), c5_moe in f32, c1_dense and c2_keqv in bf16, and two built by the oracle
+// (suites/kvquant/fixtures.ts: an E2B-like c3_e2b whose layer 0 is full attention and quantized, an
+// all-full-attention c1_dense), x TurboQuant 3.5/4 and uniform 4/8 (group 32: the fixtures'
+// full-attention head dim is 32) x the four shapes; results in RESULTS.md. The default runs 6
+// cases on c1_dense and one on the E2B-like fixture (a few seconds).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { join } from "node:path";
 import { type LoadedModel, loadModel } from "../../model/gemma4/index.ts";
 import { REPO_ROOT } from "../../oracle/client.ts";
 import { type BatchGenerationRecord, compareBatchGenerations, type KvQuantBatchCase, oracleBatchGenerations, portBatchGeneration } from "../../oracle/kv_quant_batch.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { allFullFixture, e2bQuantizedFixture } from "./fixtures.ts";
 
 const FULL = process.env.KVQUANT_FULL === "1";
 const CK = join(REPO_ROOT, ".cache", "checkpoints");
@@ -47,11 +50,19 @@ const SCHEMES: { scheme: "turboquant" | "uniform"; bits: number }[] = [
   { scheme: "uniform", bits: 4 },
   { scheme: "uniform", bits: 8 },
 ];
-const FIXTURES = ["c1_dense/f32", "c2_keqv/f32", "c3_e2b/f32", "c4_e4b/f32", "c5_moe/f32", "c1_dense/bf16", "c2_keqv/bf16"];
+const FIXTURES = ["c1_dense/f32", "c2_keqv/f32", "c3_e2b/f32", "c4_e4b/f32", "c5_moe/f32", "c1_dense/bf16", "c2_keqv/bf16", "e2b-like (layer 0 full)", "all-full-attention"];
+// built by the oracle before the cases (suites/kvquant/fixtures.ts)
+const E2BQ = e2bQuantizedFixture();
+const ALL_FULL = allFullFixture();
+afterAll(() => {
+  E2BQ.remove();
+  ALL_FULL.remove();
+});
+const fixtureDir = (fx: string): string => (fx.startsWith("e2b-like") ? E2BQ.dir : fx === "all-full-attention" ? ALL_FULL.dir : join(CK, fx));
 
 const mk = (fx: string, s: { scheme: "turboquant" | "uniform"; bits: number } | null, sh: (typeof SHAPES)[number], groupSize = 32): Case => ({
   label: `${fx} ${s ? `${s.scheme} ${s.bits}` : "unquantized"}${s?.scheme === "uniform" && groupSize !== 32 ? ` g${groupSize}` : ""} | ${sh.tag}`,
-  checkpoint: join(CK, fx),
+  checkpoint: fixtureDir(fx),
   prompts: sh.prompts,
   maxTokens: sh.maxTokens,
   kvBits: s ? s.bits : null,
@@ -66,14 +77,14 @@ const CASES: Case[] = [
   UNQUANTIZED,
   ...(FULL
     ? FIXTURES.flatMap((fx) => SCHEMES.flatMap((s) => SHAPES.map((sh) => mk(fx, s, sh))))
-    : [mk("c1_dense/f32", SCHEMES[0]!, SHAPES[0]!), mk("c1_dense/f32", SCHEMES[1]!, SHAPES[1]!), mk("c1_dense/f32", SCHEMES[2]!, SHAPES[1]!), mk("c1_dense/f32", SCHEMES[0]!, SHAPES[2]!), mk("c1_dense/f32", SCHEMES[1]!, SHAPES[3]!)]),
+    : [mk("c1_dense/f32", SCHEMES[0]!, SHAPES[0]!), mk("c1_dense/f32", SCHEMES[1]!, SHAPES[1]!), mk("c1_dense/f32", SCHEMES[2]!, SHAPES[1]!), mk("c1_dense/f32", SCHEMES[0]!, SHAPES[2]!), mk("c1_dense/f32", SCHEMES[1]!, SHAPES[3]!), mk("e2b-like (layer 0 full)", SCHEMES[2]!, SHAPES[1]!)]),
   // group 64 does not divide the fixtures' head dim 32: mx.quantize's error at the first update
   mk("c1_dense/f32", SCHEMES[3]!, SHAPES[0]!, 64),
 ];
 
 let refs: BatchGenerationRecord[];
 beforeAll(() => {
-  refs = oracleBatchGenerations(CASES);
+  refs = oracleBatchGenerations(CASES, [E2BQ.job, ALL_FULL.job]);
 }, limit(FULL ? 600_000 : 120_000));
 
 const models = new Map<string, LoadedModel>();
@@ -105,6 +116,8 @@ describe("batch generation with quantized KV caches vs mlx-vlm's BatchGenerator,
       } else {
         expect(want.error).toBeNull();
         expect(c.tokens).toBe(tokens);
+        // the E2B-like fixture's layer 0 is quantized (the point of that fixture), unless TurboQuant was deferred
+        if (k.checkpoint === E2BQ.dir && !(k.kvQuantScheme === "turboquant" && k.quantizedKvStart > 20)) expect(c.quantizedCaches).toBe(1);
       }
       const short: Record<string, string> = { BatchRotatingKVCache: "Rot", BatchKVCache: "KV", BatchTurboQuantKVCache: "TQ", BatchQuantizedKVCache: "Q" };
       const types = (want.calls.find((x) => x.cache.length)?.cache ?? []).map((x) => short[x.type] ?? x.type);

@@ -35,6 +35,7 @@ import { generationModel } from "../../model/runtime.ts";
 import { REPO_ROOT } from "../../oracle/client.ts";
 import { compareGenerations, type GenerationRecord, type KvQuantCase, kvQuantOracle, portGeneration } from "../../oracle/kv_quant.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { allFullFixture, e2bQuantizedFixture } from "./fixtures.ts";
 
 const FULL = process.env.KVQUANT_FULL === "1";
 function FULL_GRID_FLAG(): boolean {
@@ -71,10 +72,31 @@ interface GenCase extends KvQuantCase {
 }
 
 // An all-full-attention copy of c1_dense (layer 2's weights at every layer index; written by the
-// oracle's all_full_fixture command before the generations): the one shape where mlx-vlm's
+// oracle's relayered_fixture command before the generations): the one shape where mlx-vlm's
 // uniform scheme runs on the single-sequence path (QuantizedKVCache, every cache converted).
-const ALL_FULL_DIR = mkdtempSync(join(tmpdir(), "kvq-allfull-"));
-afterAll(() => rmSync(ALL_FULL_DIR, { recursive: true, force: true }));
+const ALL_FULL = allFullFixture();
+const ALL_FULL_DIR = ALL_FULL.dir;
+// and an E2B-like c3_e2b whose layer 0 is full attention, neither the last cache nor a donor
+// (suites/kvquant/fixtures.ts): TurboQuant converts it, with KV sharing and per-layer inputs
+const E2BQ = e2bQuantizedFixture();
+afterAll(() => {
+  ALL_FULL.remove();
+  E2BQ.remove();
+});
+const e2bq = (label: string, kvBits: number, P: number, start: number, step: number, N: number): GenCase => ({
+  label: `e2b-like (layer 0 full) turboquant ${kvBits}, ${label}`,
+  checkpoint: E2BQ.dir,
+  prompt: prompt(P),
+  maxTokens: N,
+  kvBits,
+  kvQuantScheme: "turboquant",
+  kvGroupSize: 64,
+  quantizedKvStart: start,
+  prefillStepSize: step,
+});
+const E2BQ_CASES: GenCase[] = FULL_GRID_FLAG()
+  ? [3.5, 4].flatMap((b) => [e2bq("P=20 start 12 chunks of 8", b, 20, 12, 8, 12), e2bq("P=5 start 8: converted during decode", b, 5, 8, 2048, 12), e2bq("P=13 start 0 chunks of 4", b, 13, 0, 4, 12)])
+  : [e2bq("P=5 start 8: converted during decode", 4, 5, 8, 2048, 6)];
 const full = (label: string, scheme: "turboquant" | "uniform", kvBits: number, P: number, start: number, step: number, N: number): GenCase => ({
   label: `all-full-attention ${label}`,
   allFull: true,
@@ -144,7 +166,7 @@ const GEN_CASES: GenCase[] = FULL
       gen("c1_dense uniform 4, P=5 start 8: RotatingKVCache NYI after the tokens before", "c1_dense", "uniform", 4, 5, 8, 2048, 8),
       gen("c1_dense bf16 turboquant 4, P=13 start 0 chunks of 4", "c1_dense/bf16", "turboquant", 4, 13, 0, 4, 6),
     ];
-GEN_CASES.push(...ALL_FULL_CASES);
+GEN_CASES.push(...ALL_FULL_CASES, ...E2BQ_CASES);
 
 const CODEBOOK_DIMS = FULL ? [32, 48, 64, 96, 128, 256, 512] : [32];
 const CODEBOOK_BITS = FULL ? [1, 2, 3, 4, 5, 6, 7, 8] : [3, 4];
@@ -172,11 +194,12 @@ beforeAll(() => {
       { command: "signs", dims: SIGN_DIMS, seeds: SIGN_SEEDS },
       { command: "codebooks", dims: CODEBOOK_DIMS, bits: CODEBOOK_BITS },
       { command: "many", jobs: CACHE_OPS.map((c) => ({ command: "cache_ops", ...c })) },
-      { command: "all_full_fixture", src: ckpt("c1_dense"), dst: ALL_FULL_DIR, copy_layer: 2 },
+      ALL_FULL.job,
+      E2BQ.job,
       { command: "generate_many", cases: GEN_CASES.map((k) => ({ checkpoint: k.checkpoint, prompt: k.prompt, max_tokens: k.maxTokens, kv_bits: k.kvBits, kv_quant_scheme: k.kvQuantScheme, kv_group_size: k.kvGroupSize, quantized_kv_start: k.quantizedKvStart, prefill_step_size: k.prefillStepSize })) },
     ],
   }).results;
-  ref = { policy: r[0].results, signs: r[1], codebooks: r[2].codebooks, cacheOps: r[3].results, gens: r[5].results };
+  ref = { policy: r[0].results, signs: r[1], codebooks: r[2].codebooks, cacheOps: r[3].results, gens: r[6].results };
 }, limit(FULL ? 600_000 : 120_000));
 
 const models = new Map<string, LoadedModel>();
@@ -306,6 +329,8 @@ describe("generation with a quantized KV cache vs mlx-vlm's generate_step, token
       } else {
         expect(want.error).toBeNull();
         expect(c.tokens).toBe(k.maxTokens);
+        // the E2B-like fixture's layer 0 is converted (the point of that fixture)
+        if (k.checkpoint === E2BQ.dir) expect(c.turboCaches).toBe(1);
       }
       const last = want.steps.at(-1);
       summary.push(`${k.label}: ${c.tokens} tokens, ${c.turboCaches} quantized cache(s), ${c.quantizedArrays} state arrays${want.error ? `, then ${want.error.type}: ${want.error.message}` : ""}; caches at the end: ${last ? last.cache.map((x) => `${x.type}@${x.offset}`).join(" ") : "-"}`);
