@@ -90,8 +90,10 @@ async function same(p: Pair, path: string, req: Record<string, unknown>): Promis
 
 async function startPair(name: string, flags: string[]): Promise<Pair> {
   const [p1, p2] = [await freePort(), await freePort()];
+  // no prompt cache on either side: a cache hit would show in usage.prompt_tokens_details.cached_tokens
+  flags = [...flags, "--prompt-cache-size", "0"];
   const started = await Promise.allSettled([
-    startServerProcess(`mlx_lm.server ${name}`, PYTHON, ["-c", LAUNCH, "--model", MODEL, ...flags, "--host", "127.0.0.1", "--port", String(p1), "--prompt-cache-size", "0"], p1, START),
+    startServerProcess(`mlx_lm.server ${name}`, PYTHON, ["-c", LAUNCH, "--model", MODEL, ...flags, "--host", "127.0.0.1", "--port", String(p1)], p1, START),
     startServerProcess(`npm run serve ${name}`, process.execPath, ["run", "serve/cli.ts", "--model", MODEL, ...flags, "--port", String(p2)], p2, START),
   ]);
   const ok = started.filter((s): s is PromiseFulfilledResult<ServerProcess> => s.status === "fulfilled").map((s) => s.value);
