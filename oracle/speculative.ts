@@ -26,6 +26,7 @@ import { type LoadedModel, loadModel } from "../model/gemma4/index.ts";
 import { generationModel } from "../model/runtime.ts";
 import { type Gemma4AssistantDraftModel, loadAssistant } from "../model/speculative/drafters/gemma4_assistant/gemma4_assistant.ts";
 import { mtpGenerateStep, type MtpRound } from "../model/speculative/mtp.ts";
+import { clampTemperature, type SpeculativeSampling } from "../model/speculative/sampling.ts";
 import { Gemma4ExactSpeculativeVerifier } from "../model/speculative/speculative_verifier.ts";
 import type { NpyRecord } from "./npy.ts";
 import { type NpyRef, type OracleClient } from "./client.ts";
@@ -320,14 +321,26 @@ export interface MtpSpec {
   maxTokens: number;
   draftBlockSize?: number;
   prefillStepSize?: number;
+  /** Sampled run (mlx_vlm.generate --temp T --seed S and top_p / top_k / min_p); absent: greedy. */
+  sampling?: SampledSpec;
 }
+
+/** A sampled run's options and seed. */
+export type SampledSpec = SpeculativeSampling & { seed: number };
+
+/** The oracle request's `sampling` (generate_step's names; the seed goes to mx.random.seed there), null when greedy. */
+export const samplingRequest = (sp: SampledSpec | undefined) => (sp ? { temp: sp.temp, top_p: sp.topP ?? 0, top_k: sp.topK ?? 0, min_p: sp.minP ?? 0, seed: sp.seed } : null);
+
+/** generate_step options for the plain run a speculative run must equal: greedy, or the same seed and sampler. */
+export const plainDecoding = (sp: SampledSpec | undefined) =>
+  sp ? { seed: sp.seed, samplerOptions: { temp: clampTemperature(sp.temp), topP: sp.topP ?? 0, topK: sp.topK ?? 0, minP: sp.minP ?? 0 } } : {};
 
 export interface MtpResult extends RoundTotals {
   spec: MtpSpec;
   tokens: number[];
   /** TS vs mlx-vlm, round by round. */
   vsOracle: TallySummary;
-  /** TS MTP output vs TS plain greedy generate_step (tokens). */
+  /** TS MTP output vs TS plain generate_step (tokens): greedy, or sampled with the same seed. */
   vsGreedy: TallySummary;
   /** The largest start_position of a BufferedRotatingKVCache seen (> 0: old keys were compacted away). */
   maxStartPosition: number;
@@ -338,7 +351,7 @@ export async function mtpParity(oracle: OracleClient, pool: ModelPool, spec: Mtp
   const t0 = performance.now();
   const orc = readTree(
     oracle,
-    await oracle.request("mtp", { checkpoint: spec.target, drafter: spec.drafter, prompt: spec.prompt, max_tokens: spec.maxTokens, draft_block_size: spec.draftBlockSize ?? null, prefill_step_size: spec.prefillStepSize ?? 2048 }),
+    await oracle.request("mtp", { checkpoint: spec.target, drafter: spec.drafter, prompt: spec.prompt, max_tokens: spec.maxTokens, draft_block_size: spec.draftBlockSize ?? null, prefill_step_size: spec.prefillStepSize ?? 2048, sampling: samplingRequest(spec.sampling) }),
   );
   const target = pool.model(spec.target).text;
   const drafter = pool.drafter(spec.drafter);
@@ -357,12 +370,15 @@ export async function mtpParity(oracle: OracleClient, pool: ModelPool, spec: Mtp
     r.draftLogits.forEach((l, j) => t.tensor(`${w} drafter logits ${j}`, rawOf(l), rawN(o.draft_logits?.[j])));
     t.value(`${w} target logits count`, r.targetLogits.length, o.target_logits.length);
     r.targetLogits.forEach((l, j) => t.tensor(`${w} target logits ${j}`, rawOf(l), rawN(o.target_logits[j])));
+    if (spec.sampling) t.tensor(`${w} random key`, r.rngKey ? rawOf(r.rngKey) : null, rawN(o.rng));
     compareCaches(t, `${w} cache`, r.cache, o.cache);
   };
   for await (const tok of mtpGenerateStep(target, drafter, spec.prompt, {
     maxTokens: spec.maxTokens,
     draftBlockSize: spec.draftBlockSize,
     prefillStepSize: spec.prefillStepSize,
+    sampling: spec.sampling,
+    seed: spec.sampling?.seed,
     onPrefill: (p) => {
       t.value("first token", p.token, orc.first.token);
       using lp = mx.squeeze(p.logprobs, 0);
@@ -377,7 +393,7 @@ export async function mtpParity(oracle: OracleClient, pool: ModelPool, spec: Mtp
   t.value("tokens", tokens, orc.tokens);
   const vsGreedy = new Tally();
   let i = 0;
-  for await (const g of generateStep(pool.generation(spec.target), spec.prompt, { maxTokens: spec.maxTokens })) vsGreedy.value(`token ${i}`, tokens[i++], g.token);
+  for await (const g of generateStep(pool.generation(spec.target), spec.prompt, { maxTokens: spec.maxTokens, ...plainDecoding(spec.sampling) })) vsGreedy.value(`token ${i}`, tokens[i++], g.token);
   return { spec, tokens, ...n.totals(), vsOracle: t.summary(), vsGreedy: vsGreedy.summary(), maxStartPosition, ms: performance.now() - t0 };
 }
 

@@ -16,11 +16,11 @@ import * as mx from "@mlx-bun/mlx";
 import { GenerateError, generateStep } from "../model/generate.ts";
 import { loadDFlashDrafter } from "../model/speculative/drafters/index.ts";
 import type { DFlashDraftModel } from "../model/speculative/drafters/qwen3_dflash/dflash.ts";
-import { clampTemperature, dflashGenerateStep, type DFlashRound, type DFlashSampling } from "../model/speculative/dflash.ts";
+import { dflashGenerateStep, type DFlashRound } from "../model/speculative/dflash.ts";
 import type { NpyRecord } from "./npy.ts";
 import type { OracleClient } from "./client.ts";
 import { rawOf, rawOfNpy, type RawTensor } from "./compare.ts";
-import { compareCaches, type ModelPool, readTree, RoundCounts, type RoundTotals, Tally, type TallySummary } from "./speculative.ts";
+import { compareCaches, type ModelPool, plainDecoding, readTree, RoundCounts, type RoundTotals, type SampledSpec, samplingRequest, Tally, type TallySummary } from "./speculative.ts";
 
 const rawN = (r: NpyRecord | null | undefined): RawTensor | null => (r ? rawOfNpy(r) : null);
 
@@ -46,7 +46,7 @@ export interface DFlashSpec {
   maxTokens: number;
   draftBlockSize?: number;
   /** Sampled run (mlx_vlm.generate --temp T --seed S and top_p / top_k / min_p); absent: greedy. */
-  sampling?: DFlashSampling & { seed: number };
+  sampling?: SampledSpec;
   /** Skip the plain decoding run (the mutation check needs only the oracle comparison). */
   skipGreedy?: boolean;
 }
@@ -69,7 +69,7 @@ export interface DFlashResult extends RoundTotals {
 export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafters: DrafterPool, spec: DFlashSpec): Promise<DFlashResult> {
   const t0 = performance.now();
   const sp = spec.sampling;
-  const sampling = sp ? { temp: sp.temp, top_p: sp.topP ?? 0, top_k: sp.topK ?? 0, min_p: sp.minP ?? 0, seed: sp.seed } : null;
+  const sampling = samplingRequest(sp);
   const orc = readTree(oracle, await oracle.request("dflash", { checkpoint: spec.target, drafter: spec.drafter, prompt: spec.prompt, max_tokens: spec.maxTokens, draft_block_size: spec.draftBlockSize ?? null, sampling }));
   const target = pool.model(spec.target).text;
   const drafter = drafters.drafter(spec.drafter);
@@ -127,8 +127,7 @@ export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafte
   if (!spec.skipGreedy) {
     vsGreedy = new Tally();
     const greedy: number[] = [];
-    const plain = sp ? { seed: sp.seed, samplerOptions: { temp: clampTemperature(sp.temp), topP: sp.topP ?? 0, topK: sp.topK ?? 0, minP: sp.minP ?? 0 } } : {};
-    for await (const g of generateStep(pool.generation(spec.target), spec.prompt, { maxTokens: spec.maxTokens, ...plain })) greedy.push(g.token);
+    for await (const g of generateStep(pool.generation(spec.target), spec.prompt, { maxTokens: spec.maxTokens, ...plainDecoding(sp) })) greedy.push(g.token);
     greedy.forEach((g, i) => vsGreedy!.value(`token ${i}`, tokens[i], g));
     vsGreedy.value("length", tokens.length, greedy.length);
     oracleEqualsGreedy = JSON.stringify(orc.tokens) === JSON.stringify(greedy);

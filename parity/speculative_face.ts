@@ -185,13 +185,15 @@ export function speculativeFaceStream(a: Parsed, dir: string, loaded: LoadedMode
   }
   if (MTP_TYPES.includes(draftType) || kind === "mtp" || a["draft-kind"] === "mtp") {
     if (!MTP_TYPES.includes(draftType)) throw new UsageError(`--draft-kind mtp needs a gemma4_assistant or gemma4_unified_assistant drafter, ${draftDir} is a ${draftType || "(no model_type)"}`);
-    if ((o.samplerOptions.temp ?? 0) !== 0) throw new UsageError("MTP decoding runs greedy (--temp 0) in this port");
     if (o.promptCache) throw new UsageError("--prompt-cache-file is not supported with an MTP drafter");
     const drafter: Gemma4AssistantDraftModel = loadAssistant(draftDir);
     const inner = mtpGenerateStep(loaded.text, drafter, prompt, {
       maxTokens: o.maxTokens,
       prefillStepSize: o.prefillStepSize,
       draftBlockSize: blockSize,
+      // mlx_vlm.generate --temp / --top-p / --top-k / --min-p / --seed: make_sampler on the global key
+      sampling: { temp: o.samplerOptions.temp ?? 0, topP: o.samplerOptions.topP, topK: o.samplerOptions.topK, minP: o.samplerOptions.minP },
+      seed: o.seed,
       onRound: (r) => {
         rounds++;
         accepted += r.accepted;

@@ -22,11 +22,8 @@
 //                                    rollback_speculative_cache). The drafter caches only context,
 //                                    which is always committed, so it never rolls back.
 //
-// Sampled (temperature > 0), as mlx_vlm.generate --temp T --seed S runs it: mx.random.seed(S), then
-// generate_step without a seed argument, so the sampler is make_sampler's over the global random
-// state (mlx-vlm clamps a positive temperature to at least 0.01; top_p, min_p, top_k in make_sampler's
-// order, each filter and the categorical draw compiled with the random state, = model/sample.ts)
-// and _dflash_rounds takes its non-positioned sampled path (greedy_sampling False):
+// Sampled (temperature > 0), as mlx_vlm.generate --temp T --seed S runs it (sampling.ts: make_sampler
+// on the global random state) and _dflash_rounds takes its non-positioned sampled path:
 //   first token     sampler(logprobs) on the prefill's last row (one key)
 //   draft           draft_model.draft_block with the sampler on the drafter's raw logits (DFlash:
 //                   one draw over the (1, bs - 1, V) block; DSpark: one per Markov step), under
@@ -52,7 +49,8 @@ import { disposeMask } from "../mask.ts";
 import { logit_softcap, type Model as TargetModel } from "../gemma4/gemma4_text.ts";
 import { GenerateError } from "../generate.ts";
 import { checkPromptIds, positiveIntOption } from "../generate_speculative.ts";
-import { greedySampler, makeSampler, type Sampler, SamplerError } from "../sample.ts";
+import { greedySampler, type Sampler } from "../sample.ts";
+import { drawWithoutTargetKeys, makeSpeculativeSampler, roundKeyAfterWalk, type SpeculativeSampling, validateSampling } from "./sampling.ts";
 import type { DFlashDraftModel } from "./drafters/qwen3_dflash/dflash.ts";
 import { drafterMutated } from "./mutations.ts";
 
@@ -62,7 +60,7 @@ export interface DFlashOptions {
   /** Block size (drafts + 1) instead of the drafter's (--draft-block-size): the adaptive loop's ceiling. */
   draftBlockSize?: number;
   /** make_sampler's options (mlx-vlm's: a positive temperature clamped to >= 0.01); absent or temp 0: greedy. */
-  sampling?: DFlashSampling;
+  sampling?: SpeculativeSampling;
   /** mx.random.seed first (mlx_vlm.generate --seed). */
   seed?: number;
   /** After the prefill: the first token, its logprobs (1, V), the target caches and the captured prompt hidden; borrowed. */
@@ -70,17 +68,6 @@ export interface DFlashOptions {
   /** After each round's commit; arrays are borrowed (valid during the call). */
   onRound?: (r: DFlashRound) => void;
 }
-
-export interface DFlashSampling {
-  temp: number;
-  topP?: number;
-  topK?: number;
-  minP?: number;
-}
-
-/** mlx-vlm's clamp_temperature: a positive temperature below 0.01 becomes 0.01 (0 stays greedy). */
-export const MIN_SAMPLING_TEMPERATURE = 0.01;
-export const clampTemperature = (t: number): number => (t > 0 && t < MIN_SAMPLING_TEMPERATURE ? MIN_SAMPLING_TEMPERATURE : t);
 
 export interface DFlashRound {
   blockSize: number;
@@ -233,23 +220,8 @@ function validate(target: TargetModel, draft: DFlashDraftModel, prompt: readonly
   const bad = c.target_layer_ids.find((i) => i >= target.args.num_hidden_layers);
   if (bad !== undefined) throw new GenerateError(`the drafter reads target layer ${bad}, this target has ${target.args.num_hidden_layers} layers`);
   if (!target.tie_word_embeddings) throw new GenerateError("DFlash needs a target with tied embeddings (mlx-vlm's Gemma 4 language model has no lm_head)");
-  const temp = o.sampling?.temp;
-  if (temp !== undefined && !(typeof temp === "number" && Number.isFinite(temp) && temp >= 0)) throw new GenerateError(`temperature must be a finite number >= 0, got ${temp}`);
-  if (o.seed !== undefined && !(Number.isInteger(o.seed) && o.seed >= 0 && o.seed < 2 ** 32)) throw new GenerateError(`seed must be an integer in [0, 2**32), got ${o.seed}`);
-  if (o.sampling && temp! > 0) makeDFlashSampler(o.sampling, V).dispose?.(); // the sampler's own argument errors, before any work
+  validateSampling(o, V);
   return maxTokens;
-}
-
-/** mlx-vlm's make_sampler for a DFlash run (model/sample.ts's, the temperature clamped); greedy at temp 0. */
-function makeDFlashSampler(s: DFlashSampling | undefined, vocab: number): Sampler {
-  if (!s || s.temp === 0) return greedySampler;
-  if (s.topK !== undefined && s.topK > 0 && s.topK >= vocab) throw new GenerateError(`\`top_k\` has to be an integer in the (0, ${vocab}] interval, but is ${s.topK}.`);
-  try {
-    return makeSampler({ temp: clampTemperature(s.temp), topP: s.topP ?? 0, topK: s.topK ?? 0, minP: s.minP ?? 0 });
-  } catch (e) {
-    if (e instanceof SamplerError) throw new GenerateError(e.message);
-    throw e;
-  }
 }
 
 /**
@@ -271,7 +243,7 @@ function captureLayers(target: TargetModel, draft: DFlashDraftModel): readonly n
 
 async function* run(target: TargetModel, draft: DFlashDraftModel, prompt: readonly number[], opts: DFlashOptions, maxTokens: number): AsyncGenerator<DFlashToken> {
   if (opts.seed !== undefined) mx.random.seed(opts.seed);
-  const sampler = makeDFlashSampler(opts.sampling, target.args.vocab_size);
+  const sampler = makeSpeculativeSampler(opts.sampling, target.args.vocab_size);
   const cache: KVCacheLike[] = target.makeCache();
   let hidden: MlxArray | null = null;
   try {
@@ -357,13 +329,11 @@ async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache
       if (bs <= 1) break;
       let draftLogits: MlxArray | null = null;
       // _SpeculativeSamplerRNG.draft_tokens: the drafter's draws are undone before the target samples
-      const roundKey = sampled ? mx.random.state.get() : null;
-      using draftTokens = draft.draftBlock(b, hidden, draftCache, bs, sampler, (l) => (draftLogits = mx.alias(l)));
-      mx.evaluate(draftTokens);
-      if (roundKey) {
-        if (drafterMutated("dflash_sampled_rng_not_restored")) for (const k of roundKey) k.dispose();
-        else mx.random.state.set(roundKey);
-      }
+      using draftTokens = drawWithoutTargetKeys(sampled, () => {
+        const t = draft.draftBlock(b, hidden, draftCache, bs, sampler, (l) => (draftLogits = mx.alias(l)));
+        mx.evaluate(t);
+        return t;
+      });
       const drafted = draftTokens.toNumbers();
       const verifyInput = [b, ...drafted];
       using vin = tokensI32(verifyInput);
@@ -374,7 +344,7 @@ async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache
         if (sampled) {
           mx.evaluate(vHidden);
           walk = sampledWalk(logits, drafted, sampler, maxTokens - emitted);
-          rngKey = mx.random.state.get()[0]!;
+          rngKey = roundKeyAfterWalk(true);
         } else {
           using targetTokens = greedySampler(logits);
           mx.evaluate(targetTokens, vHidden);

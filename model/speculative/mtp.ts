@@ -1,5 +1,5 @@
-// Gemma 4 MTP speculative decoding with the gemma4_assistant drafter, as mlx-vlm 0.7.10 runs it
-// for one sequence with greedy sampling:
+// Gemma 4 MTP speculative decoding with the gemma4_assistant / gemma4_unified_assistant drafter, as
+// mlx-vlm 0.7.10 runs it for one sequence, greedy or sampled:
 //
 //   generate/ar.py generate_step     prefill prompt[:-1] in chunks (2048), then the last prompt
 //                                    token with return_hidden / return_shared_kv: the first
@@ -18,6 +18,13 @@
 //                                    the shared K/V minus the rejected tail.
 //
 // Exact-match acceptance of the target's own greedy token: the output is greedy decoding's.
+//
+// Sampled (temperature > 0, mlx_vlm.generate --temp T --seed S; sampling.ts): the first token is
+// sampled from the prefill's logprobs; draft_block runs with greedy=False (no centroid argmax: the
+// drafter's logits go through the sampler at every step) under _SpeculativeSamplerRNG, so its draws
+// are undone before the target samples; the verify forward samples nothing (sample_target_tokens
+// False) and the deferred walk samples the target one position at a time (one key each) while it
+// equals the draft. As for DFlash, every emitted token costs one key of the global sequence.
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { BufferedRotatingKVCache } from "../cache/buffered_rotating.ts";
@@ -26,7 +33,8 @@ import type { LayerType } from "../gemma4/config.ts";
 import { type KV, logit_softcap, type Model as TargetModel } from "../gemma4/gemma4_text.ts";
 import { GenerateError } from "../generate.ts";
 import { checkPromptIds, positiveIntOption, prefillChunks } from "../generate_speculative.ts";
-import { greedySampler } from "../sample.ts";
+import { greedySampler, type Sampler } from "../sample.ts";
+import { drawWithoutTargetKeys, makeSpeculativeSampler, roundKeyAfterWalk, type SpeculativeSampling, validateSampling } from "./sampling.ts";
 import { disposeKVMap, type Gemma4AssistantDraftModel } from "./drafters/gemma4_assistant/gemma4_assistant.ts";
 
 export interface MtpOptions {
@@ -36,6 +44,10 @@ export interface MtpOptions {
   draftBlockSize?: number;
   /** Default 2048 (mlx-vlm's DEFAULT_PREFILL_STEP_SIZE). */
   prefillStepSize?: number;
+  /** make_sampler's options (mlx-vlm's: a positive temperature clamped to >= 0.01); absent or temp 0: greedy. */
+  sampling?: SpeculativeSampling;
+  /** mx.random.seed first (mlx_vlm.generate --seed). */
+  seed?: number;
   /** After the prefill step: the first token's logprobs (1, V), borrowed. */
   onPrefill?: (p: { token: number; logprobs: MlxArray; cache: readonly KVCacheLike[] }) => void;
   /** After each round's commit; arrays are borrowed (valid during the call). */
@@ -55,6 +67,8 @@ export interface MtpRound {
   emitted: number[];
   /** The target's caches after the rollback. */
   cache: readonly KVCacheLike[];
+  /** Sampled runs: the global random key after the round's walk (null when greedy). */
+  rngKey: MlxArray | null;
 }
 
 export interface MtpToken {
@@ -123,11 +137,12 @@ function validate(target: TargetModel, draft: Gemma4AssistantDraftModel, prompt:
   for (const t of new Set(draft.config.text_config.layer_types)) {
     if (!target.args.layer_types.slice(0, target.args.num_hidden_layers).includes(t)) throw new GenerateError(`the drafter has ${t} layers, the target has none to share K/V from`);
   }
+  validateSampling(o, V);
   return { maxTokens, prefill };
 }
 
 /**
- * mlx-vlm's generate_step with draft_kind="mtp", greedy, one sequence: yields every token.
+ * mlx-vlm's generate_step with draft_kind="mtp", one sequence, greedy or sampled: yields every token.
  * Argument errors throw synchronously as GenerateError.
  */
 export function mtpGenerateStep(target: TargetModel, draft: Gemma4AssistantDraftModel, prompt: readonly number[], opts: MtpOptions = {}): AsyncGenerator<MtpToken> {
@@ -136,7 +151,8 @@ export function mtpGenerateStep(target: TargetModel, draft: Gemma4AssistantDraft
 }
 
 async function* run(target: TargetModel, draft: Gemma4AssistantDraftModel, prompt: readonly number[], opts: MtpOptions, maxTokens: number, prefill: number): AsyncGenerator<MtpToken> {
-  const sampler = greedySampler;
+  if (opts.seed !== undefined) mx.random.seed(opts.seed);
+  const sampler = makeSpeculativeSampler(opts.sampling, target.args.vocab_size);
   const cache: KVCacheLike[] = target.makeCache();
   const model = { makeCache: () => cache, forward: (inp: MlxArray, c: KVCacheLike[]) => target.call(inp, { cache: c }) };
   let sharedKv: Map<LayerType, KV> | null = null;
@@ -174,13 +190,16 @@ async function* run(target: TargetModel, draft: Gemma4AssistantDraftModel, promp
       opts.onPrefill?.({ token: bonus, logprobs, cache });
     }
     yield { token: bonus, n: 0, fromDraft: false };
-    yield* mtpRounds(target, draft, cache, hidden, sharedKv, bonus, maxTokens, opts);
+    const h0 = hidden;
+    const kv0 = sharedKv;
     hidden = null;
     sharedKv = null;
+    yield* mtpRounds(target, draft, cache, h0, kv0, bonus, maxTokens, opts, sampler);
   } finally {
     hidden?.dispose();
     disposeKVMap(sharedKv);
     for (const c of cache) c.dispose();
+    sampler.dispose?.();
   }
 }
 
@@ -197,8 +216,9 @@ async function* mtpRounds(
   firstBonus: number,
   maxTokens: number,
   opts: MtpOptions,
+  sampler: Sampler,
 ): AsyncGenerator<MtpToken> {
-  const sampler = greedySampler;
+  const sampled = sampler !== greedySampler;
   const configured = draft.config.block_size;
   const blockTotal = opts.draftBlockSize ?? configured; // _dflash_block_total
   draft.reset(target);
@@ -214,8 +234,13 @@ async function* mtpRounds(
       const draftLogits: MlxArray[] = [];
       const targetLogits: MlxArray[] = [];
       try {
-        using draftTokens = draft.draftBlock(b, hidden, bs, sampler, true, (l) => draftLogits.push(mx.alias(l)));
-        mx.asyncEval(draftTokens);
+        // _mtp_draft_kwargs: greedy (the centroid argmax) only when greedy; sampled drafts draw their own keys
+        using draftTokens = drawWithoutTargetKeys(sampled, () => {
+          const t = draft.draftBlock(b, hidden, bs, sampler, !sampled, (l) => draftLogits.push(mx.alias(l)));
+          if (sampled) mx.evaluate(t);
+          else mx.asyncEval(t);
+          return t;
+        });
         using bArr = mx.array(Int32Array.from([b]), [1, 1], "int32");
         using verifyInput = mx.concatenate([bArr, draftTokens], 1);
         const [vHidden, vShared] = targetForward(target, verifyInput, cache);
@@ -253,7 +278,8 @@ async function* mtpRounds(
           // commit_speculative_round → rollback_speculative_cache: trim the rejected tail.
           const trim = bs - (accepted + 1);
           if (accepted < bs - 1 && trim > 0) for (const c of cache) c.trim(Math.min(trim, c.offset));
-          opts.onRound?.({ blockSize: bs, drafted, draftLogits, accepted, targetLogits, emitted: newTokens, cache });
+          using rngKey = roundKeyAfterWalk(sampled);
+          opts.onRound?.({ blockSize: bs, drafted, draftLogits, accepted, targetLogits, emitted: newTokens, cache, rngKey });
           for (const [i, tok] of newTokens.entries()) {
             yield { token: tok, n: emitted, fromDraft: i < accepted };
             emitted += 1;

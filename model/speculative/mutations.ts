@@ -10,7 +10,7 @@ export const DRAFTER_MUTATIONS = [
   "dspark_markov_from_anchor", // the Markov correction conditioned on the anchor at every step, not the previous draft
   "dflash_acceptance_off_by_one", // the greedy walk accepts the first mismatching draft too
   "dflash_target_layers_shifted", // the drafter reads target layers target_layer_ids + 1 (mod the layer count)
-  "dflash_sampled_rng_not_restored", // sampled: the drafter's random draws are not undone before the target samples
+  "draft_rng_not_restored", // sampled (DFlash and MTP loops): the drafter's random draws are not undone before the target samples
 ] as const;
 
 export type DrafterMutation = (typeof DRAFTER_MUTATIONS)[number];

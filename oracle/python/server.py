@@ -630,7 +630,7 @@ class Server:
         import speculative as spec
         r = spec.run_mtp(self.checkpoint_dir(req["checkpoint"]), Path(req["drafter"]), req["prompt"],
                          int(req.get("max_tokens", 20)), req.get("draft_block_size"),
-                         int(req.get("prefill_step_size", 2048)))
+                         int(req.get("prefill_step_size", 2048)), req.get("sampling"))
         return self.out_tree(r)
 
     def cmd_dflash(self, req: dict) -> dict:

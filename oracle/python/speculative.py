@@ -196,11 +196,29 @@ def target_and_drafter(ckpt: Path, drafter: Path, kind: str):
     return model, draft, vcache.make_prompt_cache(model.language_model)
 
 
+def sampling_kwargs(sampling: dict | None) -> dict:
+    """generate_step's sampling arguments for a recorded run, as mlx_vlm.generate --temp / --top-p /
+    --top-k / --min-p / --seed passes them: the seed goes to mx.random.seed here (never to
+    generate_step, whose seed argument would select the positioned sampler), so the sampler is
+    make_sampler's over the global random state. None: greedy (temperature 0)."""
+    if not sampling:
+        return {"temperature": 0.0}
+    mx.random.seed(int(sampling["seed"]))
+    return {"temperature": float(sampling["temp"]), "top_p": float(sampling.get("top_p", 0.0)),
+            "top_k": int(sampling.get("top_k", 0)), "min_p": float(sampling.get("min_p", 0.0))}
+
+
+def rng_after_round(sampling: dict | None):
+    """round_recorders' after_commit for sampled runs: the global random key after the round's walk."""
+    return (lambda c: c.update(rng=mx.array(mx.random.state[0]))) if sampling else None
+
+
 def run_mtp(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft_block_size: int | None,
-            prefill_step_size: int) -> dict:
-    """mlx-vlm generate_step(draft_kind="mtp", temperature=0) on one prompt, recorded per round:
-    block size, drafted tokens, the drafter's logits per step, the target's logits at every walked
-    position, the accepted count and every target cache after the round's rollback."""
+            prefill_step_size: int, sampling: dict | None = None) -> dict:
+    """mlx-vlm generate_step(draft_kind="mtp") on one prompt, greedy or sampled (sampling_kwargs),
+    recorded per round: block size, drafted tokens, the drafter's logits per step, the target's
+    logits at every walked position, the accepted count, every target cache after the round's
+    rollback and, when sampling, the global random key after the round."""
     from mlx_vlm.generate.ar import generate_step as vlm_generate_step
     from mlx_vlm.speculative import mtp as vmtp
     from mlx_vlm.speculative.drafters.gemma4_assistant import Gemma4AssistantDraftModel
@@ -230,15 +248,15 @@ def run_mtp(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft
             return out
         return f
 
-    on_record, on_commit = round_recorders(cur, rounds)
+    on_record, on_commit = round_recorders(cur, rounds, rng_after_round(sampling))
     with patched(Gemma4AssistantDraftModel, "__call__", on_call), patched(draft, "draft_block", on_block), \
             patched(vmtp, "_mtp_logits_from_hidden", on_logits), \
             patched(vmtp, "_record_speculative_round", on_record), \
             patched(vmtp, "commit_speculative_round", on_commit):
         gen = vlm_generate_step(mx.array([prompt], dtype=mx.int32), model, None, None, max_tokens=max_tokens,
-                                temperature=0.0, draft_model=draft, draft_kind="mtp",
-                                draft_block_size=draft_block_size, prefill_step_size=prefill_step_size,
-                                prompt_cache=prompt_cache)
+                                draft_model=draft, draft_kind="mtp", draft_block_size=draft_block_size,
+                                prefill_step_size=prefill_step_size, prompt_cache=prompt_cache,
+                                **sampling_kwargs(sampling))
         tokens, first = drain(gen, prompt_cache)
     return {"tokens": tokens, "first": first, "rounds": rounds, "accept_lens": list(draft.accept_lens)}
 

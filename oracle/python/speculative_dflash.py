@@ -16,7 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from speculative import drain, patched, round_recorders, target_and_drafter, vlm_cache_states
+from speculative import drain, patched, rng_after_round, round_recorders, sampling_kwargs, target_and_drafter, vlm_cache_states
 
 
 def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft_block_size: int | None,
@@ -82,21 +82,15 @@ def run_dflash(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, dr
             return out
         return f
 
-    # sampled runs: the global random key after the round's walk (commit follows the walk)
-    on_record, on_commit = round_recorders(cur, rounds, (lambda c: c.update(rng=mx.array(mx.random.state[0]))) if sampling else None)
+    on_record, on_commit = round_recorders(cur, rounds, rng_after_round(sampling))  # commit follows the walk
     with patched(vutils, "_dflash_rounds", on_rounds), patched(draft, "reset", on_reset), \
             patched(draft, "draft_block", on_block), patched(draft, "_logits", on_logits), \
             patched(vdfl, "_dflash_verify", on_verify), patched(vdfl, "_record_speculative_round", on_record), \
             patched(vdfl, "commit_speculative_round", on_commit), patched(vdfl, "_speculative_walk", on_walk), \
             patched(vdfl, "_sample_dflash_target_walk", on_walk):
-        sample_kwargs = {"temperature": 0.0}
-        if sampling:
-            mx.random.seed(int(sampling["seed"]))
-            sample_kwargs = {"temperature": float(sampling["temp"]), "top_p": float(sampling.get("top_p", 0.0)),
-                             "top_k": int(sampling.get("top_k", 0)), "min_p": float(sampling.get("min_p", 0.0))}
         gen = vlm_generate_step(mx.array([prompt], dtype=mx.int32), model, None, None, max_tokens=max_tokens,
                                 draft_model=draft, draft_kind="dflash", draft_block_size=draft_block_size,
-                                prompt_cache=prompt_cache, **sample_kwargs)
+                                prompt_cache=prompt_cache, **sampling_kwargs(sampling))
         tokens, first = drain(gen, prompt_cache)
     c = draft.config
     config = {"mask_token_id": int(c.mask_token_id), "target_layer_ids": list(c.target_layer_ids),

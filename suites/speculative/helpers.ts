@@ -39,7 +39,7 @@ export function summarizeDFlashResults(label: string, results: readonly DFlashRe
     const sum = (f: (r: DFlashResult) => number) => results.reduce((s, r) => s + f(r), 0);
     console.log(`[${label}] ${results.length} scenarios, ${sum((r) => r.rounds)} rounds, ${sum((r) => r.vsOracle.tensors)} tensors and ${sum((r) => r.vsOracle.values)} values bit-exact vs mlx-vlm; accepted ${sum((r) => r.accepted)}/${sum((r) => r.drafted)} drafts`);
     if (fullFile === null) return;
-    const rows = results.map((r) => ({ target: r.spec.target.slice(CK.length + 1), drafter: r.spec.drafter.slice(CK.length + 1), P: r.spec.prompt.length, N: r.spec.maxTokens, block: r.spec.draftBlockSize ?? null, rounds: r.rounds, blockSizes: r.blockSizes, accepted: r.accepted, drafted: r.drafted, tensors: r.vsOracle.tensors, values: r.vsOracle.values, firstMismatch: r.vsOracle.first, equalsGreedy: r.vsGreedy ? r.vsGreedy.first === null : null, oracleEqualsGreedy: r.oracleEqualsGreedy }));
+    const rows = results.map((r) => ({ target: r.spec.target.slice(CK.length + 1), drafter: r.spec.drafter.slice(CK.length + 1), P: r.spec.prompt.length, N: r.spec.maxTokens, block: r.spec.draftBlockSize ?? null, ...(r.spec.sampling ? { sampling: r.spec.sampling } : {}), rounds: r.rounds, blockSizes: r.blockSizes, accepted: r.accepted, drafted: r.drafted, tensors: r.vsOracle.tensors, values: r.vsOracle.values, firstMismatch: r.vsOracle.first, equalsGreedy: r.vsGreedy ? r.vsGreedy.first === null : null, oracleEqualsGreedy: r.oracleEqualsGreedy }));
     writeFileSync(fullFile, JSON.stringify({ device: ROWS_INVARIANT ? "cpu" : "gpu", scenarios: rows }, null, 1) + "\n");
   });
 }
