@@ -124,7 +124,12 @@ class PromptBatch {
     } finally {
       for (const a of [...embRows, ...pliRows]) a.dispose();
     }
-    this.caches = makeBatchCaches(lm.makeCache(cacheFactory), leftPadding, kv, maxLen);
+    try {
+      this.caches = makeBatchCaches(lm.makeCache(cacheFactory), leftPadding, kv, maxLen);
+    } catch (e) {
+      this.dispose();
+      throw e;
+    }
   }
 
   needsProcessing(): boolean {

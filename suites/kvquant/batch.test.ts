@@ -10,6 +10,8 @@
 //   indices; uniform: packed, scales, biases; unquantized: keys/values).
 // A case passes only when every call matches (oracle/kv_quant_batch.ts compareBatchGenerations);
 // an error mlx-vlm raises (mx.quantize's group-size check) must be the port's, same message.
+// Also the refusals before anything runs: a quantized donor read by KV-shared layers (mlx-vlm fails
+// inside attention), mixed key/value schemes (mlx-vlm's NotImplementedError).
 // Prompt shapes: three prompts of 20/5/13 tokens (left padding 15/7/0 after sorting; sliding
 // window 8 crossed in prefill and decode) in chunks of 8; quantized_kv_start 12 (<= the longest
 // prompt: quantized from the first token) with rows finishing at 2/7/4 tokens (filter, and a last
@@ -28,6 +30,9 @@ import { REPO_ROOT } from "../../oracle/client.ts";
 import { type BatchGenerationRecord, compareBatchGenerations, type KvQuantBatchCase, oracleBatchGenerations, portBatchGeneration } from "../../oracle/kv_quant_batch.ts";
 import { limit } from "../../tests/time_limit.ts";
 import { allFullFixture, e2bQuantizedFixture } from "./fixtures.ts";
+import { kvSharedBatchConflict, makeBatchCaches } from "../../model/cache/kv_quantize_batch.ts";
+import type { LanguageModel } from "../../model/gemma4/language.ts";
+import { VlmBatchGenerator } from "../../model/generate_batch_vlm.ts";
 
 const FULL = process.env.KVQUANT_FULL === "1";
 const CK = join(REPO_ROOT, ".cache", "checkpoints");
@@ -134,5 +139,28 @@ describe("batch generation with quantized KV caches vs mlx-vlm's BatchGenerator,
     expect(quant.filter((h, j) => h !== plain[j]).length).toBeGreaterThan(0);
     expect(refs[1]!.calls.some((c) => c.cache.some((x) => x.type === "BatchTurboQuantKVCache"))).toBe(true);
     expect(ran).toBe(CASES.length);
+  });
+});
+
+describe("the batch path's refusals, before anything runs", () => {
+  it("a quantized donor read by KV-shared layers: named, and refused by the generator", () => {
+    const F = "full_attention";
+    const S = "sliding_attention";
+    // non-shared F S S: layer 0 (full attention, not the last cache) is quantized and read by 3 and 5
+    const types = [F, S, S, F, S, F];
+    expect(kvSharedBatchConflict(types, 3)).toEqual({ donor: 0, readers: [3, 5] });
+    // c3_e2b / c4_e4b and real E2B/E4B: the full-attention donor is the last cache, left unquantized
+    expect(kvSharedBatchConflict([S, S, S, F, S, S, S, F], 4)).toBeNull();
+    expect(kvSharedBatchConflict([S, S, F, S, S, F], 3)).toBeNull();
+    const lm = { config: { layer_types: types, num_kv_shared_layers: 3 } } as unknown as LanguageModel;
+    expect(() => new VlmBatchGenerator(lm, [[1, 2, 3]], { maxTokens: 2, kv: { kvBits: 4, kvQuantScheme: "turboquant", quantizedKvStart: 0 } })).toThrow(
+      "KV-shared layer(s) 3, 5 read layer 0's cache, which mlx-vlm's batch path quantizes",
+    );
+  });
+
+  it("mixed key/value schemes: mlx-vlm's NotImplementedError message", () => {
+    expect(() => makeBatchCaches([], [0], { kvBits: 4, kvQuantScheme: "turboquant", kvValueScheme: "uniform", quantizedKvStart: 0 }, 3)).toThrow(
+      "mixed key/value KV quantization schemes are not supported on the batch path yet",
+    );
   });
 });
