@@ -187,20 +187,26 @@ export function speculativeFaceStream(a: Parsed, dir: string, loaded: LoadedMode
     if (!MTP_TYPES.includes(draftType)) throw new UsageError(`--draft-kind mtp needs a gemma4_assistant or gemma4_unified_assistant drafter, ${draftDir} is a ${draftType || "(no model_type)"}`);
     if (o.promptCache) throw new UsageError("--prompt-cache-file is not supported with an MTP drafter");
     const drafter: Gemma4AssistantDraftModel = loadAssistant(draftDir);
-    const inner = mtpGenerateStep(loaded.text, drafter, prompt, {
-      maxTokens: o.maxTokens,
-      prefillStepSize: o.prefillStepSize,
-      draftBlockSize: blockSize,
-      // mlx_vlm.generate --temp / --top-p / --top-k / --min-p / --seed: make_sampler on the global key
-      sampling: { temp: o.samplerOptions.temp ?? 0, topP: o.samplerOptions.topP, topK: o.samplerOptions.topK, minP: o.samplerOptions.minP },
-      seed: o.seed,
-      onRound: (r) => {
-        rounds++;
-        accepted += r.accepted;
-        drafted += r.drafted.length;
-      },
-    });
-    return { tokens: withStops(inner, eos, o.maxTokens), stats: () => statsLine(rounds, accepted, drafted), dispose: () => drafter.dispose() };
+    try {
+      const inner = mtpGenerateStep(loaded.text, drafter, prompt, {
+        maxTokens: o.maxTokens,
+        prefillStepSize: o.prefillStepSize,
+        draftBlockSize: blockSize,
+        // mlx_vlm.generate --temp / --top-p / --top-k / --min-p / --seed: make_sampler on the global key
+        sampling: { temp: o.samplerOptions.temp ?? 0, topP: o.samplerOptions.topP, topK: o.samplerOptions.topK, minP: o.samplerOptions.minP },
+        seed: o.seed,
+        onRound: (r) => {
+          rounds++;
+          accepted += r.accepted;
+          drafted += r.drafted.length;
+        },
+      });
+      return { tokens: withStops(inner, eos, o.maxTokens), stats: () => statsLine(rounds, accepted, drafted), dispose: () => drafter.dispose() };
+    } catch (e) {
+      // mtpGenerateStep's argument errors (the pairing, the sampling options) are bad input: exit 2
+      drafter.dispose();
+      throw new UsageError(`--draft-model ${draftDir}: ${(e as Error).message}`);
+    }
   }
   // A draft checkpoint: the same vocabulary and tokenizer as the target (mlx_lm.generate's check).
   const tInfo = inspectCheckpoint(dir);

@@ -5,7 +5,7 @@
 // decoding's tokens for the same seed (one key per emitted token in mlx-vlm's DFlash and MTP loops).
 // Bad input is one clear error, exit 2: a DFlash drafter for a target of another hidden size, or whose vocabulary
 // differs from the target's, a drafter kind this port does not run, --draft-kind other than
-// mtp/dflash.
+// mtp/dflash, a top-k past the vocabulary with a DFlash or an MTP drafter.
 import { afterAll, describe, expect, it } from "vitest";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -68,5 +68,9 @@ describe("npm run generate --draft-model: DFlash and the unified assistant", () 
     const dspark = drafterVariant(join(SP, "c1_dense_dflash"), "dspark", (c) => ((c.dflash_config as Record<string, unknown>).projector_type = "dspark"));
     expectClean(generate(["--model", C1, ...TOKENS, "--draft-model", dspark]), 2, /is a dspark drafter \(kind dflash\), which this port does not run/);
     expectClean(generate(["--model", C1, ...TOKENS, "--draft-model", join(SP, "c1_dense_dflash"), "--draft-kind", "eagle3"]), 2, /--draft-kind eagle3 is not supported/);
+    // sampling options the sampler refuses (top-k past the vocabulary), with each loop
+    for (const draft of [join(SP, "c1_dense_dflash"), join(SP, "c1_dense_unified_assistant")]) {
+      expectClean(generate(["--model", C1, ...TOKENS, "--temp", "0.5", "--top-k", "300", "--draft-model", draft]), 2, /`top_k` has to be an integer in the \(0, 256\] interval, but is 300/);
+    }
   }, limit(120_000));
 });
