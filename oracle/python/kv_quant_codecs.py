@@ -30,7 +30,23 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kv_quant_ref import leaves, sha  # noqa: E402
+
+
+def sha(a) -> str:
+    """sha256 of an array's bytes (bfloat16 as float32, as kv_quant_ref.py hashes)."""
+    a = np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a)
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def leaves(x) -> list:
+    """The arrays of a (nested) state tuple, in order; None has none."""
+    if x is None:
+        return []
+    if isinstance(x, mx.array):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [a for y in x for a in leaves(y)]
+    raise TypeError(type(x))
 
 
 def arr_record(a) -> dict:

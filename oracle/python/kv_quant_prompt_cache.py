@@ -43,7 +43,7 @@ from mlx.utils import tree_unflatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kv_quant_ref import cache_record  # noqa: E402
+from kv_quant_codecs import cache_record  # noqa: E402
 
 META_KEY = "mlx_vlm_meta_state"
 
