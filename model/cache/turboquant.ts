@@ -4,7 +4,7 @@
 // - TurboQuantKVCache with the MSE codec (mode "mse" for keys and values, as the cache builds
 //   them), key seed `seed`, value seed `seed + 1`; a fractional width B splits into keys floor(B)
 //   and values ceil(B) (resolve_kv_bits), each an integer-width MSE codec. The Split codec (a .5
-//   width given per key or value) is not ported: fromBits refuses it.
+//   width given per key or value) is TurboQuantSplitKVCache's (turboquant_split.ts); this class refuses it.
 // - Rotation: for a power-of-two head dim the randomized Hadamard transform, signs from numpy's
 //   np.random.default_rng(seed + dim*7919).choice([-1.0, 1.0], size=dim) (PCG64Generator);
 //   mx.hadamard_transform is not in the binding, so it is composed from add/subtract butterflies
@@ -364,7 +364,7 @@ export class TurboQuantKVCache implements KVCacheLike, QuantizedAttentionCache {
   constructor(bits: number, opts: TurboQuantOptions = {}) {
     [this.bits, this.keyBits, this.valueBits] = resolveKvBits(bits, opts.keyBits ?? null, opts.valueBits ?? null);
     for (const b of [this.keyBits, this.valueBits]) {
-      if (!Number.isInteger(b)) throw new KVQuantError(`a ${b}-bit key or value width runs mlx-vlm's split codec, which the port does not have yet`);
+      if (!Number.isInteger(b)) throw new KVQuantError(`a ${b}-bit key or value width runs mlx-vlm's split codec: use TurboQuantSplitKVCache (turboquant_split.ts; makeKvQuantizer picks it)`);
     }
     this.seed = opts.seed ?? DEFAULT_TURBOQUANT_SEED;
     this.opts = { rotation: opts.rotation };
