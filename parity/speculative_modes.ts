@@ -80,21 +80,25 @@ async function mtpMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
   const results: unknown[] = [];
   let ok = true;
   try {
-    const scenarios = [
+    const scenarios: { fx: string; drafter: string; P: number; N: number; sampling?: { temp: number; topK?: number; topP?: number; seed: number } }[] = [
       { fx: "c1_dense", drafter: "c1_dense_assistant", P: 3, N: 24 },
       { fx: "c1_dense", drafter: "c1_dense_assistant", P: 12, N: 40 },
       { fx: "c3_e2b", drafter: "c3_e2b_assistant", P: 9, N: 24 },
       { fx: "c3_e2b", drafter: "c3_e2b_assistant_ordered", P: 20, N: 24 },
       { fx: "c5_moe", drafter: "c5_moe_assistant", P: 3, N: 24 },
       { fx: "c1_dense", drafter: "c1_dense_unified_assistant", P: 3, N: 24 },
+      // sampled (mlx_vlm.generate --temp --seed): vs greedy reads as vs plain sampled decoding, same seed
+      { fx: "c1_dense", drafter: "c1_dense_unified_assistant", P: 3, N: 20, sampling: { temp: 0.1, seed: 3 } },
+      { fx: "c3_e2b", drafter: "c3_e2b_assistant_ordered", P: 3, N: 20, sampling: { temp: 0.5, topP: 0.5, seed: 1 } },
     ].filter((s) => selected(a)(s.fx));
     for (const s of scenarios) {
       const bar = new ProgressBar(`[mtp ${s.drafter}]`);
       bar.update(0, `P=${s.P} N=${s.N}`);
-      const r = await mtpParity(oracle, pool, { target: join(CK, s.fx, "f32"), drafter: join(SP, s.drafter), prompt: prompt(s.P), maxTokens: s.N });
+      const r = await mtpParity(oracle, pool, { target: join(CK, s.fx, "f32"), drafter: join(SP, s.drafter), prompt: prompt(s.P), maxTokens: s.N, sampling: s.sampling });
       ok &&= r.vsOracle.first === null && r.vsGreedy.first === null;
       results.push(r);
-      rows.push([s.drafter, `P=${s.P} N=${s.N}`, `${r.rounds} (${r.acceptRounds} with accepts, ${r.rejectRounds} with rejections)`, `${r.accepted}/${r.drafted}`, verdict(r.vsOracle), r.vsGreedy.first ? "DIFFERS" : "equal"]);
+      const samp = s.sampling ? ` temp ${s.sampling.temp}${s.sampling.topK ? ` top-k ${s.sampling.topK}` : ""}${s.sampling.topP ? ` top-p ${s.sampling.topP}` : ""} seed ${s.sampling.seed}` : "";
+      rows.push([s.drafter, `P=${s.P} N=${s.N}${samp}`, `${r.rounds} (${r.acceptRounds} with accepts, ${r.rejectRounds} with rejections)`, `${r.accepted}/${r.drafted}`, verdict(r.vsOracle), r.vsGreedy.first ? "DIFFERS" : "equal"]);
       bar.done(r.vsOracle.first ? "DIVERGES" : "bit-exact");
     }
     for (const [, fx] of FIXTURES.filter(([, f]) => selected(a)(f))) {
@@ -108,7 +112,7 @@ async function mtpMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
   } finally {
     pool.dispose();
   }
-  process.stdout.write(`\nMTP speculative decoding (gemma4_assistant drafters) vs mlx-vlm 0.7.10, round by round\n${textTable(["drafter", "run", "rounds", "accepted/drafted", "TS vs mlx-vlm", "vs greedy"], rows)}\n`);
+  process.stdout.write(`\nMTP speculative decoding (gemma4_assistant drafters) vs mlx-vlm 0.7.10, round by round\n${textTable(["drafter", "run", "rounds", "accepted/drafted", "TS vs mlx-vlm", "vs greedy / sampled"], rows)}\n`);
   process.stdout.write(`\nGemma4ExactSpeculativeVerifier vs mlx-vlm's\n${textTable(["model", "run", "TS vs mlx-vlm", "mlx-vlm verifier = its forward"], vrows)}\n`);
   process.stdout.write(`Report: ${writeReport(a, "mtp", results, ok)}\nVerdict: ${ok ? "PASS" : "FAIL"}\n`);
   return ok;
