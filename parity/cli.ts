@@ -32,6 +32,7 @@ import { type OpLevelSummary, type ParityReport, type ReferenceRow, type Referen
 import { SPECULATIVE_MODES } from "./speculative_modes.ts";
 import { BATCH_MODES, batchModeCheck } from "./batch_report.ts";
 import { KV_QUANT_FLAGS, kvQuantParityRun } from "./kv_quant_flags.ts";
+import { KV_BATCH_FLAG, kvQuantBatchParityRun } from "./kv_quant_batch_face.ts";
 
 // --mode NAME: one decoding mode against its oracle (each feature adds its runners here).
 const MODES: Record<string, (oracle: OracleClient, a: Parsed) => Promise<boolean>> = { ...SPECULATIVE_MODES, ...BATCH_MODES };
@@ -47,6 +48,7 @@ export const FLAGS: FlagSpec[] = [
   ...MEDIA_FLAGS,
   ...VIDEO_FLAGS,
   ...KV_QUANT_FLAGS,
+  KV_BATCH_FLAG,
   { name: "bisect", kind: "bool", help: "on a divergence, re-run the block of the first divergent tap op by op and name the first MLX op that differs" },
   { name: "only", kind: "string", valueName: "glob", help: "fixtures: only checkpoints whose id (e.g. c3_e2b/bf16) matches; '*' wildcards, several globs comma-separated" },
   { name: "skip-ops", kind: "bool", help: "fixtures: skip the op-level section" },
@@ -451,6 +453,9 @@ export async function parityPlan(argv: readonly string[]): Promise<ParityPlan | 
   }
   const budget: Budget = { ulp: Number(a.ulp), atol: Number(a.atol) };
   if (budget.ulp < 0 || budget.atol < 0) throw new UsageError("--ulp and --atol must be >= 0");
+  // --kv-batch-tokens: a batch through mlx-vlm's batch path with quantized caches (parity/kv_quant_batch_face.ts)
+  const kvBatch = kvQuantBatchParityRun(a);
+  if (kvBatch) return { a, dev, mode: () => kvBatch(), budget, spec: null };
   // --kv-bits: a KV-quantized --model run against mlx-vlm's generate_step (parity/kv_quant_flags.ts)
   if (a.video !== undefined || mode) kvQuantParityRun(a, null, null);
   if (a.video !== undefined) {

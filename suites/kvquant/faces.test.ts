@@ -7,7 +7,9 @@
 //   mlx-vlm's RotatingKVCache NYI); the messages are mlx-vlm's / MLX's where they exist;
 // - the same errors exit 2 with one stderr line when the faces run as processes (one run each);
 // - `npm run parity --kv-bits 3.5`: a passing KV-quantized run (the port vs mlx-vlm's
-//   generate_step per step) on c1_dense, in process.
+//   generate_step per step) on c1_dense, in process;
+// - `npm run parity --kv-batch-tokens`: its bad input, and a passing uniform batch run (the port's
+//   mlx-vlm batch path vs mlx-vlm's BatchGenerator, per next() call), in process.
 import { describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
 import { join } from "node:path";
@@ -90,5 +92,44 @@ describe("npm run parity --kv-bits", () => {
     const out = lines.join("");
     expect(out.match(/^step \d+: token \d+ =, logprobs =, caches = \(.*TurboQuantKVCache@\d+/gm)?.length).toBe(4);
     expect(out).toContain("PASS: 4 steps bit-exact");
+  }, limit(60_000));
+});
+
+describe("npm run parity --kv-batch-tokens (mlx-vlm's batch path)", () => {
+  const BATCH = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20;5,6,7,8,9;3,4,5,6,7,8,9,10,11,12,13,14,15";
+  it("bad input: one UsageError each, before any oracle starts", async () => {
+    const cases: { flags: string[]; message: string }[] = [
+      { flags: ["--kv-batch-tokens", BATCH], message: "--kv-batch-tokens needs --kv-bits (the batch path compared is the quantized one)" },
+      { flags: ["--kv-batch-tokens", "1,2;x", "--kv-bits", "4"], message: "--kv-batch-tokens: prompt 2 must be comma-separated token ids, got 'x'" },
+      // the batch path quantizes from the first token: mx.quantize's check on the head dim (32) at once
+      { flags: ["--kv-batch-tokens", BATCH, "--kv-bits", "4"], message: "[quantize] The last dimension of the matrix needs to be divisible by the quantization group size 64. The head dim is 32." },
+      { flags: ["--kv-batch-tokens", BATCH, "--kv-bits", "2.25"], message: "TurboQuant currently supports integer and .5 bit-widths, got 2.25." },
+      { flags: ["--kv-batch-tokens", BATCH, "--kv-bits", "4", "--tokens", "1,2"], message: "--kv-batch-tokens does not take --tokens" },
+    ];
+    for (const c of cases) {
+      const e = await rejection(parityPlan(["--model", C1, ...c.flags]));
+      expect(e).toBeInstanceOf(UsageError);
+      expect(e.message).toBe(c.message);
+    }
+  });
+
+  it("uniform 4 (group 32): equal at every call", async () => {
+    const plan = await parityPlan(["--model", C1, "--kv-batch-tokens", BATCH, "--steps", "3", "--prefill-step-size", "8", "--kv-bits", "4", "--kv-group-size", "32"]);
+    const lines: string[] = [];
+    const write = process.stdout.write.bind(process.stdout);
+    process.stdout.write = ((s: string) => {
+      lines.push(String(s));
+      return true;
+    }) as typeof process.stdout.write;
+    let ok: boolean;
+    try {
+      ok = await plan!.mode!(null as never, plan!.a);
+    } finally {
+      process.stdout.write = write;
+    }
+    expect(ok).toBe(true);
+    const out = lines.join("");
+    expect(out.match(/^call \d+: .*, equal$/gm)?.length).toBe(7);
+    expect(out).toContain("PASS: 7 calls, 9 tokens bit-exact");
   }, limit(60_000));
 });
