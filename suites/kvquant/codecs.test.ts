@@ -11,9 +11,10 @@
 //   and with mixed key/value schemes (HybridQuantKVCache: uniform keys, TurboQuant 4 or 3.5
 //   values) on c1_dense, per token: the token, the sha256 of its logprobs, every cache's type and
 //   offset, each quantized state leaf (shape, dtype, sha256) and meta_state, against mlx-vlm's
-//   generate_step. KVQUANT_FULL=1 runs the grid (11 generation cases: c1, c2_keqv, c5_moe, bf16
-//   fixtures, 12 tokens instead of 6); its results are in RESULTS.md.
-import { describe, expect, it } from "vitest";
+//   generate_step. KVQUANT_FULL=1 runs the grid (14 generation cases: c1, c2_keqv, c5_moe, bf16
+//   fixtures, the E2B-like fixture with a converted layer, 12 tokens instead of 6); its results are
+//   in RESULTS.md.
+import { afterAll, describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { join } from "node:path";
@@ -29,6 +30,7 @@ import { type LoadedModel, loadModel } from "../../model/gemma4/index.ts";
 import { generationModel } from "../../model/runtime.ts";
 import { DEFAULT_PYTHON, REPO_ROOT } from "../../oracle/client.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { e2bQuantizedFixture } from "./fixtures.ts";
 
 const FULL = process.env.KVQUANT_FULL === "1";
 const CK = join(REPO_ROOT, ".cache", "checkpoints");
@@ -117,6 +119,15 @@ const gen = (fx: string, bits: [number, number?, number?], P: number, start: num
   prefill_step_size: step,
 });
 
+// KVQUANT_FULL: the E2B-like fixture whose layer 0 is full attention (suites/kvquant/fixtures.ts,
+// built by kv_quant_ref.py's relayered_fixture): a converted cache with KV sharing and per-layer inputs
+const E2BQ = FULL ? e2bQuantizedFixture() : null;
+if (E2BQ) {
+  const r = spawnSync(DEFAULT_PYTHON, [join(REPO_ROOT, "oracle", "python", "kv_quant_ref.py")], { input: JSON.stringify(E2BQ.job), encoding: "utf8" });
+  if (r.status !== 0) throw new Error(`relayered_fixture failed: ${r.stderr.slice(-2000)}`);
+}
+afterAll(() => E2BQ?.remove());
+
 const GENS: GenCase[] = [
   gen("c1_dense", [4, 3.5], 20, 12, 8), // keys Split 3/4 bits, values MSE 4; converted mid-prefill (prefill and decode routes), window crossed
   gen("c3_e2b", [4, 3.5], 13, 0, 4), // E2B-like: its only convertible layer is the last cache: nothing converted
@@ -134,6 +145,9 @@ const GENS: GenCase[] = [
         gen("c2_keqv/bf16", [3, 2.5, 3.5], 5, 8, 2048),
         { ...gen("c2_keqv", [4], 20, 12, 8), label: "c2_keqv hybrid: keys uniform 4/g32, values TurboQuant 4, P20/start12/chunks8", kv_key_scheme: "uniform", kv_group_size: 32 },
         { ...gen("c5_moe", [8, undefined, 3.5], 13, 0, 4), label: "c5_moe hybrid: uniform 8/g32 keys, values TurboQuant 3.5 (Split), P13/start0/chunks4", kv_quant_scheme: "uniform" as const, kv_value_scheme: "turboquant", kv_group_size: 32 },
+        { ...gen("c3_e2b", [4, 3.5], 20, 12, 8), checkpoint: E2BQ!.dir, label: "e2b-like (layer 0 full) bits 4 key 3.5, P20/start12/chunks8" },
+        { ...gen("c3_e2b", [3, 2.5, 3.5], 5, 8, 2048), checkpoint: E2BQ!.dir, label: "e2b-like (layer 0 full) bits 3 key 2.5 value 3.5, P5/start8" },
+        { ...gen("c3_e2b", [4, undefined, 3.5], 13, 0, 4), checkpoint: E2BQ!.dir, label: "e2b-like (layer 0 full) hybrid: uniform 4/g32 keys, TurboQuant 3.5 values, P13/start0/chunks4", kv_quant_scheme: "uniform" as const, kv_value_scheme: "turboquant", kv_group_size: 32 },
       ]
     : []),
 ];
