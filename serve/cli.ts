@@ -9,7 +9,9 @@ import { batchModel } from "../model/generate_batch.ts";
 import { generationModel, loadGenerationModel } from "../model/runtime.ts";
 import { loadWithAdapters } from "../model/fuse.ts";
 import { AdapterError } from "../model/tuner/utils.ts";
-import { checkCheckpoint } from "../model/gemma4/index.ts";
+import { checkCheckpoint, loadMultimodalModel } from "../model/gemma4/index.ts";
+import { checkpointTowers } from "../parity/media.ts";
+import type { ServedMedia } from "./media.ts";
 import { type FlagSpec, helpText, parseArgs, runMain, UsageError } from "../parity/args.ts";
 import { applyDeviceFlag, DEVICE_FLAG } from "../parity/device.ts";
 import { inspectCheckpoint } from "../parity/inputs.ts";
@@ -157,6 +159,15 @@ async function main(argv: string[]): Promise<number> {
   }
   const model = generationModel(loaded);
   if (draftDir !== null) draft = loadGenerationModel(draftDir).model;
+  // images and audio in messages (serve/media.ts) when the checkpoint has a tower: its multimodal
+  // model is loaded beside the text model (their weights are not shared); not with
+  // --record-schedule (the replay has no media) nor with --adapter-path (the towers' model would
+  // lack the adapters)
+  let media: ServedMedia | null = null;
+  if (info.modelType === "gemma4" && typeof a["record-schedule"] !== "string" && adapterPath === null) {
+    const towers = checkpointTowers(a.model);
+    if (towers.vision || towers.audio) media = { dir: a.model, model: loadMultimodalModel(a.model).model, config: towers.config, towers: { vision: towers.vision, audio: towers.audio } };
+  }
   const log = (line: string) => process.stderr.write(`${new Date().toISOString()} ${line}\n`);
   // no max_position_embeddings refusal at insert: mlx_lm.server's BatchGenerator has none (the prompt limit is --max-prompt-tokens)
   const batched = { ...batchModel(loaded), maxPositions: undefined };
@@ -188,6 +199,7 @@ async function main(argv: string[]): Promise<number> {
         vocabSize: Number(info.text.vocab_size ?? 262144),
         defaults: { maxTokens: Number(a["max-tokens"]), temp, topP, topK: Number(a["top-k"]), minP, numDraftTokens },
         hasDraft: draft !== null,
+        media,
         chatTemplateArgs: chatTemplateArgs as Record<string, unknown>,
         systemFingerprint: `gemma4-parity-serve-${process.platform}-${process.arch}-${dev.device}${dev.gpu ? `-${dev.gpu}` : ""}`,
         log: (line) => (verbose || line.startsWith("error") ? log(line) : undefined),

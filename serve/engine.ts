@@ -63,6 +63,8 @@ export interface EngineRequest {
   maxTokens: number;
   sampler: SamplerOptions;
   seed: number | null;
+  /** A request with images or audio (serve/media.ts): run alone through its own prefill, without the prompt cache; the engine disposes it. */
+  media?: { generate: GenerateModel; chunked: boolean; dispose(): void };
   /** num_draft_tokens (the request's, else --num-draft-tokens): used only with a draft model. */
   numDraftTokens?: number;
   topLogprobs: number;
@@ -276,10 +278,11 @@ export class Engine {
       const job = this.drain ? undefined : (this.pushedBack.pop() ?? this.waiting.shift());
       if (job) {
         if (this.cancelled(job)) {
+          job.req.media?.dispose();
           job.ch.end();
           continue;
         }
-        const batchable = job.req.seed === null && !this.opts.draft;
+        const batchable = job.req.seed === null && !this.opts.draft && !job.req.media;
         if (this.gen && batchable) this.insert(job);
         else if (!this.gen) {
           if (!batchable) await this.serveSingle(job);
@@ -495,7 +498,16 @@ export class Engine {
     try {
       // mlx_lm.server seeds before it fetches the cache (a copy draws nothing from the random state)
       const draft = this.opts.draft;
-      if (draft) {
+      if (req.media) {
+        req.onCached?.(0);
+        steps = generateStep(req.media.generate, req.prompt, {
+          maxTokens: req.maxTokens,
+          sampler: this.sampler(req.sampler),
+          prefillStepSize: this.opts.prefillStepSize,
+          chunkedPrefill: req.media.chunked,
+          ...(req.seed !== null ? { seed: req.seed } : {}),
+        });
+      } else if (draft) {
         // speculative decoding from fresh target and draft caches: no prompt cache with a draft model (README, Serving)
         req.onCached?.(0);
         steps = speculativeGenerateStep(this.model, draft, req.prompt, {
@@ -554,6 +566,7 @@ export class Engine {
       job.ch.fail(e as Error);
     } finally {
       await steps?.return(undefined);
+      req.media?.dispose();
       if (cache && !inserted) disposeList(cache);
       this.record({ event: "single", request: job.n, tag: req.tag ?? null, prompt: req.prompt, cached, max_tokens: req.maxTokens, seed: req.seed, sampler: samplerRecord(req.sampler), prefill_step_size: this.opts.prefillStepSize, reason, tokens, logprobs, logprobs_sha256: shas });
     }
@@ -567,7 +580,10 @@ export class Engine {
       a.job.ch.fail(new Error("the server is shutting down"));
     }
     this.active.clear();
-    for (const j of [...this.waiting, ...this.pushedBack]) j.ch.fail(new Error("the server is shutting down"));
+    for (const j of [...this.waiting, ...this.pushedBack]) {
+      j.req.media?.dispose();
+      j.ch.fail(new Error("the server is shutting down"));
+    }
     if (this.gen) this.closeSession();
     this.prefix?.dispose();
     this.wake?.();

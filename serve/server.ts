@@ -19,6 +19,7 @@ import { makeStopSequences } from "./text_state.ts";
 import type { ServedTokenizer } from "./tokenizer.ts";
 import type { CacheType } from "./prompt_cache.ts";
 import { makeServedTextStateMachine, ToolCallFormatter, toolCallingFor } from "./tools.ts";
+import { hasMedia, MediaRequestError, type MediaRun, mediaPrompt, prepareMediaRun, type ServedMedia } from "./media.ts";
 
 export interface ServerConfig {
   host: string;
@@ -38,6 +39,8 @@ export interface ServerConfig {
   /** --draft-model given: num_draft_tokens must then be at least 1. */
   hasDraft?: boolean;
   chatTemplateArgs: Record<string, unknown>;
+  /** The checkpoint's towers (serve/media.ts), when it has one and media are served; else image and audio parts are refused. */
+  media?: ServedMedia | null;
   systemFingerprint: string;
   log: (line: string) => void;
 }
@@ -55,6 +58,8 @@ interface Built {
   segments: number[][];
   segmentTypes: CacheType[];
   cached?: number;
+  /** A request with images or audio: its own prefill (the engine disposes it). */
+  media?: MediaRun;
 }
 
 interface Ctx {
@@ -78,6 +83,13 @@ export function corsHeaders(cfg: Pick<ServerConfig, "allowedOrigins">, origin: s
 
 function json(status: number, body: string, extra: Record<string, string> = {}): Response {
   return new Response(body, { status, headers: { "Content-type": "application/json", ...extra } });
+}
+
+/** body.get("tools") or None: any falsy value is no tools. */
+function toolsOf(body: Record<string, PyJson>): unknown[] | null {
+  const t = body.tools;
+  if (t === undefined || t === null || t === false || t === 0 || t === "" || (Array.isArray(t) && t.length === 0) || (isDict(t) && Object.keys(t).length === 0)) return null;
+  return plain(t) as unknown[];
 }
 
 function isDict(v: PyJson): boolean {
@@ -143,15 +155,43 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run"> & Par
     const messages = chatMessages(body.messages!);
     if (!tok.hasChatTemplate) throw new Error("the checkpoint has no chat template (mlx_lm.server's role_mapping fallback is not ported)");
     const kwargs = { ...cfg.chatTemplateArgs, ...(args.chatTemplateKwargs ?? {}) };
-    // body.get("tools") or None: any falsy value is no tools
-    const rawTools = body.tools;
-    const tools = rawTools === undefined || rawTools === null || rawTools === false || rawTools === 0 || rawTools === "" || (Array.isArray(rawTools) && rawTools.length === 0) || (isDict(rawTools) && Object.keys(rawTools).length === 0) ? null : (plain(rawTools) as unknown[]);
+    const tools = toolsOf(body);
     const text = tok.renderChat(messages, kwargs, true, tools);
     const prompt = tok.encode(text, false);
     let initialState = "normal";
     const th = tok.thinking;
     if (th && rfind(prompt, th.startTokens) > rfind(prompt, th.endTokens)) initialState = "reasoning";
     return { prompt, initialState, ...chatSegments(messages, prompt, kwargs, tools) };
+  };
+
+  /** A chat request with images or audio, as mlx-vlm's server builds its prompt (serve/media.ts); bad media are a 400. */
+  const tokenizeMedia = async (body: Record<string, PyJson>, args: GenerationArgs): Promise<Built> => {
+    let mp;
+    try {
+      mp = mediaPrompt(plain(body.messages!) as unknown[]);
+    } catch (e) {
+      if (e instanceof MediaRequestError) throw new RequestError(400, e.message);
+      throw e;
+    }
+    // mlx-vlm's server renders with enable_thinking off unless asked
+    const kwargs = { enable_thinking: false, ...cfg.chatTemplateArgs, ...(args.chatTemplateKwargs ?? {}) };
+    let ids: number[];
+    try {
+      ids = tok.encode(tok.renderChat(mp.messages, kwargs, true, toolsOf(body)), false);
+    } catch (e) {
+      throw new RequestError(404, (e as Error).message);
+    }
+    let prepared;
+    try {
+      prepared = await prepareMediaRun(cfg.media!, ids, mp);
+    } catch (e) {
+      if (e instanceof MediaRequestError) throw new RequestError(400, e.message);
+      throw e;
+    }
+    let initialState = "normal";
+    const th = tok.thinking;
+    if (th && rfind(prepared.ids, th.startTokens) > rfind(prepared.ids, th.endTokens)) initialState = "reasoning";
+    return { prompt: prepared.ids, initialState, segments: [prepared.ids], segmentTypes: ["assistant"], media: prepared.run };
   };
 
   /**
@@ -264,12 +304,16 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run"> & Par
       throw new RequestError(404, `model '${args.model}' is not served here: this server serves only the model it was started with (use "default_model", "${cfg.modelArg}" or "${cfg.modelId}", or leave 'model' out); it never loads another path`);
     }
     let built: Built;
-    try {
-      built = tokenize(kind, body, args);
-    } catch (e) {
-      throw new RequestError(404, (e as Error).message);
+    if (kind === "chat" && cfg.media && hasMedia(body.messages)) built = await tokenizeMedia(body, args);
+    else {
+      try {
+        built = tokenize(kind, body, args);
+      } catch (e) {
+        throw new RequestError(404, (e as Error).message);
+      }
     }
     if (built.prompt.length > cfg.maxPromptTokens) {
+      built.media?.dispose();
       throw new RequestError(400, `the prompt has ${built.prompt.length} tokens, more than this server's limit of ${cfg.maxPromptTokens} (--max-prompt-tokens)`);
     }
     const ctx: Ctx = {
@@ -292,6 +336,7 @@ export function startServer(cfg: ServerConfig, engine: Pick<Engine, "run"> & Par
       cancelled: () => gone || req.signal.aborted,
       tag: ctx.id,
       segments: built.segments,
+      ...(built.media ? { media: built.media } : {}),
       segmentTypes: built.segmentTypes,
       onCached: (n) => void (built.cached = n),
     });
