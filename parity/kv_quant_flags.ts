@@ -130,7 +130,7 @@ export function kvQuantParityRun(a: Parsed, spec: KvQuantParitySpec | null, text
     const c = compareGenerations(got, want);
     process.stdout.write(`KV quantization ${turboquantEnabled(k.kvBits, k.kvQuantScheme) ? "TurboQuant" : "uniform"} ${k.kvBits} bits, quantized_kv_start ${k.quantizedKvStart}: the port vs mlx-vlm's generate_step, per step\n`);
     for (const l of lines) process.stdout.write(`${l}\n`);
-    process.stdout.write(c.firstMismatch === null ? `PASS: ${c.tokens} steps bit-exact (tokens, logprobs, ${c.turboCaches} TurboQuant cache(s), ${c.quantizedArrays} state arrays)\n` : `FAIL: ${c.firstMismatch}\n`);
+    process.stdout.write(c.firstMismatch === null ? `PASS: ${c.tokens} steps bit-exact (tokens, logprobs, ${c.turboCaches} quantized cache(s), ${c.quantizedArrays} state arrays)\n` : `FAIL: ${c.firstMismatch}\n`);
     return c.firstMismatch === null;
   };
 }
