@@ -14,7 +14,9 @@
 // - the generate face (`npm run generate -- --prompt-cache-file F --tokens …`) on mlx-vlm's file
 //   prints mlx-vlm's continuation tokens;
 // - mlx-vlm's inherited TurboQuantKVCache.from_state is checked to fail as the loader's comment
-//   says (why the Python loader builds the cache with __init__ and sets state + meta_state).
+//   says (why the Python loader builds the cache with __init__ and sets state + meta_state);
+// - bad input to the loader (broken meta_state JSON, a missing tensor, an unknown class) is one
+//   PromptCacheError each; a Split-codec cache is refused at save.
 import { afterAll, describe, expect, test } from "vitest";
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
@@ -22,9 +24,11 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
-import type { KVCacheLike } from "../../model/cache/index.ts";
+import { KVCache, type KVCacheLike } from "../../model/cache/index.ts";
 import { makeKvQuantizer } from "../../model/cache/kv_quantize.ts";
-import { loadPromptCache, savePromptCache, VLM_META_STATE_KEY } from "../../model/cache/prompt_cache.ts";
+import { loadPromptCache, PromptCacheError, savePromptCache, VLM_META_STATE_KEY } from "../../model/cache/prompt_cache.ts";
+import { TurboQuantKVCache } from "../../model/cache/turboquant.ts";
+import { TurboQuantSplitKVCache } from "../../model/cache/turboquant_split.ts";
 import { generateStep, type GenerateModel } from "../../model/generate.ts";
 import { loadModel } from "../../model/gemma4/index.ts";
 import { generationModel } from "../../model/runtime.ts";
@@ -144,4 +148,58 @@ describe("prompt-cache files with a TurboQuant cache: port <-> mlx-vlm", () => {
     expect(probe.error).toEqual({ type: "AttributeError", message: "'TurboQuantKVCache' object has no attribute 'key_codec'" });
     loaded.model.dispose();
   }, limit(60_000));
+});
+
+describe("the interop format: bad input is one clear error", () => {
+  test("a broken or mismatched mlx_vlm_meta_state, a missing TurboQuant tensor, a Split cache to save", () => {
+    // a small file of one TurboQuant cache and one KVCache, written by the port (no model needed)
+    const t = new TurboQuantKVCache(4);
+    const kv = new KVCache();
+    const file = join(tmp, "small.safetensors");
+    mx.random.seed(1);
+    using k = mx.random.normal({ shape: [1, 2, 3, 32] });
+    using v = mx.random.normal({ shape: [1, 2, 3, 32] });
+    for (const a of [...t.updateAndFetch(k, v), ...kv.updateAndFetch(k, v)]) a.dispose();
+    try {
+      savePromptCache(file, [t, kv]);
+    } finally {
+      t.dispose();
+      kv.dispose();
+    }
+    const rewrite = (name: string, edit: (arrays: Map<string, mx.MlxArray>, meta: Record<string, string>) => void): string => {
+      const { arrays, metadata } = mx.loadSafetensors(file);
+      try {
+        edit(arrays, metadata);
+        const out = join(tmp, name);
+        mx.saveSafetensors(out, arrays, metadata);
+        return out;
+      } finally {
+        for (const a of arrays.values()) a.dispose();
+      }
+    };
+    const back = loadPromptCache(file);
+    expect(back.cache.map((c) => c.constructor.name)).toEqual(["TurboQuantKVCache", "KVCache"]);
+    for (const c of back.cache) c.dispose();
+    const cases: [string, string, RegExp][] = [
+      ["not JSON", rewrite("a.safetensors", (_, m) => (m[`0.${VLM_META_STATE_KEY}`] = "[")), /\[0\.mlx_vlm_meta_state\]: not JSON/],
+      ["one meta_state short", rewrite("b.safetensors", (_, m) => (m[`0.${VLM_META_STATE_KEY}`] = '[["3","4.0","0","4.0","4.0"]]')), /must be a JSON list of 2 meta_states/],
+      ["a TurboQuant tensor missing", rewrite("c.safetensors", (a) => { a.get("0.1.1")!.dispose(); a.delete("0.1.1"); }), /\[0\.1\.1\]: missing tensor/],
+      ["an unknown class", rewrite("d.safetensors", (_, m) => (m["1.0"] = "PolarKVCache")), /unsupported cache class "PolarKVCache"/],
+    ];
+    let ran = 0;
+    for (const [, f, re] of cases) {
+      expect(() => loadPromptCache(f)).toThrow(PromptCacheError);
+      expect(() => loadPromptCache(f)).toThrow(re);
+      ran++;
+    }
+    expect(ran).toBe(4);
+    // mlx-vlm cannot restore a Split codec from a file (its outlier dims are in neither state nor meta_state)
+    const s = new TurboQuantSplitKVCache(4, { keyBits: 3.5 });
+    try {
+      for (const a of s.updateAndFetch(k, v)) a.dispose();
+      expect(() => savePromptCache(join(tmp, "split.safetensors"), [s])).toThrow(/cannot save a TurboQuantSplitKVCache/);
+    } finally {
+      s.dispose();
+    }
+  });
 });
