@@ -14,6 +14,7 @@
 //   generate_step. KVQUANT_FULL=1 runs the grid (14 generation cases: c1, c2_keqv, c5_moe, bf16
 //   fixtures, the E2B-like fixture with a converted layer, 12 tokens instead of 6); its results are
 //   in RESULTS.md.
+// - no MLX handle leaks through a Split and a Hybrid cache's lifecycle.
 import { afterAll, describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
@@ -26,6 +27,7 @@ import { TurboQuantKVCache } from "../../model/cache/turboquant.ts";
 import { HybridQuantKVCache } from "../../model/cache/turboquant_hybrid.ts";
 import { TurboQuantSplitCodec, TurboQuantSplitKVCache } from "../../model/cache/turboquant_split.ts";
 import { generateStep } from "../../model/generate.ts";
+import { fromLegacy } from "../../model/kv_quant.ts";
 import { type LoadedModel, loadModel } from "../../model/gemma4/index.ts";
 import { generationModel } from "../../model/runtime.ts";
 import { DEFAULT_PYTHON, REPO_ROOT } from "../../oracle/client.ts";
@@ -246,4 +248,36 @@ describe("generation with a Split codec or a HybridQuantKVCache vs mlx-vlm's gen
       expect(converted).toBe(g.checkpoint.includes("c3_e2b") ? 0 : 1);
     }, limit(60_000));
   }
+});
+
+describe("Split and Hybrid caches dispose what they create", () => {
+  it("a full lifecycle (update, update, trim, decode and prefill attention, state, dispose) leaves no MLX handle behind", () => {
+    mx.random.seed(0);
+    using k = mx.random.normal({ shape: [1, 2, 5, 32] });
+    using v = mx.random.normal({ shape: [1, 2, 5, 32] });
+    using k1 = mx.random.normal({ shape: [1, 2, 1, 32] });
+    using q = mx.random.normal({ shape: [1, 4, 1, 32] });
+    using q3 = mx.random.normal({ shape: [1, 4, 3, 32] });
+    const before = mx.liveHandles();
+    let rounds = 0;
+    for (let r = 0; r < 2; r++) {
+      const c = new TurboQuantSplitKVCache(3, { keyBits: 2.5, valueBits: 3.5 });
+      for (const a of c.updateAndFetch(k, v)) a.dispose();
+      for (const a of c.updateAndFetch(k1, k1)) a.dispose();
+      c.trim(2);
+      c.quantizedAttention(q, 1, null).dispose();
+      c.quantizedAttention(q3, 1, "causal").dispose();
+      for (const a of c.state) a.dispose();
+      c.dispose();
+      const h = new HybridQuantKVCache(fromLegacy({ kvBits: 4, kvQuantScheme: "uniform", kvGroupSize: 32, kvValueScheme: "turboquant", kvValueBits: 3.5 })!);
+      for (const a of h.updateAndFetch(k, v)) a.dispose();
+      for (const a of h.updateAndFetch(k1, k1)) a.dispose();
+      h.trim(1);
+      for (const a of h.state) a.dispose();
+      h.dispose();
+      rounds++;
+    }
+    expect(rounds).toBe(2);
+    expect(mx.liveHandles() - before).toBe(0);
+  });
 });
