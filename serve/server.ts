@@ -9,8 +9,9 @@
 //
 // Safety (this server's, documented in the README's "Serving" section): an optional bearer key
 // (401), only the model named at start (404 for another `model`), a body limit (413), a prompt
-// limit and a max_tokens limit (400), no CORS header unless --allowed-origins is given, image
-// parts refused (never fetched), and a client that goes away stops its generation.
+// limit and a max_tokens limit (400), no CORS header unless --allowed-origins is given, images
+// and audio only as inline base64 (never fetched, no path read; serve/media.ts), and a client
+// that goes away stops its generation.
 import { timingSafeEqual } from "node:crypto";
 import type { Engine, TokenResponse } from "./engine.ts";
 import { dumps, loads, type Out, plain, PyFloat, type PyJson } from "./json.ts";

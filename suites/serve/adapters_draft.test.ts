@@ -53,8 +53,8 @@ interface Pair {
 let spec: Pair;
 let adaptersOnly: Pair | null = null;
 
-async function post(s: ServerProcess, path: string, body: string): Promise<{ status: number; body: string }> {
-  const r = await fetch(`${s.url}${path}`, { method: "POST", body, headers: { "Content-Type": "application/json" }, signal: AbortSignal.timeout(CASE) });
+async function post(s: ServerProcess, path: string, body: string, ms = CASE): Promise<{ status: number; body: string }> {
+  const r = await fetch(`${s.url}${path}`, { method: "POST", body, headers: { "Content-Type": "application/json" }, signal: AbortSignal.timeout(ms) });
   return { status: r.status, body: await r.text() };
 }
 
@@ -104,7 +104,7 @@ async function startPair(name: string, flags: string[]): Promise<Pair> {
   }
   const pair = { ref: ok.find((s) => s.name.startsWith("mlx_lm"))!, ts: ok.find((s) => s.name.startsWith("npm"))! };
   // mlx_lm.server loads the model (and draft) in its generation thread after /health answers
-  await Promise.all([pair.ref, pair.ts].map((s) => post(s, "/v1/completions", JSON.stringify({ prompt: "warm up", max_tokens: 1 }))));
+  await Promise.all([pair.ref, pair.ts].map((s) => post(s, "/v1/completions", JSON.stringify({ prompt: "warm up", max_tokens: 1 }), START)));
   return pair;
 }
 

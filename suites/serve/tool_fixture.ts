@@ -11,7 +11,8 @@
 // The template is not Google's Gemma 4 template: it is small, written here, and uses only Jinja
 // that Python's jinja2 and @huggingface/jinja render alike (explicit whitespace control, no
 // tojson), since the point is the server's handling of tools, not template features.
-import { existsSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { existsSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 
 export const RENAMED: [string, string][] = [
@@ -57,8 +58,20 @@ export const TOOL_TEMPLATE = [
   `{%- if add_generation_prompt -%}{{- '<start_of_turn>model' -}}${NL}{%- endif -%}`,
 ].join("");
 
-/** Writes the tool fixture into `out` from the tokenizer fixture in `from` (rebuilt every time: it is small apart from the linked weights). */
+/** What the fixture is built from: the template, the renames and the source files' sizes and times. */
+function stampOf(from: string): string {
+  const h = createHash("sha256").update(TOOL_TEMPLATE).update(JSON.stringify(RENAMED));
+  for (const f of ["tokenizer.json", "tokenizer_config.json", "config.json", "model.safetensors"]) {
+    const st = statSync(join(from, f));
+    h.update(`${f}:${st.size}:${st.mtimeMs}`);
+  }
+  return h.digest("hex");
+}
+
+/** Writes the tool fixture into `out` from the tokenizer fixture in `from` (kept while its stamp matches). */
 export function buildToolFixture(from: string, out: string): void {
+  const stamp = stampOf(from);
+  if (existsSync(join(out, "stamp")) && readFileSync(join(out, "stamp"), "utf8") === stamp) return;
   rmSync(out, { recursive: true, force: true });
   mkdirSync(out, { recursive: true });
   const rename = new Map(RENAMED);
@@ -87,4 +100,5 @@ export function buildToolFixture(from: string, out: string): void {
   for (const f of ["model.safetensors", "model.safetensors.index.json"]) {
     if (existsSync(join(from, f))) symlinkSync(resolve(from, f), join(out, f));
   }
+  writeFileSync(join(out, "stamp"), stamp);
 }

@@ -93,8 +93,10 @@ async function post(url: string, path: string, body: string): Promise<{ status: 
 beforeAll(async () => {
   const t0 = performance.now();
   await (await sharedOracle()).request("make_checkpoints", { tokenizer_from: SOURCE, out: SOURCE_FIXTURE }, START);
+  const tOracle = performance.now();
   buildToolFixture(SOURCE_FIXTURE, DIR);
   tok = await loadServedTokenizer(DIR);
+  const tTok = performance.now();
   // every case twice (non-streaming, then streaming): one script per request, in order, on both sides
   const scripts = CASES.flatMap((c) => [0, 1].map(() => ({ ids: tok.encode(c.script, false), finish: c.finish })));
   const scriptsFile = join(REPO_ROOT, ".cache", "serve-tools-scripts.json");
@@ -138,7 +140,8 @@ beforeAll(async () => {
     tok,
   );
   ref = await refStarting;
-  console.log(`tools start-up: ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+  const s = (a: number, b: number) => ((b - a) / 1000).toFixed(1);
+  console.log(`tools start-up: ${s(t0, performance.now())} s (oracle fixture check ${s(t0, tOracle)} s, tool fixture and tokenizer ${s(tOracle, tTok)} s, scripted mlx_lm.server ${s(tTok, performance.now())} s)`);
 }, 2 * START);
 
 afterAll(async () => {
