@@ -15,6 +15,9 @@ Commands (one JSON job on argv[1] or stdin, one JSON reply on stdout):
   driven directly (as kv_quant_ref.py's cache_ops): update, trim, update, a decode attention
   (q (1, 2H, 1, D)) and a prefill one (q (1, 2H, 3, D), causal); the codecs' outlier index sets,
   the state leaves' records, the outputs' sha256.
+  For an MSE codec (or Split half) whose dim is not a power of two, its rotation matrix (numpy QR,
+  float32 hex, keyed "dim:seed"): not portable, so the port takes it as an input.
+- codebooks {dims, bits}: mlx-vlm's run-time codebooks (float32 hex), to check the carried ones.
 - many {jobs}: several jobs, one process.
 """
 from __future__ import annotations
@@ -158,15 +161,32 @@ def cmd_split_ops(job: dict) -> dict:
             return {"low": [int(i) for i in np.array(codec.low_idx)], "high": [int(i) for i in np.array(codec.high_idx)]}
         return None
 
-    return {"trimmed": trimmed, "offset": c.offset, "meta_state": list(c.meta_state), "cache": cache_record(c),
+    # the numpy-QR rotation of every MSE codec whose dim is not a power of two (not portable: the
+    # port takes these as inputs), keyed "dim:seed"
+    rotations = {}
+    for codec, seed in ((c.key_codec, c.seed), (c.value_codec, c.seed + 1)):
+        subs = [(codec.low_codec, seed), (codec.high_codec, seed + 97)] if isinstance(codec, _SplitCodec) else [(codec, seed)]
+        for sub, s in subs:
+            if sub.dim & (sub.dim - 1):
+                rotations[f"{sub.dim}:{s}"] = np.array(sub.rotation).astype(np.float32).tobytes().hex()
+
+    return {"rotations": rotations, "trimmed": trimmed, "offset": c.offset, "meta_state": list(c.meta_state), "cache": cache_record(c),
             "key_split": idx(c.key_codec), "value_split": idx(c.value_codec), "decode": sha(out1), "prefill": sha(out3)}
+
+
+def cmd_codebooks(job: dict) -> dict:
+    """mlx_vlm.turboquant._codebook(dim, bits) as float32 hex, per "dim:bits" (this machine's numpy)."""
+    from mlx_vlm.turboquant import _codebook
+    return {f"{d}:{b}": [f"{int(x):08x}" for x in np.array(_codebook(int(d), int(b))).astype(np.float32).view(np.uint32)]
+            for d in job["dims"] for b in job["bits"]}
 
 
 def cmd_many(job: dict) -> dict:
     return {"results": [COMMANDS[j["command"]](j) for j in job["jobs"]]}
 
 
-COMMANDS = {"reachability": cmd_reachability, "generate": cmd_generate, "split_ops": cmd_split_ops, "many": cmd_many}
+COMMANDS = {"reachability": cmd_reachability, "generate": cmd_generate, "split_ops": cmd_split_ops, "codebooks": cmd_codebooks,
+            "many": cmd_many}
 
 
 def main() -> None:

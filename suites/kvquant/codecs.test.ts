@@ -4,9 +4,11 @@
 //   the Prod (QJL) codec is chosen only where mode == "prod" and every call passes mode "mse";
 //   the Polar codec (_TurboQuantPolarProdCodec) is constructed nowhere; the Split codec is built
 //   by _build_codec for a .5 width; HybridQuantKVCache by maybe_quantize_kv_cache;
+// - the carried codebooks of the Split halves' dims (16, 24) against mlx-vlm's run-time values;
 // - the Split codec (model/cache/turboquant_split.ts) driven directly as a TurboQuantKVCache
 //   (update, trim, update, decode and prefill attention): its outlier index sets, every state
-//   leaf (shape, dtype, sha256), meta_state and both attention outputs (sha256) equal mlx-vlm's;
+//   leaf (shape, dtype, sha256), meta_state and both attention outputs (sha256) equal mlx-vlm's
+//   (D=48: halves of 24, so mlx-vlm's numpy-QR rotation matrices are taken as an input);
 // - greedy generation with a Split codec (kv_key_bits / kv_value_bits .5) on c1_dense and c3_e2b,
 //   and with mixed key/value schemes (HybridQuantKVCache: uniform keys, TurboQuant 4 or 3.5
 //   values) on c1_dense, per token: the token, the sha256 of its logprobs, every cache's type and
@@ -23,7 +25,7 @@ import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import type { KVCacheLike } from "../../model/cache/index.ts";
 import { makeKvQuantizer } from "../../model/cache/kv_quantize.ts";
-import { TurboQuantKVCache } from "../../model/cache/turboquant.ts";
+import { codebookValues, TurboQuantKVCache } from "../../model/cache/turboquant.ts";
 import { HybridQuantKVCache } from "../../model/cache/turboquant_hybrid.ts";
 import { TurboQuantSplitCodec, TurboQuantSplitKVCache } from "../../model/cache/turboquant_split.ts";
 import { generateStep } from "../../model/generate.ts";
@@ -90,7 +92,12 @@ const OPS: OpsCase[] = [
   { seed: 3, heads: 2, dim: 32, prompt: 9, more: 3, trim: 4, bits: 4, key_bits: 3.5 },
   { seed: 4, heads: 1, dim: 256, prompt: 20, more: 2, trim: 5, bits: 3, key_bits: 2.5, value_bits: 3.5 },
   { seed: 5, heads: 2, dim: 64, prompt: 4, more: 1, trim: 9, bits: 2, value_bits: 1.5 },
+  // D=48: Split halves of 24 and MSE values of 48 rotate with mlx-vlm's numpy-QR matrices, taken as inputs
+  { seed: 6, heads: 2, dim: 48, prompt: 7, more: 2, trim: 3, bits: 4, key_bits: 3.5 },
 ];
+// the carried codebooks of the Split halves' dims (added for these tests) against mlx-vlm's run-time values
+const SPLIT_CODEBOOK_DIMS = [16, 24];
+const SPLIT_CODEBOOK_BITS = FULL ? [1, 2, 3, 4, 5, 6, 7, 8] : [2, 3, 4];
 
 interface GenCase {
   label: string;
@@ -156,9 +163,9 @@ const GENS: GenCase[] = [
 
 const ref = oracle({
   command: "many",
-  jobs: [{ command: "reachability" }, ...OPS.map((o) => ({ command: "split_ops", ...o })), ...GENS.map(({ label: _, ...g }) => ({ command: "generate", kv_quant_scheme: "turboquant", kv_group_size: 64, ...g }))],
+  jobs: [{ command: "reachability" }, { command: "codebooks", dims: SPLIT_CODEBOOK_DIMS, bits: SPLIT_CODEBOOK_BITS }, ...OPS.map((o) => ({ command: "split_ops", ...o })), ...GENS.map(({ label: _, ...g }) => ({ command: "generate", kv_quant_scheme: "turboquant", kv_group_size: 64, ...g }))],
 }).results;
-const [reach, ...rest] = ref;
+const [reach, codebooks, ...rest] = ref;
 const opsRef = rest.slice(0, OPS.length);
 const genRef = rest.slice(OPS.length);
 
@@ -185,6 +192,17 @@ describe("which TurboQuant codecs mlx-vlm's generation can build (AST scan of it
 });
 
 describe("the Split codec driven as a TurboQuantKVCache vs mlx-vlm", () => {
+  it(`carried codebooks for dims ${SPLIT_CODEBOOK_DIMS} equal mlx-vlm's run-time numpy values on this machine`, () => {
+    let n = 0;
+    for (const d of SPLIT_CODEBOOK_DIMS) {
+      for (const b of SPLIT_CODEBOOK_BITS) {
+        const carried = Array.from(new Uint32Array(codebookValues(d, b).buffer), (x) => x.toString(16).padStart(8, "0"));
+        expect(carried).toEqual(codebooks[`${d}:${b}`]);
+        n++;
+      }
+    }
+    expect(n).toBe(SPLIT_CODEBOOK_DIMS.length * SPLIT_CODEBOOK_BITS.length);
+  });
   for (const [i, op] of OPS.entries()) {
     it(`D=${op.dim} H=${op.heads} bits ${op.bits} key ${op.key_bits ?? "-"} value ${op.value_bits ?? "-"}: ${op.prompt} tokens, trim ${op.trim}, ${op.more} more`, () => {
       const want = opsRef[i];
@@ -192,7 +210,14 @@ describe("the Split codec driven as a TurboQuantKVCache vs mlx-vlm", () => {
       const n = (shape: number[]) => mx.random.normal({ shape });
       const [k1, v1, k2, v2] = [n([1, op.heads, op.prompt, op.dim]), n([1, op.heads, op.prompt, op.dim]), n([1, op.heads, op.more, op.dim]), n([1, op.heads, op.more, op.dim])];
       const [q1, q3] = [n([1, 2 * op.heads, 1, op.dim]), n([1, 2 * op.heads, 3, op.dim])];
-      const c = new TurboQuantSplitKVCache(op.bits, { keyBits: op.key_bits ?? null, valueBits: op.value_bits ?? null });
+      const { rotations, ...expected } = want as { rotations: Record<string, string> } & Record<string, unknown>;
+      const rotation = (dim: number, seed: number) => {
+        const hex = rotations[`${dim}:${seed}`];
+        if (hex === undefined) throw new Error(`the oracle sent no rotation for dim ${dim} seed ${seed}`);
+        return mx.fromBytes(Uint8Array.from(Buffer.from(hex, "hex")), [dim, dim], "float32");
+      };
+      expect(Object.keys(rotations).length).toBe(op.dim === 48 ? 3 : 0);
+      const c = new TurboQuantSplitKVCache(op.bits, { keyBits: op.key_bits ?? null, valueBits: op.value_bits ?? null, rotation });
       try {
         for (const a of c.updateAndFetch(k1, v1)) a.dispose();
         const trimmed = c.trim(op.trim);
@@ -201,7 +226,7 @@ describe("the Split codec driven as a TurboQuantKVCache vs mlx-vlm", () => {
         using out3 = c.quantizedAttention(q3, 1, "causal");
         const idx = (codec: unknown) => (codec instanceof TurboQuantSplitCodec ? { low: [...codec.lowIndices], high: [...codec.highIndices] } : null);
         const got = { trimmed, offset: c.offset, meta_state: c.metaState, cache: cacheRecord(c), key_split: idx(c.keyCodec), value_split: idx(c.valueCodec), decode: sha(out1), prefill: sha(out3) };
-        expect(got).toEqual(want);
+        expect(got).toEqual(expected);
         expect(got.key_split !== null || got.value_split !== null).toBe(true);
       } finally {
         c.dispose();
