@@ -26,7 +26,8 @@ Commands (one JSON job on argv[1] or stdin, one JSON reply on stdout):
   suffix, max_tokens}: mlx-vlm's generate_step(prompt, max_tokens=1) on the fixture (mlx-vlm's gemma4
   Model), the cache saved to `file` as above; then generation continues in memory from that cache
   with `suffix`: per step the token, logprobs sha256 and cache records (kv_quant_ref.cache_record).
-- from_state_probe {}: mlx-vlm's own TurboQuantKVCache.from_state, then an update: its error.
+- from_state_probe {}: mlx-vlm's own from_state on TurboQuantKVCache and HybridQuantKVCache, then an
+  update: their errors.
 - continue {checkpoint, file, suffix, max_tokens, kv_bits, ...}: load_vlm_prompt_cache(file), the
   loaded caches' records, then generation continues from it with `suffix`, recorded the same way.
 """
@@ -136,17 +137,23 @@ def cmd_continue(job: dict) -> dict:
 
 
 def cmd_from_state_probe(job: dict) -> dict:
-    """mlx-vlm's TurboQuantKVCache.from_state(state, meta_state), then one update: the error, if any."""
-    from mlx_vlm.turboquant import TurboQuantKVCache
-    mx.random.seed(0)
-    c = TurboQuantKVCache(bits=4)
-    c.update_and_fetch(mx.random.normal((1, 2, 5, 32)), mx.random.normal((1, 2, 5, 32)))
-    try:
-        r = TurboQuantKVCache.from_state(c.state, c.meta_state)
-        r.update_and_fetch(mx.random.normal((1, 2, 1, 32)), mx.random.normal((1, 2, 1, 32)))
-        return {"error": None}
-    except Exception as e:  # noqa: BLE001 - the failure is the finding
-        return {"error": {"type": type(e).__name__, "message": str(e)}}
+    """mlx-vlm's own from_state(state, meta_state) on its two quantized caches (TurboQuantKVCache,
+    HybridQuantKVCache with uniform keys and TurboQuant values), then one update: the error, if any."""
+    from mlx_vlm.kv_quant import from_legacy
+    from mlx_vlm.turboquant import HybridQuantKVCache, TurboQuantKVCache
+    out = {}
+    for name, make in (("TurboQuantKVCache", lambda: TurboQuantKVCache(bits=4)),
+                       ("HybridQuantKVCache", lambda: HybridQuantKVCache(from_legacy(4, "uniform", 32, None, None, None, "turboquant")))):
+        mx.random.seed(0)
+        c = make()
+        c.update_and_fetch(mx.random.normal((1, 2, 5, 32)), mx.random.normal((1, 2, 5, 32)))
+        try:
+            r = type(c).from_state(c.state, c.meta_state)
+            r.update_and_fetch(mx.random.normal((1, 2, 1, 32)), mx.random.normal((1, 2, 1, 32)))
+            out[name] = None
+        except Exception as e:  # noqa: BLE001 - the failure is the finding
+            out[name] = {"type": type(e).__name__, "message": str(e)}
+    return out
 
 
 def cmd_many(job: dict) -> dict:

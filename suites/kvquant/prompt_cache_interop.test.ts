@@ -13,8 +13,9 @@
 //   meta_state; the port's own in-memory continuation too;
 // - the generate face (`npm run generate -- --prompt-cache-file F --tokens …`) on mlx-vlm's file
 //   prints mlx-vlm's continuation tokens;
-// - mlx-vlm's inherited TurboQuantKVCache.from_state is checked to fail as the loader's comment
-//   says (why the Python loader builds the cache with __init__ and sets state + meta_state);
+// - mlx-vlm's inherited from_state is checked to fail on TurboQuantKVCache (as the loader's comment
+//   says: why the Python loader builds the cache with __init__ and sets state + meta_state) and on
+//   HybridQuantKVCache (which the format does not carry);
 // - bad input to the loader (broken meta_state JSON, a missing tensor, an unknown class) is one
 //   PromptCacheError each; a Split-codec cache is refused at save.
 import { afterAll, describe, expect, test } from "vitest";
@@ -145,7 +146,10 @@ describe("prompt-cache files with a TurboQuant cache: port <-> mlx-vlm", () => {
     const printed = face.stdout.split("==========")[1]!.trim().split(/\s+/).map(Number);
     expect(printed).toEqual(pyWrite.continued.map((s: StepRecord) => s.token));
 
-    expect(probe.error).toEqual({ type: "AttributeError", message: "'TurboQuantKVCache' object has no attribute 'key_codec'" });
+    expect(probe).toEqual({
+      TurboQuantKVCache: { type: "AttributeError", message: "'TurboQuantKVCache' object has no attribute 'key_codec'" },
+      HybridQuantKVCache: { type: "AttributeError", message: "'HybridQuantKVCache' object has no attribute 'key_quantizer'" },
+    });
     loaded.model.dispose();
   }, limit(60_000));
 });
