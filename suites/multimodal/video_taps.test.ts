@@ -17,8 +17,9 @@
 // recorded names.
 // VIDEO_FULL=1: 3 videos of different lengths, frame rates and aspect ratios, every sampled
 // frame, on 4 checkpoints (m2_e2b f32 and q4g64, m1_dense bf16, m3_moe f32: no per-layer inputs,
-// causal text config), the counts equal to the table in suites/multimodal/VIDEO.md; 3 mutations
-// each caught first at its own tap.
+// causal text config), and on m2_e2b/f32 two more (600 frames at 30 fps, sampled to the 32-frame
+// cap; 9 frames at 1 fps), the counts equal to the table in suites/multimodal/VIDEO.md; 3
+// mutations each caught first at its own tap.
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readFileSync } from "node:fs";
@@ -62,7 +63,7 @@ const variants = new Map<string, string>();
 beforeAll(async () => {
   oracle = await sharedOracle();
   tmp = tempDir("video-taps");
-  const p = Bun.spawnSync([DEFAULT_PYTHON, "-I", join(REPO_ROOT, "suites/multimodal/make_video.py"), join(tmp.dir, "videos")], { cwd: "/" });
+  const p = Bun.spawnSync([DEFAULT_PYTHON, "-I", join(REPO_ROOT, "suites/multimodal/make_video.py"), join(tmp.dir, "videos"), ...(FULL ? ["--full"] : [])], { cwd: "/" });
   if (p.exitCode !== 0) throw new Error(`make_video.py failed: ${p.stderr.toString()}`);
   videos = (JSON.parse(p.stdout.toString()) as VideoFile[]).filter((f) => f.kind === "video");
   await oracle.request("make_checkpoints", { only: CHECKPOINTS }, limit(600_000));
@@ -121,8 +122,11 @@ describe("video tap by tap (TS vs mlx-vlm generate_step, same OpenCV frames)", (
   if (FULL) {
     const table = resultsTable();
     const lines: string[] = [];
-    for (const ckpt of CHECKPOINTS) {
-      for (const k of [0, 1, 2]) {
+    // every checkpoint: the 3 default videos; m2_e2b/f32 also the two long/slow ones of --full
+    // (600 frames at 30 fps: the 32-frame cap; 9 frames at 1 fps)
+    const runs = CHECKPOINTS.flatMap((ckpt) => (ckpt === "m2_e2b/f32" ? [0, 1, 2, 3, 4] : [0, 1, 2]).map((k) => ({ ckpt, k })));
+    for (const { ckpt, k } of runs) {
+      {
         it(`VIDEO_FULL ${ckpt} video ${k + 1} (every sampled frame): every tap byte-identical, counts as VIDEO.md`, async () => {
           const v = videos[k]!;
           const { r, ids, frames } = await run(ckpt, [{ path: v.path }]);
@@ -141,9 +145,10 @@ describe("video tap by tap (TS vs mlx-vlm generate_step, same OpenCV frames)", (
       }
       expect(caught).toBe(3);
     }, limit(300_000));
-    it("VIDEO_FULL: all 12 runs (4 checkpoints x 3 videos)", () => {
+    it("VIDEO_FULL: all 14 runs (4 checkpoints x 3 videos, and 2 more videos on m2_e2b/f32)", () => {
       console.log(`[video taps] rows:\n${lines.join("\n")}`);
-      expect(lines.length).toBe(12);
+      expect(lines.length).toBe(runs.length);
+      expect(lines.length).toBe(14);
     });
   }
 });
