@@ -15,12 +15,13 @@
 // That the flags matter is asserted in process, on the same prompt: the port's greedy run without
 // adapters gives other tokens than the served ones, and the port's speculative run with adapters
 // (model/generate_speculative.ts) both accepts and rejects draft tokens and gives the served tokens.
-// Opt-in (SERVE_ADAPTER_DRAFT=1): one pair of servers on its own fixture costs ~25 s of CPU on
+// By default only the flags' bad input runs (a missing adapter directory, a draft with another
+// vocabulary: one line, exit 2; 3.5 s of CPU). Opt-in (SERVE_ADAPTER_DRAFT=1): one pair of servers on its own fixture costs ~25 s of CPU on
 // the 2-core host, more than the default run may add; results of the last run in serve/ADAPTERS.md.
 // SERVE_ADAPTER_FULL=1 also starts an adapters-only pair (mlx_lm.server's batched path with
 // adapters).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { join } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
@@ -125,6 +126,30 @@ beforeAll(async () => {
 afterAll(async () => {
   await Promise.all([spec?.ref.stop(), spec?.ts.stop(), adaptersOnly?.ref.stop(), adaptersOnly?.ts.stop()]);
 }, 20_000);
+
+// By default (cheap, no mlx_lm.server): the flags' bad input is one line and exit 2.
+describe("--adapter-path / --draft-model bad input: one line, exit 2", () => {
+  it("a missing adapter directory; a draft with another vocabulary", async () => {
+    const run = (args: string[]) =>
+      new Promise<{ status: number | null; stderr: string }>((resolve) => {
+        const p = spawn(process.execPath, ["run", "serve/cli.ts", ...args, "--port", "0"], { cwd: REPO_ROOT, stdio: ["ignore", "ignore", "pipe"], timeout: CASE });
+        let stderr = "";
+        p.stderr.on("data", (b: Buffer) => void (stderr += b.toString()));
+        p.on("close", (status) => resolve({ status, stderr }));
+      });
+    const missing = join(REPO_ROOT, ".cache", "no-such-adapters");
+    const otherVocab = join(REPO_ROOT, ".cache", "checkpoints", "c1_dense", "f32");
+    const cases: [string[], RegExp][] = [
+      [["--model", TOKENIZER_FIXTURE, "--adapter-path", missing], /^error: --adapter-path .*no-such-adapters: The adapter path does not exist: /],
+      [["--model", TOKENIZER_FIXTURE, "--draft-model", otherVocab], /^error: --draft-model .*c1_dense.f32: vocabulary of \d+ tokens, the model's has 262144$/],
+    ];
+    const results = await Promise.all(cases.map(([args]) => run(args)));
+    results.forEach((r, i) => {
+      expect([i, r.status]).toEqual([i, 2]);
+      expect(r.stderr.trim()).toMatch(cases[i]![1]);
+    });
+  }, 2 * CASE);
+});
 
 // skipped by default: two more servers on their own fixture (~25 s of CPU); SERVE_ADAPTER_DRAFT=1 runs it
 describe.skipIf(!RUN)("--adapter-path with --draft-model: npm run serve = mlx_lm.server (speculative, sequential)", () => {
