@@ -26,7 +26,7 @@ import { type LoadedModel, loadModel } from "../model/gemma4/index.ts";
 import { generationModel } from "../model/runtime.ts";
 import { type Gemma4AssistantDraftModel, loadAssistant } from "../model/speculative/drafters/gemma4_assistant/gemma4_assistant.ts";
 import { mtpGenerateStep, type MtpRound } from "../model/speculative/mtp.ts";
-import { clampTemperature, type SpeculativeSampling } from "../model/speculative/sampling.ts";
+import { clampTemperature, positionedSequenceSampler, type SpeculativeSampling } from "../model/speculative/sampling.ts";
 import { Gemma4ExactSpeculativeVerifier } from "../model/speculative/speculative_verifier.ts";
 import type { NpyRecord } from "./npy.ts";
 import { type NpyRef, type OracleClient } from "./client.ts";
@@ -329,11 +329,26 @@ export interface MtpSpec {
 export type SampledSpec = SpeculativeSampling & { seed: number };
 
 /** The oracle request's `sampling` (generate_step's names; the seed goes to mx.random.seed there), null when greedy. */
-export const samplingRequest = (sp: SampledSpec | undefined) => (sp ? { temp: sp.temp, top_p: sp.topP ?? 0, top_k: sp.topK ?? 0, min_p: sp.minP ?? 0, seed: sp.seed } : null);
+export const samplingRequest = (sp: SampledSpec | undefined) => (sp ? { temp: sp.temp, top_p: sp.topP ?? 0, top_k: sp.topK ?? 0, min_p: sp.minP ?? 0, seed: sp.seed, positioned: !!sp.positioned } : null);
 
-/** generate_step options for the plain run a speculative run must equal: greedy, or the same seed and sampler. */
+/**
+ * generate_step options for the plain run a speculative run must equal: greedy, or the same seed and
+ * sampler (positioned: token n drawn with the key of position n). The caller disposes `sampler`.
+ */
 export const plainDecoding = (sp: SampledSpec | undefined) =>
-  sp ? { seed: sp.seed, samplerOptions: { temp: clampTemperature(sp.temp), topP: sp.topP ?? 0, topK: sp.topK ?? 0, minP: sp.minP ?? 0 } } : {};
+  !sp ? {} : sp.positioned ? { sampler: positionedSequenceSampler(sp, sp.seed) } : { seed: sp.seed, samplerOptions: { temp: clampTemperature(sp.temp), topP: sp.topP ?? 0, topK: sp.topK ?? 0, minP: sp.minP ?? 0 } };
+
+/** Runs plain generate_step as plainDecoding says and returns its tokens. */
+export async function plainTokens(model: GenerateModel, prompt: readonly number[], maxTokens: number, sp: SampledSpec | undefined): Promise<number[]> {
+  const o = plainDecoding(sp);
+  const out: number[] = [];
+  try {
+    for await (const g of generateStep(model, prompt, { maxTokens, ...o })) out.push(g.token);
+  } finally {
+    if ("sampler" in o) o.sampler?.dispose?.();
+  }
+  return out;
+}
 
 export interface MtpResult extends RoundTotals {
   spec: MtpSpec;
@@ -370,7 +385,7 @@ export async function mtpParity(oracle: OracleClient, pool: ModelPool, spec: Mtp
     r.draftLogits.forEach((l, j) => t.tensor(`${w} drafter logits ${j}`, rawOf(l), rawN(o.draft_logits?.[j])));
     t.value(`${w} target logits count`, r.targetLogits.length, o.target_logits.length);
     r.targetLogits.forEach((l, j) => t.tensor(`${w} target logits ${j}`, rawOf(l), rawN(o.target_logits[j])));
-    if (spec.sampling) t.tensor(`${w} random key`, r.rngKey ? rawOf(r.rngKey) : null, rawN(o.rng));
+    if (spec.sampling && !spec.sampling.positioned) t.tensor(`${w} random key`, r.rngKey ? rawOf(r.rngKey) : null, rawN(o.rng));
     compareCaches(t, `${w} cache`, r.cache, o.cache);
   };
   for await (const tok of mtpGenerateStep(target, drafter, spec.prompt, {
@@ -392,8 +407,7 @@ export async function mtpParity(oracle: OracleClient, pool: ModelPool, spec: Mtp
   t.value("rounds", n.rounds, orc.rounds.length);
   t.value("tokens", tokens, orc.tokens);
   const vsGreedy = new Tally();
-  let i = 0;
-  for await (const g of generateStep(pool.generation(spec.target), spec.prompt, { maxTokens: spec.maxTokens, ...plainDecoding(spec.sampling) })) vsGreedy.value(`token ${i}`, tokens[i++], g.token);
+  (await plainTokens(pool.generation(spec.target), spec.prompt, spec.maxTokens, spec.sampling)).forEach((g, i) => vsGreedy.value(`token ${i}`, tokens[i], g));
   return { spec, tokens, ...n.totals(), vsOracle: t.summary(), vsGreedy: vsGreedy.summary(), maxStartPosition, ms: performance.now() - t0 };
 }
 

@@ -13,14 +13,14 @@
 // and the TS DFlash tokens against TS plain generate_step (tokens): greedy, or for a sampled run
 // the same seed and sampler (every emitted token costs one key in both, see model/speculative/dflash.ts).
 import * as mx from "@mlx-bun/mlx";
-import { GenerateError, generateStep } from "../model/generate.ts";
+import { GenerateError } from "../model/generate.ts";
 import { loadDFlashDrafter } from "../model/speculative/drafters/index.ts";
 import type { DFlashDraftModel } from "../model/speculative/drafters/qwen3_dflash/dflash.ts";
 import { dflashGenerateStep, type DFlashRound } from "../model/speculative/dflash.ts";
 import type { NpyRecord } from "./npy.ts";
 import type { OracleClient } from "./client.ts";
 import { rawOf, rawOfNpy, type RawTensor } from "./compare.ts";
-import { compareCaches, type ModelPool, plainDecoding, readTree, RoundCounts, type RoundTotals, type SampledSpec, samplingRequest, Tally, type TallySummary } from "./speculative.ts";
+import { compareCaches, type ModelPool, plainTokens, readTree, RoundCounts, type RoundTotals, type SampledSpec, samplingRequest, Tally, type TallySummary } from "./speculative.ts";
 
 const rawN = (r: NpyRecord | null | undefined): RawTensor | null => (r ? rawOfNpy(r) : null);
 
@@ -90,7 +90,7 @@ export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafte
     t.value(`${w} verify input`, r.verifyInput, o.verify_input);
     t.tensor(`${w} target logits`, rawOf(r.targetLogits), rawN(o.target_logits));
     t.tensor(`${w} target hidden`, rawOf(r.targetHidden), rawN(o.target_hidden));
-    if (sp) t.tensor(`${w} random key`, r.rngKey ? rawOf(r.rngKey) : null, rawN(o.rng));
+    if (sp && !sp.positioned) t.tensor(`${w} random key`, r.rngKey ? rawOf(r.rngKey) : null, rawN(o.rng));
     t.value(`${w} accepted`, r.accepted, o.accepted);
     t.value(`${w} emitted`, r.emitted, o.emitted);
     compareCaches(t, `${w} cache`, r.cache, o.cache);
@@ -126,8 +126,7 @@ export async function dflashParity(oracle: OracleClient, pool: ModelPool, drafte
   let oracleEqualsGreedy: boolean | null = null;
   if (!spec.skipGreedy) {
     vsGreedy = new Tally();
-    const greedy: number[] = [];
-    for await (const g of generateStep(pool.generation(spec.target), spec.prompt, { maxTokens: spec.maxTokens, ...plainDecoding(sp) })) greedy.push(g.token);
+    const greedy = await plainTokens(pool.generation(spec.target), spec.prompt, spec.maxTokens, sp);
     greedy.forEach((g, i) => vsGreedy!.value(`token ${i}`, tokens[i], g));
     vsGreedy.value("length", tokens.length, greedy.length);
     oracleEqualsGreedy = JSON.stringify(orc.tokens) === JSON.stringify(greedy);

@@ -22,6 +22,7 @@ import type { SamplerOptions } from "../model/sample.ts";
 import { type Gemma4AssistantDraftModel, loadAssistant } from "../model/speculative/drafters/gemma4_assistant/gemma4_assistant.ts";
 import { mtpGenerateStep } from "../model/speculative/mtp.ts";
 import { dflashGenerateStep } from "../model/speculative/dflash.ts";
+import type { SpeculativeSampling } from "../model/speculative/sampling.ts";
 import { type DrafterKind, drafterModelType, expectedDrafterKind, loadDFlashDrafter } from "../model/speculative/drafters/index.ts";
 import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
 import { inspectCheckpoint } from "./inputs.ts";
@@ -108,6 +109,15 @@ interface StreamOptions {
   promptCache?: KVCacheLike[];
 }
 
+/** The options both drafter round loops take from the face. */
+interface LoopOptions {
+  maxTokens: number;
+  draftBlockSize: number | undefined;
+  sampling: SpeculativeSampling;
+  seed: number | undefined;
+  onRound: (r: { accepted: number; drafted: readonly number[] }) => void;
+}
+
 /** mlx_vlm's _format_speculative_stats. */
 function statsLine(rounds: number, accepted: number, drafted: number): string | null {
   if (rounds === 0) return null;
@@ -158,14 +168,14 @@ export function speculativeFaceStream(a: Parsed, dir: string, loaded: LoadedMode
   const blockSize = a["draft-block-size"] === undefined ? undefined : Number(a["draft-block-size"]);
   const MTP_TYPES = ["gemma4_assistant", "gemma4_unified_assistant"];
   const DFLASH_TYPES = ["gemma4_dflash", "qwen3_dflash", "gemma4_dspark"];
-  if (kind === "dflash" && normalized !== null && DFLASH_TYPES.includes(normalized)) {
-    if (o.promptCache) throw new UsageError("--prompt-cache-file is not supported with a DFlash drafter");
-    const drafter = loadDFlashDrafter(draftDir);
+  // A drafter's round loop as this face's stream: the sampling flags as mlx_vlm.generate passes them
+  // (make_sampler on the global key, seeded by --seed), the statistics line from its rounds, and
+  // its argument errors (the pairing, the sampling options) as bad input, exit 2.
+  const loopStream = (drafter: { dispose(): void }, start: (common: LoopOptions) => AsyncGenerator<{ token: number }>): FaceStream => {
     try {
-      const inner = dflashGenerateStep(loaded.text, drafter, prompt, {
+      const inner = start({
         maxTokens: o.maxTokens,
         draftBlockSize: blockSize,
-        // mlx_vlm.generate --temp / --top-p / --top-k / --min-p / --seed: make_sampler on the global key
         sampling: { temp: o.samplerOptions.temp ?? 0, topP: o.samplerOptions.topP, topK: o.samplerOptions.topK, minP: o.samplerOptions.minP },
         seed: o.seed,
         onRound: (r) => {
@@ -179,6 +189,11 @@ export function speculativeFaceStream(a: Parsed, dir: string, loaded: LoadedMode
       drafter.dispose();
       throw new UsageError(`--draft-model ${draftDir}: ${(e as Error).message}`);
     }
+  };
+  if (kind === "dflash" && normalized !== null && DFLASH_TYPES.includes(normalized)) {
+    if (o.promptCache) throw new UsageError("--prompt-cache-file is not supported with a DFlash drafter");
+    const drafter = loadDFlashDrafter(draftDir);
+    return loopStream(drafter, (common) => dflashGenerateStep(loaded.text, drafter, prompt, common));
   }
   if (kind !== null && kind !== "mtp" && a["draft-kind"] !== "mtp") {
     throw new UsageError(`--draft-model ${draftDir} is a ${normalized} drafter (kind ${kind}), which this port does not run (it has gemma4_assistant, gemma4_unified_assistant, gemma4_dflash and gemma4_dspark)`);
@@ -187,26 +202,7 @@ export function speculativeFaceStream(a: Parsed, dir: string, loaded: LoadedMode
     if (!MTP_TYPES.includes(draftType)) throw new UsageError(`--draft-kind mtp needs a gemma4_assistant or gemma4_unified_assistant drafter, ${draftDir} is a ${draftType || "(no model_type)"}`);
     if (o.promptCache) throw new UsageError("--prompt-cache-file is not supported with an MTP drafter");
     const drafter: Gemma4AssistantDraftModel = loadAssistant(draftDir);
-    try {
-      const inner = mtpGenerateStep(loaded.text, drafter, prompt, {
-        maxTokens: o.maxTokens,
-        prefillStepSize: o.prefillStepSize,
-        draftBlockSize: blockSize,
-        // mlx_vlm.generate --temp / --top-p / --top-k / --min-p / --seed: make_sampler on the global key
-        sampling: { temp: o.samplerOptions.temp ?? 0, topP: o.samplerOptions.topP, topK: o.samplerOptions.topK, minP: o.samplerOptions.minP },
-        seed: o.seed,
-        onRound: (r) => {
-          rounds++;
-          accepted += r.accepted;
-          drafted += r.drafted.length;
-        },
-      });
-      return { tokens: withStops(inner, eos, o.maxTokens), stats: () => statsLine(rounds, accepted, drafted), dispose: () => drafter.dispose() };
-    } catch (e) {
-      // mtpGenerateStep's argument errors (the pairing, the sampling options) are bad input: exit 2
-      drafter.dispose();
-      throw new UsageError(`--draft-model ${draftDir}: ${(e as Error).message}`);
-    }
+    return loopStream(drafter, (common) => mtpGenerateStep(loaded.text, drafter, prompt, { ...common, prefillStepSize: o.prefillStepSize }));
   }
   // A draft checkpoint: the same vocabulary and tokenizer as the target (mlx_lm.generate's check).
   const tInfo = inspectCheckpoint(dir);

@@ -34,8 +34,10 @@
 //                   time), one sampler call and eval; accept while it equals the draft; the first
 //                   differing sample (or the bonus after all drafts) ends the round
 // So every emitted token costs exactly one key of the global sequence, as plain sampled decoding.
-// mlx-vlm's other sampled path (_PositionedTargetSampler: keys from (seed, row, position)) is taken
-// only when generate_step itself gets `seed`, which mlx_vlm.generate's CLI never passes; not ported.
+// Positioned (sampling.positioned: generate_step(seed=S), mlx-vlm's API and server): the first token
+// at position 0, the drafter's block sampled with the target's keys for positions emitted, emitted
+// + 1, ... (_PositionedDraftSampler), the verify block sampled at once at the same positions
+// (_sample_dflash_target_block) and walked as greedy's (_speculative_walk_batch); no global key.
 //
 // Greedy: exact-match acceptance of the target's own greedy token: the output is greedy decoding's where
 // block rows equal single-token rows (the CPU backend). Verify blocks are multi-token, so a sliding
@@ -50,7 +52,7 @@ import { logit_softcap, type Model as TargetModel } from "../gemma4/gemma4_text.
 import { GenerateError } from "../generate.ts";
 import { checkPromptIds, positiveIntOption } from "../generate_speculative.ts";
 import { greedySampler, type Sampler } from "../sample.ts";
-import { drawWithoutTargetKeys, makeSpeculativeSampler, roundKeyAfterWalk, type SpeculativeSampling, validateSampling } from "./sampling.ts";
+import { drawWithoutTargetKeys, isPositioned, makeSpeculativeSampler, PositionedTargetSampler, positionedDraftSampler, roundKeyAfterWalk, sampleTargetBlock, type SpeculativeSampling, validateSampling } from "./sampling.ts";
 import type { DFlashDraftModel } from "./drafters/qwen3_dflash/dflash.ts";
 import { drafterMutated } from "./mutations.ts";
 
@@ -242,8 +244,9 @@ function captureLayers(target: TargetModel, draft: DFlashDraftModel): readonly n
 }
 
 async function* run(target: TargetModel, draft: DFlashDraftModel, prompt: readonly number[], opts: DFlashOptions, maxTokens: number): AsyncGenerator<DFlashToken> {
-  if (opts.seed !== undefined) mx.random.seed(opts.seed);
-  const sampler = makeSpeculativeSampler(opts.sampling, target.args.vocab_size);
+  const positioned = isPositioned(opts.sampling) ? new PositionedTargetSampler(opts.sampling!, opts.seed!) : null;
+  if (opts.seed !== undefined && !positioned) mx.random.seed(opts.seed);
+  const sampler = positioned ? greedySampler : makeSpeculativeSampler(opts.sampling, target.args.vocab_size);
   const cache: KVCacheLike[] = target.makeCache();
   let hidden: MlxArray | null = null;
   try {
@@ -256,7 +259,7 @@ async function* run(target: TargetModel, draft: DFlashDraftModel, prompt: readon
       using logits = mx.squeeze(logits3, 1); // logits[:, -1, :] (one row kept)
       using lse = mx.logsumexp(logits, -1, true);
       using logprobs = mx.subtract(logits, lse);
-      using y = sampler(logprobs);
+      using y = positioned ? positioned.sampleTarget(logprobs, [0]) : sampler(logprobs);
       mx.evaluate(y);
       bonus = y.item() as number;
       opts.onPrefill?.({ token: bonus, logprobs, cache, hidden });
@@ -264,11 +267,12 @@ async function* run(target: TargetModel, draft: DFlashDraftModel, prompt: readon
     yield { token: bonus, n: 0, fromDraft: false };
     const h0 = hidden;
     hidden = null;
-    yield* dflashRounds(target, draft, cache, h0, bonus, maxTokens, opts, sampler);
+    yield* dflashRounds(target, draft, cache, h0, bonus, maxTokens, opts, sampler, positioned);
   } finally {
     hidden?.dispose();
     for (const c of cache) c.dispose();
     sampler.dispose?.();
+    positioned?.dispose();
   }
 }
 
@@ -305,7 +309,7 @@ function greedyWalk(targetRow: readonly number[], drafted: readonly number[], bu
 }
 
 /** _dflash_rounds: takes ownership of `hidden0` (the prompt's captured hidden). */
-async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache: KVCacheLike[], hidden0: MlxArray, firstBonus: number, maxTokens: number, opts: DFlashOptions, sampler: Sampler): AsyncGenerator<DFlashToken> {
+async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache: KVCacheLike[], hidden0: MlxArray, firstBonus: number, maxTokens: number, opts: DFlashOptions, sampler: Sampler, positioned: PositionedTargetSampler | null): AsyncGenerator<DFlashToken> {
   const layerIds = captureLayers(target, draft);
   const sampled = sampler !== greedySampler;
   let blockTotal = dflashBlockTotal(draft, opts.draftBlockSize);
@@ -330,7 +334,7 @@ async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache
       let draftLogits: MlxArray | null = null;
       // _SpeculativeSamplerRNG.draft_tokens: the drafter's draws are undone before the target samples
       using draftTokens = drawWithoutTargetKeys(sampled, () => {
-        const t = draft.draftBlock(b, hidden, draftCache, bs, sampler, (l) => (draftLogits = mx.alias(l)));
+        const t = draft.draftBlock(b, hidden, draftCache, bs, positioned ? positionedDraftSampler(positioned, emitted) : sampler, (l) => (draftLogits = mx.alias(l)));
         mx.evaluate(t);
         return t;
       });
@@ -341,7 +345,12 @@ async function* dflashRounds(target: TargetModel, draft: DFlashDraftModel, cache
       let rngKey: MlxArray | null = null;
       try {
         let walk: { accepted: number; newTokens: number[] };
-        if (sampled) {
+        if (positioned) {
+          // _sample_dflash_target_block, then _speculative_walk_batch (greedy's walk on the sampled tokens)
+          using targetTokens = sampleTargetBlock(positioned, logits, emitted);
+          mx.evaluate(targetTokens, vHidden);
+          walk = greedyWalk(targetTokens.toNumbers(), drafted, maxTokens - emitted);
+        } else if (sampled) {
           mx.evaluate(vHidden);
           walk = sampledWalk(logits, drafted, sampler, maxTokens - emitted);
           rngKey = roundKeyAfterWalk(true);

@@ -34,7 +34,7 @@ import { type KV, logit_softcap, type Model as TargetModel } from "../gemma4/gem
 import { GenerateError } from "../generate.ts";
 import { checkPromptIds, positiveIntOption, prefillChunks } from "../generate_speculative.ts";
 import { greedySampler, type Sampler } from "../sample.ts";
-import { drawWithoutTargetKeys, makeSpeculativeSampler, roundKeyAfterWalk, type SpeculativeSampling, validateSampling } from "./sampling.ts";
+import { drawWithoutTargetKeys, isPositioned, makeSpeculativeSampler, roundKeyAfterWalk, type SpeculativeSampling, validateSampling } from "./sampling.ts";
 import { disposeKVMap, type Gemma4AssistantDraftModel } from "./drafters/gemma4_assistant/gemma4_assistant.ts";
 
 export interface MtpOptions {
@@ -138,6 +138,9 @@ function validate(target: TargetModel, draft: Gemma4AssistantDraftModel, prompt:
     if (!target.args.layer_types.slice(0, target.args.num_hidden_layers).includes(t)) throw new GenerateError(`the drafter has ${t} layers, the target has none to share K/V from`);
   }
   validateSampling(o, V);
+  // mlx-vlm's positioned MTP path drafts through _PositionedTargetSampler.__call__, which draws from
+  // the global key that generate_step(seed=...) never seeds: its drafts are not reproducible.
+  if (isPositioned(o.sampling)) throw new GenerateError("positioned sampling (generate_step's seed argument) is ported for the DFlash loop only: mlx-vlm's MTP loop drafts it from the unseeded global random key");
   return { maxTokens, prefill };
 }
 

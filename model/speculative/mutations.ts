@@ -10,6 +10,7 @@ export const DRAFTER_MUTATIONS = [
   "dspark_markov_from_anchor", // the Markov correction conditioned on the anchor at every step, not the previous draft
   "dflash_acceptance_off_by_one", // the greedy walk accepts the first mismatching draft too
   "dflash_target_layers_shifted", // the drafter reads target layers target_layer_ids + 1 (mod the layer count)
+  "positioned_draft_keys_shifted", // positioned: the drafter samples with the keys of the next positions (emitted + 1, ...)
   "draft_rng_not_restored", // sampled (DFlash and MTP loops): the drafter's random draws are not undone before the target samples
 ] as const;
 

@@ -198,19 +198,26 @@ def target_and_drafter(ckpt: Path, drafter: Path, kind: str):
 
 def sampling_kwargs(sampling: dict | None) -> dict:
     """generate_step's sampling arguments for a recorded run, as mlx_vlm.generate --temp / --top-p /
-    --top-k / --min-p / --seed passes them: the seed goes to mx.random.seed here (never to
-    generate_step, whose seed argument would select the positioned sampler), so the sampler is
-    make_sampler's over the global random state. None: greedy (temperature 0)."""
+    --top-k / --min-p / --seed passes them: the seed goes to mx.random.seed here (not to
+    generate_step), so the sampler is make_sampler's over the global random state; or, with
+    `positioned`, the seed goes to generate_step, as mlx-vlm's API and server pass it, selecting its
+    _PositionedTargetSampler. None: greedy (temperature 0)."""
     if not sampling:
         return {"temperature": 0.0}
-    mx.random.seed(int(sampling["seed"]))
-    return {"temperature": float(sampling["temp"]), "top_p": float(sampling.get("top_p", 0.0)),
-            "top_k": int(sampling.get("top_k", 0)), "min_p": float(sampling.get("min_p", 0.0))}
+    kwargs = {"temperature": float(sampling["temp"]), "top_p": float(sampling.get("top_p", 0.0)),
+              "top_k": int(sampling.get("top_k", 0)), "min_p": float(sampling.get("min_p", 0.0))}
+    if sampling.get("positioned"):
+        # generate_step(seed=S): its _PositionedTargetSampler (mlx-vlm's API and server path)
+        kwargs["seed"] = int(sampling["seed"])
+    else:
+        mx.random.seed(int(sampling["seed"]))
+    return kwargs
 
 
 def rng_after_round(sampling: dict | None):
-    """round_recorders' after_commit for sampled runs: the global random key after the round's walk."""
-    return (lambda c: c.update(rng=mx.array(mx.random.state[0]))) if sampling else None
+    """round_recorders' after_commit for runs on the global key: that key after the round's walk
+    (positioned runs never touch it)."""
+    return (lambda c: c.update(rng=mx.array(mx.random.state[0]))) if sampling and not sampling.get("positioned") else None
 
 
 def run_mtp(ckpt: Path, drafter: Path, prompt: list[int], max_tokens: int, draft_block_size: int | None,

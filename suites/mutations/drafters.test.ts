@@ -23,6 +23,7 @@ const { pool } = filePools();
 const GREEDY: DFlashSpec = { target: join(CK, "c1_dense", "f32"), drafter: join(SP, "c1_dense_dflash"), prompt: prompt(3), maxTokens: 8, skipGreedy: true };
 const DSPARK: DFlashSpec = { target: join(CK, "c1_dense", "f32"), drafter: join(SP, "c1_dense_dspark"), prompt: prompt(3), maxTokens: 16, skipGreedy: true };
 const SAMPLED: DFlashSpec = { ...GREEDY, maxTokens: 12, sampling: { temp: 0.1, seed: 3 } };
+const POSITIONED: DFlashSpec = { ...GREEDY, maxTokens: 12, sampling: { temp: 0.7, seed: 3, positioned: true } };
 const MTP_SAMPLED: MtpSpec = { target: join(CK, "c1_dense", "f32"), drafter: join(SP, "c1_dense_unified_assistant"), prompt: prompt(3), maxTokens: 12, sampling: { temp: 0.1, seed: 3 } };
 
 type Spec = { dflash: DFlashSpec } | { mtp: MtpSpec };
@@ -48,6 +49,7 @@ const CASES: Case[] = [
   { mutation: "dspark_markov_from_anchor", why: "the Markov correction conditioned on the anchor at every step", spec: { dflash: DSPARK }, first: /^round \d+ drafted$/ },
   { mutation: "dflash_acceptance_off_by_one", why: "the greedy walk accepts the first mismatching draft too", spec: { dflash: GREEDY }, first: /^round 0 accepted$/ },
   { mutation: "dflash_target_layers_shifted", why: "the drafter reads target_layer_ids + 1", spec: { dflash: GREEDY }, first: /^prefill hidden$/ },
+  { mutation: "positioned_draft_keys_shifted", why: "positioned DFlash: the drafter samples with the keys of the next positions", spec: { dflash: POSITIONED }, first: /^round 0 drafted$/ },
   { mutation: "draft_rng_not_restored", why: "sampled DFlash: the drafter's draws are not undone before the target samples", spec: { dflash: SAMPLED }, first: /^round 0 random key$/ },
   { mutation: "draft_rng_not_restored", why: "sampled MTP (unified assistant): the same, in the MTP loop", spec: { mtp: MTP_SAMPLED }, first: /^round 0 random key$/ },
 ];
@@ -64,7 +66,7 @@ describe("drafter mutations (model/speculative/mutations.ts), each caught first 
   it("controls: the unmutated runs are bit-exact", async () => {
     const drafters = new DrafterPool();
     try {
-      for (const spec of [{ dflash: GREEDY }, { dflash: DSPARK }, { dflash: SAMPLED }, { mtp: MTP_SAMPLED }]) {
+      for (const spec of [{ dflash: GREEDY }, { dflash: DSPARK }, { dflash: SAMPLED }, { dflash: POSITIONED }, { mtp: MTP_SAMPLED }]) {
         const r = await compare(spec, drafters);
         expect(r.first).toBeNull();
         expect(r.rejectRounds).toBeGreaterThan(0); // the rollback and walk mutations have a rejected draft to act on

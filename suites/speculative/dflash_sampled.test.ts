@@ -12,7 +12,14 @@
 // top-p / min-p, each chosen to hold rounds that accept a sampled draft and rounds that reject one
 // (asserted). And the relation the loop implies: every emitted token costs one key of the global
 // sequence, so on the CPU device (rows.ts) and f32 targets the tokens equal TS plain sampled
-// generate_step with the same seed and sampler. SPEC_FULL=1 adds a grid (bf16 and quantized targets,
+// generate_step with the same seed and sampler.
+// Then mlx-vlm's positioned path (generate_step(seed=S), its API and server: _PositionedTargetSampler,
+// keys hashed from seed and position, the drafter sampled with the target's keys, the verify block
+// sampled at once), two scenarios per drafter kind, the same comparisons without the global key
+// (never used), and the tokens against plain decoding drawing token n with position n's key.
+// Bad sampling input, one GenerateError each: a negative temperature, top-k past the vocabulary,
+// positioned without a seed or with min-p, positioned with the MTP loop (mlx-vlm drafts it from the
+// unseeded global key: its drafts differ run to run, so there is nothing to be bit-exact with). SPEC_FULL=1 adds a grid (bf16 and quantized targets,
 // 40 tokens, fixed blocks, temperature 1, sampler combinations) and rewrites dflash_sampled.full.json.
 import { describe, expect, it } from "vitest";
 import { join } from "node:path";
@@ -20,20 +27,16 @@ import { ROWS_INVARIANT } from "./rows.ts";
 import { sharedOracle } from "../../oracle/client.ts";
 import { dflashParity, type DFlashResult, type DFlashSpec } from "../../oracle/speculative_dflash.ts";
 import { limit } from "../../tests/time_limit.ts";
-import { CK, filePools, prompt, SP, summarizeDFlashResults } from "./helpers.ts";
+import { GenerateError } from "../../model/generate.ts";
+import { dflashGenerateStep } from "../../model/speculative/dflash.ts";
+import { mtpGenerateStep } from "../../model/speculative/mtp.ts";
+import { CK, type DrafterScenario, filePools, prompt, SP, summarizeDFlashResults } from "./helpers.ts";
 
 const FULL = process.env.SPEC_FULL === "1";
 const { pool, drafters } = filePools();
 
-interface Scenario {
-  label: string;
-  fx: string;
-  /** Target directory relative to the checkpoint root (default `<fx>/f32`). */
-  target?: string;
-  block?: number;
+interface Scenario extends DrafterScenario {
   kind: "dflash" | "dspark";
-  P: number;
-  N: number;
   sampling: NonNullable<DFlashSpec["sampling"]>;
 }
 
@@ -46,6 +49,10 @@ const SAMPLED_SCENARIOS: Scenario[] = [
   { label: "dspark E2B-like, temp 0.3 top-k 3", fx: "c3_e2b", kind: "dspark", P: 3, N: 20, sampling: { temp: 0.3, topK: 3, seed: 7 } },
   { label: "dspark MoE, temp 0.1", fx: "c5_moe", kind: "dspark", P: 3, N: 20, sampling: { temp: 0.1, seed: 3 } },
   { label: "dspark E2B-like, temp 0.1", fx: "c3_e2b", kind: "dspark", P: 3, N: 20, sampling: { temp: 0.1, seed: 3 } },
+  { label: "positioned: dflash dense, temp 0.7", fx: "c1_dense", kind: "dflash", P: 3, N: 20, sampling: { temp: 0.7, seed: 3, positioned: true } },
+  { label: "positioned: dflash MoE, temp 1.0 top-p 0.9", fx: "c5_moe", kind: "dflash", P: 3, N: 20, sampling: { temp: 1.0, topP: 0.9, seed: 7, positioned: true } },
+  { label: "positioned: dspark dense, temp 0.7", fx: "c1_dense", kind: "dspark", P: 3, N: 20, sampling: { temp: 0.7, seed: 3, positioned: true } },
+  { label: "positioned: dspark E2B-like, temp 1.0 top-p 0.9", fx: "c3_e2b", kind: "dspark", P: 3, N: 20, sampling: { temp: 1.0, topP: 0.9, seed: 7, positioned: true } },
 ];
 
 const GRID: Scenario[] = [
@@ -59,6 +66,10 @@ const GRID: Scenario[] = [
   { label: "dspark MoE, temp 1.0 min-p 0.1, 40 tokens", fx: "c5_moe", kind: "dspark", P: 3, N: 40, sampling: { temp: 1.0, minP: 0.1, seed: 4 } },
   { label: "dspark E2B-like q8g64 target, temp 0.3 top-k 3", fx: "c3_e2b", target: "c3_e2b/q8g64", kind: "dspark", P: 3, N: 24, sampling: { temp: 0.3, topK: 3, seed: 7 } },
   { label: "dspark dense, block 3, temp 0.5 top-p 0.5", fx: "c1_dense", kind: "dspark", P: 1, N: 24, block: 3, sampling: { temp: 0.5, topP: 0.5, seed: 1 } },
+  { label: "positioned: dflash MoE, temp 0.5 top-k 20", fx: "c5_moe", kind: "dflash", P: 3, N: 20, sampling: { temp: 0.5, topK: 20, seed: 1, positioned: true } },
+  { label: "positioned: dflash dense, temp 0.7 top-k 50 top-p 0.95, 40 tokens", fx: "c1_dense", kind: "dflash", P: 12, N: 40, sampling: { temp: 0.7, topK: 50, topP: 0.95, seed: 9, positioned: true } },
+  { label: "positioned: dflash dense bf16 target, temp 0.7", fx: "c1_dense", target: "c1_dense/bf16", kind: "dflash", P: 3, N: 24, sampling: { temp: 0.7, seed: 3, positioned: true } },
+  { label: "positioned: dspark MoE q4g32 target, temp 1.0", fx: "c5_moe", target: "c5_moe/q4g32", kind: "dspark", P: 9, N: 24, sampling: { temp: 1.0, seed: 2, positioned: true } },
 ];
 
 const results: DFlashResult[] = [];
@@ -86,7 +97,28 @@ describe("sampled DFlash / DSpark decoding vs mlx-vlm, round by round", () => {
   }
   it("ran every scenario, both drafter kinds", () => {
     expect(ran).toBe(scenarios.length);
-    expect(SAMPLED_SCENARIOS.filter((s) => s.kind === "dflash").length).toBeGreaterThanOrEqual(3);
-    expect(SAMPLED_SCENARIOS.filter((s) => s.kind === "dspark").length).toBeGreaterThanOrEqual(3);
+    for (const kind of ["dflash", "dspark"]) {
+      expect(SAMPLED_SCENARIOS.filter((s) => s.kind === kind && !s.sampling.positioned).length).toBeGreaterThanOrEqual(3);
+      expect(SAMPLED_SCENARIOS.filter((s) => s.kind === kind && s.sampling.positioned).length).toBeGreaterThanOrEqual(2);
+    }
+  });
+});
+
+describe("sampled speculative decoding: bad sampling input", () => {
+  it("one clear GenerateError each, before any work", () => {
+    const target = pool.model(join(CK, "c1_dense", "f32")).text;
+    const drafter = drafters.drafter(join(SP, "c1_dense_dflash"));
+    const cases: [object, RegExp][] = [
+      [{ sampling: { temp: -1 } }, /temperature must be a finite number >= 0, got -1/],
+      [{ sampling: { temp: 0.5, topK: 256 }, seed: 1 }, /`top_k` has to be an integer in the \(0, 256\] interval, but is 256/],
+      [{ sampling: { temp: 0.5, positioned: true } }, /positioned sampling needs a seed/],
+      [{ sampling: { temp: 0.5, minP: 0.1, positioned: true }, seed: 1 }, /positioned sampling takes min_p 0/],
+    ];
+    for (const [o, message] of cases) {
+      expect(() => dflashGenerateStep(target, drafter, [1, 2, 3], o)).toThrow(GenerateError);
+      expect(() => dflashGenerateStep(target, drafter, [1, 2, 3], o)).toThrow(message);
+    }
+    const assistant = pool.drafter(join(SP, "c1_dense_unified_assistant"));
+    expect(() => mtpGenerateStep(target, assistant, [1, 2, 3], { sampling: { temp: 0.7, positioned: true }, seed: 3 })).toThrow(/ported for the DFlash loop only/);
   });
 });

@@ -18,20 +18,12 @@ import { sharedOracle } from "../../oracle/client.ts";
 import { dflashParity, type DFlashResult } from "../../oracle/speculative_dflash.ts";
 import { dflashNextBlockSize } from "../../model/speculative/dflash.ts";
 import { limit } from "../../tests/time_limit.ts";
-import { CK, filePools, prompt, SP, summarizeDFlashResults } from "./helpers.ts";
+import { CK, type DrafterScenario, filePools, prompt, SP, summarizeDFlashResults } from "./helpers.ts";
 
 const FULL = process.env.SPEC_FULL === "1";
 const { pool, drafters } = filePools();
 
-interface Scenario {
-  label: string;
-  fx: string;
-  /** Target directory relative to the checkpoint root (default `<fx>/f32`). */
-  target?: string;
-  P: number;
-  N: number;
-  block?: number;
-}
+type Scenario = DrafterScenario;
 
 const DEFAULT: Scenario[] = [
   { label: "dense, P=3", fx: "c1_dense", P: 3, N: 16 },

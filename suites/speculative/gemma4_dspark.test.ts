@@ -23,7 +23,7 @@ import { ConfigError } from "../../model/gemma4/config.ts";
 import { loadDFlashDrafter } from "../../model/speculative/drafters/index.ts";
 import { dflashGenerateStep } from "../../model/speculative/dflash.ts";
 import { limit } from "../../tests/time_limit.ts";
-import { CK, filePools, prompt, SP, summarizeDFlashResults } from "./helpers.ts";
+import { CK, type DrafterScenario, filePools, prompt, SP, summarizeDFlashResults } from "./helpers.ts";
 
 const FULL = process.env.SPEC_FULL === "1";
 const { pool, drafters } = filePools();
@@ -49,7 +49,7 @@ const results: DFlashResult[] = [];
 summarizeDFlashResults("gemma4_dspark", results, FULL ? join(import.meta.dir, "gemma4_dspark.full.json") : null);
 
 describe("gemma4_dspark speculative decoding vs mlx-vlm, round by round", () => {
-  const scenarios: { label: string; fx: string; target?: string; P: number; N: number; block?: number }[] = FULL ? [...DEFAULT, ...GRID] : DEFAULT;
+  const scenarios: DrafterScenario[] = FULL ? [...DEFAULT, ...GRID] : DEFAULT;
   let ran = 0;
   for (const s of scenarios) {
     it(s.label, async () => {

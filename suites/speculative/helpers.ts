@@ -44,6 +44,19 @@ export function summarizeDFlashResults(label: string, results: readonly DFlashRe
   });
 }
 
+/** A round-by-round scenario of the drafter suites. */
+export interface DrafterScenario {
+  label: string;
+  fx: string;
+  /** Target directory relative to the checkpoint root (default `<fx>/f32`). */
+  target?: string;
+  /** Prompt length and tokens to generate. */
+  P: number;
+  N: number;
+  /** --draft-block-size. */
+  block?: number;
+}
+
 export interface FaceRun {
   code: number | null;
   /** stdout then stderr. */
