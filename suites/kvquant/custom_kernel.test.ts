@@ -9,6 +9,8 @@
 // - cuda_kernel: where MLX's CUDA back-end is in use (MLX_BACKEND=cuda, a GPU), a kernel that
 //   doubles its input must equal mx.multiply(x, 2) bit for bit; elsewhere its call must fail with
 //   Python's own message, as above.
+// - On a CUDA GPU also a kernel with template arguments (dtype, int, bool), init_value and two
+//   outputs: the same outputs as Python's call, bit for bit.
 // - Bad arguments: one MlxError each, no abort.
 import { describe, expect, test } from "vitest";
 import * as mx from "@mlx-bun/mlx";
@@ -100,6 +102,32 @@ describe("mx.fast custom kernels through the binding", () => {
   // the error path instead (skip reason: no CUDA back-end in this MLX build / no GPU).
   test.skipIf(!(gpuBackend === "cuda" && isAvailable("gpu")))("cuda_kernel on the GPU: doubles its input bit for bit", () => {
     expect(runDouble("cuda").ok).toEqual([2, 4, 6, 8]);
+  });
+
+  // Template arguments (a dtype, an int, a bool), init_value and two outputs, on the GPU: the same
+  // outputs as Python's call of the same kernel (skip reason as above).
+  test.skipIf(!(gpuBackend === "cuda" && isAvailable("gpu")))("cuda_kernel with template arguments, init_value and two outputs: Python's outputs bit for bit", () => {
+    const src = "auto elem = blockIdx.x * blockDim.x + threadIdx.x; if (elem < N) { T x = a[elem]; out0[elem] = DOUBLE ? x * static_cast<T>(2) : x; if (elem < 2) out1[elem] = x + static_cast<T>(1); }";
+    const script = `
+import json, mlx.core as mx
+k = mx.fast.cuda_kernel(name="templated", input_names=["a"], output_names=["out0", "out1"], source=${JSON.stringify(src)})
+o = k(inputs=[mx.array([1.5, -2.0, 3.25, 4.0], dtype=mx.float16)], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+      output_shapes=[(4,), (4,)], output_dtypes=[mx.float16, mx.float16],
+      template=[("T", mx.float16), ("N", 3), ("DOUBLE", True)], init_value=7.0)
+print(json.dumps([[float(v) for v in x.tolist()] for x in o]))
+`;
+    const r = Bun.spawnSync([DEFAULT_PYTHON, "-c", script], { stdout: "pipe", stderr: "pipe" });
+    expect(r.exitCode).toBe(0);
+    const want = JSON.parse(r.stdout.toString()) as number[][];
+    using k = mx.fast.cudaKernel({ name: "templated", inputNames: ["a"], outputNames: ["out0", "out1"], source: src });
+    using x = mx.array([1.5, -2.0, 3.25, 4.0], [4], "float16");
+    const outs = k.call({ inputs: [x], grid: [4, 1, 1], threadgroup: [4, 1, 1], outputShapes: [[4], [4]], outputDtypes: ["float16", "float16"], template: [["T", "float16"], ["N", 3], ["DOUBLE", true]], initValue: 7 });
+    try {
+      expect(outs.map((o) => o.toNumbers())).toEqual(want);
+      expect(want).toEqual([[3, -4, 6.5, 7], [2.5, -1, 7, 7]]);
+    } finally {
+      for (const o of outs) o.dispose();
+    }
   });
 
   test("bad arguments: one MlxError each", () => {
