@@ -7,8 +7,8 @@
 //
 // The cache lists are opaque here (CacheOps says how to measure, copy, trim and free one), so the
 // behaviour is checked on stand-ins against mlx-lm's own class (suites/serve/prompt_cache.test.ts).
-// NOT wired into the server yet: `--prompt-cache-size` / `--prompt-cache-bytes` are still refused
-// and `cached_tokens` is 0 (README, "Serving").
+// The server uses it through serve/prefix_cache.ts (PrefixReuse), wired in serve/engine.ts as
+// mlx_lm.server's ResponseGenerator wires it (--prompt-cache-size, --prompt-cache-bytes).
 //
 // Ownership: an inserted list belongs to the cache (freed with dispose when evicted or replaced);
 // fetchNearest returns a copy the caller owns.
