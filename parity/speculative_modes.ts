@@ -125,7 +125,7 @@ async function dflashMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
   const results: unknown[] = [];
   let ok = true;
   try {
-    const scenarios: { fx: string; P: number; N: number; block?: number; kind?: string; sampling?: { temp: number; topK?: number; topP?: number; seed: number } }[] = [
+    const scenarios: { fx: string; P: number; N: number; block?: number; kind?: string; sampling?: { temp: number; topK?: number; topP?: number; seed: number; positioned?: boolean } }[] = [
       { fx: "c1_dense", P: 3, N: 24 },
       { fx: "c1_dense", P: 12, N: 40 },
       { fx: "c1_dense", P: 5, N: 32, block: 8 },
@@ -139,6 +139,9 @@ async function dflashMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
       { fx: "c1_dense", P: 3, N: 20, sampling: { temp: 0.1, seed: 3 } },
       { fx: "c1_dense", P: 3, N: 20, sampling: { temp: 0.5, topP: 0.5, seed: 1 } },
       { fx: "c3_e2b", P: 3, N: 20, kind: "dspark", sampling: { temp: 0.3, topK: 3, seed: 7 } },
+      // positioned (generate_step(seed=S): mlx-vlm's API and server): vs plain decoding keyed by position
+      { fx: "c1_dense", P: 3, N: 20, sampling: { temp: 0.7, seed: 3, positioned: true } },
+      { fx: "c5_moe", P: 3, N: 20, kind: "dspark", sampling: { temp: 1.0, topP: 0.9, seed: 7, positioned: true } },
     ].filter((s) => selected(a)(s.fx));
     for (const s of scenarios) {
       const drafterName = `${s.fx}_${s.kind ?? "dflash"}`;
@@ -148,7 +151,7 @@ async function dflashMode(oracle: OracleClient, a: Parsed): Promise<boolean> {
       // plain greedy is a relation only where block rows equal single-token rows (the CPU backend; suites/speculative/rows.ts)
       ok &&= r.vsOracle.first === null && (mx.defaultDevice() !== "cpu" || r.vsGreedy?.first === null);
       results.push(r);
-      const samp = s.sampling ? ` temp ${s.sampling.temp}${s.sampling.topK ? ` top-k ${s.sampling.topK}` : ""}${s.sampling.topP ? ` top-p ${s.sampling.topP}` : ""} seed ${s.sampling.seed}` : "";
+      const samp = s.sampling ? `${s.sampling.positioned ? " positioned" : ""} temp ${s.sampling.temp}${s.sampling.topK ? ` top-k ${s.sampling.topK}` : ""}${s.sampling.topP ? ` top-p ${s.sampling.topP}` : ""} seed ${s.sampling.seed}` : "";
       rows.push([drafterName, `P=${s.P} N=${s.N}${s.block ? ` block ${s.block}` : ""}${samp}`, `${r.rounds} (${r.acceptRounds} with accepts, ${r.rejectRounds} with rejections)`, `${r.accepted}/${r.drafted}`, verdict(r.vsOracle), r.vsGreedy?.first ? "DIFFERS" : "equal"]);
       bar.done(r.vsOracle.first ? "DIVERGES" : "bit-exact");
     }
