@@ -36,7 +36,7 @@ beforeAll(async () => {
   const oracle = await sharedOracle();
   await oracle.request("make_checkpoints", { tokenizer_from: SOURCE, out: DIR }, START);
   port = await freePort();
-  server = await startServerProcess("npm run serve", process.execPath, ["run", "serve/cli.ts", "--model", DIR, "--port", String(port), "--api-key", KEY, "--max-body-bytes", "4096", "--max-prompt-tokens", "64", "--max-tokens-limit", "4096"], port, START);
+  server = await startServerProcess("npm run serve", process.execPath, ["run", "serve/cli.ts", "--model", DIR, "--port", String(port), "--api-key", KEY, "--max-body-bytes", "4096", "--max-prompt-tokens", "64", "--max-tokens-limit", "4096", "--prompt-cache-size", "0"], port, START);
 }, 2 * START);
 
 afterAll(async () => {
@@ -153,6 +153,7 @@ describe("npm run serve: safe by default", () => {
   }, CASE);
 
   it("requests sent at once (batched together now): each answer equals the same request's answer alone on these short prompts", async () => {
+    // the server runs with --prompt-cache-size 0 (beforeAll): a repeated prompt would otherwise be served from its cached prefix (cached_tokens > 0)
     const reqs = ["The first prompt", "A second, different prompt", "third"].map((prompt, i) => ({ prompt, max_tokens: 4 + i, logprobs: true, stream: i === 1 }));
     const strip = (body: string) => body.replace(/"id": "cmpl-[0-9a-f-]+"/g, "").replace(/"created": \d+/g, "");
     const alone: string[] = [];
