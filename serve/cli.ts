@@ -121,6 +121,10 @@ async function main(argv: string[]): Promise<number> {
   if (apiKey !== null && apiKey.length === 0) throw new UsageError("--api-key must not be empty");
   const maxPromptTokens = a["max-prompt-tokens"] === undefined ? info.maxPositions : positiveInt(a, "max-prompt-tokens");
 
+  const snapshots = positiveInt(a, "prompt-cache-snapshots", 0);
+  if (snapshots > 0 && typeof a["record-schedule"] === "string") throw new UsageError("--prompt-cache-snapshots cannot be combined with --record-schedule: the replay (oracle/python/serve_replay.py) mirrors mlx_lm.server's prompt cache, which has no snapshots");
+  const prefixOptions = { size: positiveInt(a, "prompt-cache-size", 0), bytes: a["prompt-cache-bytes"] === undefined ? null : parseSize(String(a["prompt-cache-bytes"])), snapshots };
+
   // a port in use is found before the slow part (tokenizer and weights)
   await checkPortFree(String(a.host), port);
   let tokenizer;
@@ -171,9 +175,7 @@ async function main(argv: string[]): Promise<number> {
   const log = (line: string) => process.stderr.write(`${new Date().toISOString()} ${line}\n`);
   // no max_position_embeddings refusal at insert: mlx_lm.server's BatchGenerator has none (the prompt limit is --max-prompt-tokens)
   const batched = { ...batchModel(loaded), maxPositions: undefined };
-  const snapshots = positiveInt(a, "prompt-cache-snapshots", 0);
-  if (snapshots > 0 && typeof a["record-schedule"] === "string") throw new UsageError("--prompt-cache-snapshots cannot be combined with --record-schedule: the replay (oracle/python/serve_replay.py) mirrors mlx_lm.server's prompt cache, which has no snapshots");
-  const prefix = new PrefixReuse({ size: positiveInt(a, "prompt-cache-size", 0), bytes: a["prompt-cache-bytes"] === undefined ? null : parseSize(String(a["prompt-cache-bytes"])), snapshots });
+  const prefix = new PrefixReuse(prefixOptions);
   const engine = new Engine(model, batched, tokenizer, {
     prefix,
     prefillStepSize: positiveInt(a, "prefill-step-size"),
@@ -182,6 +184,7 @@ async function main(argv: string[]): Promise<number> {
     recordSchedule: typeof a["record-schedule"] === "string" ? a["record-schedule"] : null,
     draft,
     log,
+    logInfo: verbose ? log : undefined,
   });
   let server;
   try {

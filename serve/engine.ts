@@ -94,6 +94,8 @@ export interface EngineOptions {
   /** TimeBudget's budget (0.5 s). */
   timeBudgetMs?: number;
   log?: (line: string) => void;
+  /** Informational lines (prompt-cache hits); --log-level INFO or DEBUG only. */
+  logInfo?: (line: string) => void;
   /** The prompt cache (mlx_lm.server's LRUPromptCache, with optional snapshots); null: none (--prompt-cache-size 0 still keeps one, as mlx_lm.server does). */
   prefix?: PrefixReuse | null;
 }
@@ -338,7 +340,7 @@ export class Engine {
   private fetchCache(job: Job): { cache: CacheList | null; cached: number; source: string | null } {
     const f = this.prefix ? this.prefix.fetch(job.req.prompt) : { cache: null, cached: 0, source: null };
     job.req.onCached?.(f.cached);
-    if (f.source !== null) this.opts.log?.(`prompt cache: ${job.req.tag ?? `request ${job.n}`} starts from ${f.cached} of its ${job.req.prompt.length} prompt tokens (${f.source === "lru" ? "LRU entry" : "chunk snapshot"})`);
+    if (f.source !== null) this.opts.logInfo?.(`prompt cache: ${job.req.tag ?? `request ${job.n}`} starts from ${f.cached} of its ${job.req.prompt.length} prompt tokens (${f.source === "lru" ? "LRU entry" : "chunk snapshot"})`);
     return f;
   }
 
