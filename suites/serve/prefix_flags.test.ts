@@ -1,7 +1,10 @@
 // The prompt-cache flags of `npm run serve`: --prompt-cache-bytes read as mlx-lm 0.32.2's
 // _parse_size reads it (mlx_lm.utils, called live in the project's venv on the same strings: the
 // sizes equal, and where Python raises, this server refuses the flag with a usage error), and the
-// one combination refused (--prompt-cache-snapshots with --record-schedule: exit 2, one line).
+// one combination refused (--prompt-cache-snapshots with --record-schedule: exit 2, one line);
+// and --prompt-cache-snapshots reaching the engine over HTTP: a second completion sharing 32 of
+// its 38 tokens with the first (prefill step 16) reports cached_tokens 32 and GET
+// /v1/prompt_cache counts one snapshot hit (the bits of such a response: prefix_snapshots.test.ts).
 import { describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
@@ -10,6 +13,7 @@ import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { UsageError } from "../../parity/args.ts";
 import { limit } from "../../tests/time_limit.ts";
 import { parseSize } from "../../serve/cli.ts";
+import { freePort, startServerProcess } from "./processes.ts";
 
 const PYTHON = process.env.ORACLE_PYTHON || join(REPO_ROOT, ".venv", "bin", "python");
 const DIR = join(REPO_ROOT, ".cache", "tokenizer-fixture");
@@ -54,4 +58,25 @@ describe("prompt-cache flags", () => {
       expect(r.stderr.trim()).toMatch(want);
     }
   }, limit(100_000));
+
+  it("--prompt-cache-snapshots over HTTP: the snapshot hit reported in usage and counted", async () => {
+    if (!existsSync(join(DIR, "model.safetensors"))) await (await sharedOracle()).request("make_checkpoints", { tokenizer_from: SOURCE, out: DIR }, limit(60_000));
+    const port = await freePort();
+    const server = await startServerProcess("npm run serve (snapshots)", process.execPath, ["run", "serve/cli.ts", "--model", DIR, "--port", String(port), "--prompt-cache-snapshots", "16", "--prefill-step-size", "16", "--log-level", "WARNING"], port, limit(60_000));
+    try {
+      const base = "The long story of the sea and the old sailor, told again and again by the fire at night while the wind blew over the harbour and the boats rocked slowly";
+      const cached: number[] = [];
+      for (const tail of [" until morning came.", " until the sun rose."]) {
+        const r = await fetch(`${server.url}/v1/completions`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ prompt: base + tail, max_tokens: 4 }) });
+        expect(r.status).toBe(200);
+        cached.push(((await r.json()) as { usage: { prompt_tokens_details: { cached_tokens: number } } }).usage.prompt_tokens_details.cached_tokens);
+      }
+      // the first (37 tokens) is prefilled in chunks ending at 16 and 32 (then 36, its segment end, to the LRU cache); the second shares at least 32 tokens with it
+      expect(cached).toEqual([0, 32]);
+      const stats = (await (await fetch(`${server.url}/v1/prompt_cache`)).json()) as { snapshotHits: number; lruHits: number; snapshotsTaken: number };
+      expect([stats.snapshotHits, stats.lruHits, stats.snapshotsTaken]).toEqual([1, 0, 2]);
+    } finally {
+      await server.stop();
+    }
+  }, limit(90_000));
 });
