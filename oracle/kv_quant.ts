@@ -119,6 +119,8 @@ export async function portGeneration(loaded: LoadedModel, k: KvQuantCase): Promi
     return { steps, error: null };
   } catch (e) {
     if (e instanceof Error && e.name === "KVQuantError") return { steps, error: { type: e.name, message: e.message } };
+    // MLX's own error (e.g. a backend without the kernel): compared with mlx-vlm's, see sameMlxError
+    if (e instanceof mx.MlxError) return { steps, error: { type: e.name, message: e.detail } };
     throw e;
   } finally {
     for (const c of cacheRef) c.dispose();
@@ -155,13 +157,25 @@ export interface KvQuantComparison {
   quantizedArrays: number;
   turboCaches: number;
   firstMismatch: string | null;
+  /** MLX's message where both sides stopped at the same MLX error (see sameMlxError), else null. */
+  unsupported: string | null;
+}
+
+/**
+ * Both sides stopped at one MLX error with the same message: MLX's RuntimeError in Python, an
+ * MlxError through the binding (a backend without a kernel for the shape, e.g. CUDA's
+ * quantized_matmul at group size 32). The case is "unsupported on <backend>": counted apart,
+ * never a pass.
+ */
+export function sameMlxError(port: { type: string; message: string } | null, ref: { type: string; message: string } | null): string | null {
+  return port && ref && port.type === "MlxError" && ref.type === "RuntimeError" && port.message === ref.message ? ref.message : null;
 }
 
 /** Field by field, the first difference named. */
 export function compareGenerations(port: GenerationRecord, ref: GenerationRecord): KvQuantComparison {
   let quantizedArrays = 0;
   const turbo = new Set<number>();
-  const fail = (m: string): KvQuantComparison => ({ tokens: port.steps.length, quantizedArrays, turboCaches: turbo.size, firstMismatch: m });
+  const fail = (m: string): KvQuantComparison => ({ tokens: port.steps.length, quantizedArrays, turboCaches: turbo.size, firstMismatch: m, unsupported: null });
   if (port.steps.length !== ref.steps.length) return fail(`token count: port ${port.steps.length}, mlx-vlm ${ref.steps.length}`);
   for (let i = 0; i < ref.steps.length; i++) {
     const p = port.steps[i]!;
@@ -188,8 +202,9 @@ export function compareGenerations(port: GenerationRecord, ref: GenerationRecord
     }
   }
   if ((port.error === null) !== (ref.error === null)) return fail(`error: port ${JSON.stringify(port.error)}, mlx-vlm ${JSON.stringify(ref.error)}`);
-  if (port.error && ref.error) {
+  const unsupported = sameMlxError(port.error, ref.error);
+  if (port.error && ref.error && unsupported === null) {
     if (ERROR_TYPES[ref.error.type] !== port.error.type || port.error.message !== ref.error.message) return fail(`error: port ${JSON.stringify(port.error)}, mlx-vlm ${JSON.stringify(ref.error)}`);
   }
-  return { tokens: port.steps.length, quantizedArrays, turboCaches: turbo.size, firstMismatch: null };
+  return { tokens: port.steps.length, quantizedArrays, turboCaches: turbo.size, firstMismatch: null, unsupported };
 }

@@ -20,7 +20,7 @@ import { BatchQuantizedKVCache } from "../model/cache/kv_quantize_batch.ts";
 import { BatchTurboQuantKVCache } from "../model/cache/turboquant_batch.ts";
 import type { LoadedModel } from "../model/gemma4/index.ts";
 import { VlmBatchGenerator, vlmLanguageModel } from "../model/generate_batch_vlm.ts";
-import { kvQuantOracle } from "./kv_quant.ts";
+import { kvQuantOracle, sameMlxError } from "./kv_quant.ts";
 
 export interface KvQuantBatchCase {
   checkpoint: string;
@@ -167,6 +167,8 @@ export interface BatchComparison {
   quantizedArrays: number;
   quantizedCaches: number;
   firstMismatch: string | null;
+  /** MLX's message where both sides stopped at the same MLX error (kv_quant.ts sameMlxError), else null. */
+  unsupported: string | null;
 }
 
 /** mlx-vlm exception types the port's errors stand for. */
@@ -177,7 +179,7 @@ export function compareBatchGenerations(port: BatchGenerationRecord, ref: BatchG
   let quantizedArrays = 0;
   let tokens = 0;
   const quantized = new Set<number>();
-  const fail = (m: string): BatchComparison => ({ calls: port.calls.length, tokens, quantizedArrays, quantizedCaches: quantized.size, firstMismatch: m });
+  const fail = (m: string): BatchComparison => ({ calls: port.calls.length, tokens, quantizedArrays, quantizedCaches: quantized.size, firstMismatch: m, unsupported: null });
   if (port.calls.length !== ref.calls.length) return fail(`next() calls: port ${port.calls.length}, mlx-vlm ${ref.calls.length}`);
   for (let i = 0; i < ref.calls.length; i++) {
     const p = port.calls[i]!;
@@ -202,8 +204,9 @@ export function compareBatchGenerations(port: BatchGenerationRecord, ref: BatchG
     }
   }
   if ((port.error === null) !== (ref.error === null)) return fail(`error: port ${JSON.stringify(port.error)}, mlx-vlm ${JSON.stringify(ref.error)}`);
-  if (port.error && ref.error) {
+  const unsupported = sameMlxError(port.error, ref.error);
+  if (port.error && ref.error && unsupported === null) {
     if (!(ERROR_TYPES[ref.error.type] ?? []).includes(port.error.type) || port.error.message !== ref.error.message) return fail(`error: port ${JSON.stringify(port.error)}, mlx-vlm ${JSON.stringify(ref.error)}`);
   }
-  return { calls: port.calls.length, tokens, quantizedArrays, quantizedCaches: quantized.size, firstMismatch: null };
+  return { calls: port.calls.length, tokens, quantizedArrays, quantizedCaches: quantized.size, firstMismatch: null, unsupported };
 }

@@ -1,12 +1,14 @@
 // `npm run parity -- --model DIR --kv-batch-tokens "1,2,3;4,5" --kv-bits B [...]`: a batch of
 // prompts through mlx-vlm 0.7.10's batch path with quantized KV caches (model/generate_batch_vlm.ts
 // against mlx-vlm's own BatchGenerator, oracle/kv_quant_batch.ts), a verdict per next() call
-// (logprobs, responses, every batch cache's state) and PASS/FAIL (exit 0/1). Checked before any
+// (logprobs, responses, every batch cache's state) and PASS/FAIL (exit 0/1; UNSUPPORTED on <backend>, exit 0,
+// where both sides stop at the same MLX error after equal calls). Checked before any
 // oracle starts, each bad input one UsageError (exit 2): the flags of kv_quant_flags.ts with the
 // batch path's rule (uniform runs on sliding shapes here; TurboQuant and uniform quantize from the
 // first token, so a group size that does not divide the full-attention head dim is refused at
 // once), the prompts (token ids inside the vocabulary), a flat gemma4_text checkpoint with tied
 // embeddings (what the oracle's loader takes), a quantized donor read by KV-shared layers.
+import * as mx from "@mlx-bun/mlx";
 import { existsSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { kvSharedBatchConflict, shouldQuantizeKvLayer } from "../model/cache/kv_quantize_batch.ts";
@@ -101,7 +103,13 @@ export function kvQuantBatchParityRun(a: Parsed): (() => Promise<boolean>) | nul
     const c = compareBatchGenerations(got, want!);
     process.stdout.write(`KV quantization ${k.kvQuantScheme === "turboquant" ? "TurboQuant" : "uniform"} ${bits} bits, ${prompts.length} prompts through mlx-vlm's batch path: the port vs mlx-vlm's BatchGenerator, per next() call\n`);
     for (const l of batchCallVerdicts(got, want!)) process.stdout.write(`${l}\n`);
-    process.stdout.write(c.firstMismatch === null ? `PASS: ${c.calls} calls, ${c.tokens} tokens bit-exact (logprobs, responses, ${c.quantizedCaches} quantized cache(s), ${c.quantizedArrays} state arrays)\n` : `FAIL: ${c.firstMismatch}\n`);
+    process.stdout.write(
+      c.firstMismatch !== null
+        ? `FAIL: ${c.firstMismatch}\n`
+        : c.unsupported !== null
+          ? `UNSUPPORTED on ${mx.backend()}: both sides stop at the same MLX error after ${c.calls} equal calls: ${c.unsupported}\n`
+          : `PASS: ${c.calls} calls, ${c.tokens} tokens bit-exact (logprobs, responses, ${c.quantizedCaches} quantized cache(s), ${c.quantizedArrays} state arrays)\n`,
+    );
     return c.firstMismatch === null;
   };
 }

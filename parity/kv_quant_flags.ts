@@ -13,6 +13,7 @@
 //   fails inside attention: bench/kvquant/kv_shared_repro.py); a full-attention head dim that is
 //   not a power of two (mlx-vlm's rotation is numpy QR: not portable); bits with no carried codebook;
 // - with --draft-model, --prompt-cache-file, media or a batch: not ported.
+import * as mx from "@mlx-bun/mlx";
 import { kvSharedDonorConflict, kvSharedRefusal, type KVQuantConfig, makeKvQuantizer } from "../model/cache/kv_quantize.ts";
 import { codebookValues } from "../model/cache/turboquant.ts";
 import { modelArgsFromDict } from "../model/gemma4/config.ts";
@@ -130,7 +131,13 @@ export function kvQuantParityRun(a: Parsed, spec: KvQuantParitySpec | null, text
     const c = compareGenerations(got, want);
     process.stdout.write(`KV quantization ${turboquantEnabled(k.kvBits, k.kvQuantScheme) ? "TurboQuant" : "uniform"} ${k.kvBits} bits, quantized_kv_start ${k.quantizedKvStart}: the port vs mlx-vlm's generate_step, per step\n`);
     for (const l of lines) process.stdout.write(`${l}\n`);
-    process.stdout.write(c.firstMismatch === null ? `PASS: ${c.tokens} steps bit-exact (tokens, logprobs, ${c.turboCaches} quantized cache(s), ${c.quantizedArrays} state arrays)\n` : `FAIL: ${c.firstMismatch}\n`);
+    process.stdout.write(
+      c.firstMismatch !== null
+        ? `FAIL: ${c.firstMismatch}\n`
+        : c.unsupported !== null
+          ? `UNSUPPORTED on ${mx.backend()}: both sides stop at the same MLX error after ${c.tokens} equal steps: ${c.unsupported}\n`
+          : `PASS: ${c.tokens} steps bit-exact (tokens, logprobs, ${c.turboCaches} quantized cache(s), ${c.quantizedArrays} state arrays)\n`,
+    );
     return c.firstMismatch === null;
   };
 }

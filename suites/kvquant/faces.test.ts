@@ -10,6 +10,7 @@
 //   generate_step per step) on c1_dense, in process;
 // - `npm run parity --kv-batch-tokens`: its bad input, and a passing uniform batch run (the port's
 //   mlx-vlm batch path vs mlx-vlm's BatchGenerator, per next() call), in process.
+import * as mx from "@mlx-bun/mlx";
 import { describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
 import { join } from "node:path";
@@ -129,6 +130,12 @@ describe("npm run parity --kv-batch-tokens (mlx-vlm's batch path)", () => {
     }
     expect(ok).toBe(true);
     const out = lines.join("");
+    if (out.includes("UNSUPPORTED on")) {
+      // CUDA has no quantized_matmul at group 32 for these shapes: both sides stop at MLX's error
+      expect(mx.defaultDevice()).toBe("gpu");
+      expect(out).toMatch(/^UNSUPPORTED on \w+: both sides stop at the same MLX error after \d+ equal calls: \[quantized_matmul\]/m);
+      return;
+    }
     expect(out.match(/^call \d+: .*, equal$/gm)?.length).toBe(7);
     expect(out).toContain("PASS: 7 calls, 9 tokens bit-exact");
   }, limit(60_000));

@@ -307,8 +307,10 @@ describe("TurboQuantKVCache: trim, state and meta_state, attention", () => {
 });
 
 const summary: string[] = [];
+const unsupported: string[] = [];
 afterAll(() => {
   if (summary.length) console.log(`[kvquant] ${summary.length} generation cases bit-exact vs mlx-vlm\n${summary.join("\n")}`);
+  if (unsupported.length) console.log(`[kvquant] ${unsupported.length} generation cases unsupported on ${mx.backend()} (both sides: the same MLX error)\n${unsupported.join("\n")}`);
 });
 
 describe("generation with a quantized KV cache vs mlx-vlm's generate_step, token by token", () => {
@@ -318,6 +320,13 @@ describe("generation with a quantized KV cache vs mlx-vlm's generate_step, token
       const got = await portGeneration(model(k.checkpoint), k);
       const c = compareGenerations(got, want);
       expect(c.firstMismatch).toBeNull();
+      if (c.unsupported !== null) {
+        // both sides stopped at one MLX error (CUDA has no quantized_matmul at group 32 for these
+        // shapes): unsupported on this backend, counted apart; on the CPU every case must run
+        expect(mx.defaultDevice()).toBe("gpu");
+        unsupported.push(`${k.label}: ${c.unsupported}`);
+        return;
+      }
       if (k.kvQuantScheme === "uniform" && k.allFull) {
         // no sliding layer: every cache becomes a QuantizedKVCache once it reaches the start
         expect(want.error).toBeNull();
