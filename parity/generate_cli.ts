@@ -15,6 +15,7 @@ import { checkPromptLength, inspectCheckpoint, resolvePrompt } from "./inputs.ts
 import { checkSpeculativeFlags, faceLoadPromptCache, modelDirOf, SPECULATIVE_FLAGS, speculativeFaceStream } from "./speculative_face.ts";
 import { BATCH_FLAGS, batchPlan, isBatch, runBatch } from "./generate_batch.ts";
 import { KV_QUANT_FLAGS, kvQuantPlan } from "./kv_quant_flags.ts";
+import { kvBatchPlan, runKvBatch } from "./kv_quant_batch_generate.ts";
 import { makeKvQuantizer } from "../model/cache/kv_quantize.ts";
 
 export const FLAGS: FlagSpec[] = [
@@ -74,7 +75,8 @@ export async function generatePlan(argv: readonly string[]) {
   const dir = modelDirOf(a);
   const info = inspectCheckpoint(dir);
   if (batch && wantsMedia(a)) throw new UsageError("--image / --audio / --video do not apply to a batch (several prompts)");
-  if (batch && a["kv-bits"] !== undefined) throw new UsageError("--kv-bits does not apply to a batch (several prompts) (not ported)");
+  // several prompts with --kv-bits: mlx-vlm's batch path (mlx-lm's batch_generate has no working quantized cache for Gemma 4)
+  if (batch && a["kv-bits"] !== undefined) return { a, dev, dir, info, batch: null, kvBatch: await kvBatchPlan(dir, a, info), media: null };
   if (batch) return { a, dev, dir, info, batch: await batchPlan(dir, a, info), media: null };
   for (const k of ["prompt", "tokens"]) if (Array.isArray(a[k])) a[k] = (a[k] as string[])[0];
   // --image / --audio: the TS Gemma4Processor (mlx-vlm's, ported) gives the expanded prompt and
@@ -123,12 +125,13 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(
       helpText(
         "npm run generate -- --model <dir> (--prompt \"text\" | --tokens 1,2,3) [--image a.png] [--audio b.wav] [options]",
-        "Generates text with the TypeScript Gemma 4 model, no oracle (mlx-lm's generate_step; with media, mlx-vlm's, after the TS port of its Gemma4Processor). Several --prompt / --tokens, or --prompt-file, run a batch (mlx-lm's batch_generate).",
+        "Generates text with the TypeScript Gemma 4 model, no oracle (mlx-lm's generate_step; with media, mlx-vlm's, after the TS port of its Gemma4Processor). Several --prompt / --tokens, or --prompt-file, run a batch (mlx-lm's batch_generate; with --kv-bits, mlx-vlm's batch path with quantized KV caches, greedy).",
         FLAGS,
       ),
     );
     return 0;
   }
+  if (plan.kvBatch) return runKvBatch(plan.kvBatch, plan.dev, { loadTokenizer });
   if (plan.batch) {
     const rootCfg = JSON.parse(readFileSync(join(plan.dir, "config.json"), "utf8")) as Record<string, unknown>;
     return runBatch(plan.batch, plan.dev, { loadTokenizer, eosIds: (d) => eosIds(d, { ...plan.info.text, ...rootCfg }) });
