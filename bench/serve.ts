@@ -1,7 +1,7 @@
 // `npm run bench:serve`: `npm run serve` (serve/) against mlx_lm.server 0.32.2 under the same
-// load, on the same checkpoint, both started here on loopback (mlx_lm.server from the project's
-// venv, unmodified, with --prompt-cache-size 0: this server has no prompt cache wired, and every
-// prompt here is new anyway).
+// load, on the same checkpoint, both started here on loopback with their defaults (mlx_lm.server
+// from the project's venv, unmodified; both keep a prompt cache of 10 entries: every prompt here
+// is new, so neither gets a hit, both pay the insert).
 //
 // A level of N concurrent streams: N clients start together, each sends --rounds streaming
 // /v1/completions requests one after the other (greedy, max_tokens --max-tokens,
@@ -121,7 +121,9 @@ async function start(name: string, cmd: string, args: string[], port: number): P
   const keep = (b: Buffer) => void (out = (out + b.toString()).slice(-20_000));
   proc.stdout?.on("data", keep);
   proc.stderr?.on("data", keep);
+  // no server outlives the bench, also when it is interrupted
   process.once("exit", () => proc.kill("SIGKILL"));
+  for (const sig of ["SIGINT", "SIGTERM"] as const) process.once(sig, () => process.exit(130));
   const url = `http://127.0.0.1:${port}`;
   const until = Date.now() + 300_000;
   while (Date.now() < until) {
@@ -266,7 +268,7 @@ async function main(): Promise<void> {
   const log = (s: string) => console.error(`[bench:serve] ${s}`);
   log(`starting both servers on ${dir}`);
   const ts = await start("npm run serve", process.execPath, ["run", "serve/cli.ts", "--model", dir, "--port", String(p1), "--log-level", "WARNING"], p1);
-  const py = await start("mlx_lm.server", PY, ["-c", LAUNCH, "--model", dir, "--host", "127.0.0.1", "--port", String(p2), "--prompt-cache-size", "0", "--log-level", "WARNING"], p2);
+  const py = await start("mlx_lm.server", PY, ["-c", LAUNCH, "--model", dir, "--host", "127.0.0.1", "--port", String(p2), "--log-level", "WARNING"], p2);
   const rows: Row[] = [];
   try {
     for (const n of plan.streams) {
@@ -305,13 +307,14 @@ async function main(): Promise<void> {
       writeFileSync(join(REPO_ROOT, "bench", `${f}.tmp`), text);
       renameSync(join(REPO_ROOT, "bench", `${f}.tmp`), join(REPO_ROOT, "bench", f));
     }
-    writeFileSync(join(REPO_ROOT, "bench", "SERVE.md"), renderAll(runs as unknown as SavedRun[]));
+    const mdPath = join(REPO_ROOT, "bench", "SERVE.md");
+    writeFileSync(mdPath, renderAll(runs as unknown as SavedRun[], existsSync(mdPath) ? readFileSync(mdPath, "utf8") : ""));
   }
 }
 
 const sameTexts = (r: Row) => r.ts.every((t, i) => JSON.stringify(t.texts) === JSON.stringify(r.mlxLm[i]!.texts));
 
-interface SavedRun {
+export interface SavedRun {
   workload: string;
   meta: Record<string, string>;
   rows: (Omit<Row, "ts" | "mlxLm"> & { ts: Omit<LevelRun, "texts">[]; mlxLm: Omit<LevelRun, "texts">[]; sameTexts: boolean })[];
@@ -338,14 +341,21 @@ function renderRun(run: SavedRun): string {
   return out.join("\n") + "\n";
 }
 
-function renderAll(runs: SavedRun[]): string {
+const FINDINGS = "## Findings";
+
+/** The page: method, one section per workload (tiny first), then the hand-written findings of the previous page, kept. */
+export function renderAll(runs: SavedRun[], previous = ""): string {
+  const order = ["tiny", "e2b"];
+  runs = [...runs].sort((a, b) => order.indexOf(a.workload) - order.indexOf(b.workload));
+  const at = previous.indexOf(FINDINGS);
+  const kept = at >= 0 ? ["", previous.slice(at).trimEnd(), ""] : [];
   const head = [
     "# Serving: `npm run serve` vs mlx_lm.server 0.32.2 under the same load",
     "",
-    "`npm run bench:serve -- --workload tiny|e2b` (bench/serve.ts). Both servers run on loopback on the same checkpoint (mlx_lm.server from the project's venv, unmodified, `--prompt-cache-size 0`; both with their default decode/prompt concurrency 32/8 and prefill step 2048). A level of N streams: N clients start together, each sends its requests one after the other. Aggregate decode tok/s = completion tokens of all requests (usage) / the level's wall time; TTFT = request sent to the first SSE event with a choice (nearest-rank p50/p95 over the level's requests). One warm-up run per server and level (excluded), then pairs alternating which server goes first; ratio = TS / mlx_lm.server per pair, the median in bold (tok/s: higher is better; TTFT: lower is better). \"same texts\": every request's streamed text equal between the servers in every pair (greedy; batch composition can change bits once a sliding window rotates, so this is reported, not required). Server CPU ms/token: the server process's user + system CPU time (all its threads, /proc) during the run / its completion tokens: a figure the other jobs on a shared host change less than wall time. Load avg: the host's 1-minute load average when each run started (the host is shared; the servers' own work counts in it).",
+    "`npm run bench:serve -- --workload tiny|e2b` (bench/serve.ts). Both servers run on loopback on the same checkpoint with their defaults (mlx_lm.server from the project's venv, unmodified; decode/prompt concurrency 32/8, prefill step 2048, a prompt cache of 10 entries on both: every prompt is new, so neither gets a hit and both pay the insert). A level of N streams: N clients start together, each sends its requests one after the other. Aggregate decode tok/s = completion tokens of all requests (usage) / the level's wall time; TTFT = request sent to the first SSE event with a choice (nearest-rank p50/p95 over the level's requests). One warm-up run per server and level (excluded), then pairs alternating which server goes first; ratio = TS / mlx_lm.server per pair, the median in bold (tok/s: higher is better; TTFT: lower is better). \"same texts\": every request's streamed text equal between the servers in every pair (greedy; batch composition can change bits once a sliding window rotates, so this is reported, not required). Server CPU ms/token: the server process's user + system CPU time (all its threads, /proc) during the run / its completion tokens: a figure the other jobs on a shared host change less than wall time. Load avg: the host's 1-minute load average when each run started (the host is shared; the servers' own work counts in it).",
     "",
   ];
-  return [...head, ...runs.map(renderRun)].join("\n");
+  return [...head, ...runs.map(renderRun), ...kept].join("\n");
 }
 
 if (import.meta.main) {
