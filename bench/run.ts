@@ -19,6 +19,8 @@ import type { KVCacheLike } from "../model/cache/index.ts";
 import { type TrainWorkload, trainBatch, trainWorkloads, tsTrainer } from "./train.ts";
 import { measureMtp } from "./mtp.ts";
 import { PY, PyWorker } from "./py_worker.ts";
+import { baseWorkload, benchKv, type BenchKv, checkKvWorkload, KV_QUANT_FLAGS, kvRequest, kvWorkloadName } from "./kv_rows.ts";
+import { makeKvQuantizer } from "../model/cache/kv_quantize.ts";
 
 const ROOT = join(import.meta.dir, "..");
 
@@ -37,6 +39,8 @@ export const FLAGS: FlagSpec[] = [
   { name: "big-dtype", kind: "string", valueName: "dtype", help: "dtype of the full-width checkpoints' unquantized parameters and activations: bfloat16 (as released) or float32 (libmlx's CPU quantized matmul runs ~10x faster in float32)", default: "bfloat16" },
   { name: "suite-cost", kind: "bool", help: "also time `npm test` and `npm run golden:regen` (minutes)" },
   { name: "no-workloads", kind: "bool", help: "run no workload (with --suite-cost: only the suite cost)" },
+  // the prefill/decode rows with a quantized KV cache on both sides (bench/kv_rows.ts)
+  ...KV_QUANT_FLAGS,
   { name: "help", kind: "bool", help: "show this help" },
 ];
 
@@ -113,18 +117,24 @@ interface GenSample {
   generation_tps: number | null;
   peak_memory: number;
   tokens: number[];
+  /** --kv-bits runs: the cache types after the run. */
+  caches?: string[];
 }
 
 // ------------------------------------------------------------------ the TS side
 
-async function tsGenerate(model: ReturnType<typeof loadGenerationModel>["model"], prompt: number[], maxTokens: number): Promise<GenSample> {
+async function tsGenerate(model: ReturnType<typeof loadGenerationModel>["model"], prompt: number[], maxTokens: number, kv: BenchKv | null = null): Promise<GenSample> {
+  // --kv-bits: a fresh quantizer per run (mlx-vlm's generate_step with kv_bits, as the worker runs it)
+  const quantizeCache = kv ? (makeKvQuantizer(kv.cfg) ?? undefined) : undefined;
+  let caches: string[] | undefined;
+  const onStep = kv ? (i: { cache: readonly KVCacheLike[] }) => (caches = i.cache.map((c) => c.constructor.name)) : undefined;
   mx.clearCache();
   mx.resetPeakMemory();
   const tokens: number[] = [];
   let tic = performance.now();
   let promptSeconds = 0;
   let n = 0;
-  for await (const t of generate(model, prompt, { maxTokens })) {
+  for await (const t of generate(model, prompt, { maxTokens, quantizeCache, onStep })) {
     if (t.n === 0) {
       promptSeconds = (performance.now() - tic) / 1000;
       tic = performance.now();
@@ -133,7 +143,7 @@ async function tsGenerate(model: ReturnType<typeof loadGenerationModel>["model"]
     tokens.push(t.token);
   }
   const genSeconds = (performance.now() - tic) / 1000;
-  return { prompt_tps: prompt.length / promptSeconds, generation_tps: genSeconds > 0 ? (n + 1) / genSeconds : null, peak_memory: mx.getPeakMemory(), tokens };
+  return { prompt_tps: prompt.length / promptSeconds, generation_tps: genSeconds > 0 ? (n + 1) / genSeconds : null, peak_memory: mx.getPeakMemory(), tokens, caches };
 }
 
 /**
@@ -215,6 +225,9 @@ export function markdown(meta: Record<string, string>, wl: MeasuredWorkload[], r
   for (const [k, v] of Object.entries(meta)) out.push(`- **${k}**: ${v}`);
   out.push("", "Each row: one warm-up per side, then pairs run alternately (TS, mlx-lm, TS, mlx-lm, …). Ratio = TS / mlx-lm per pair (median, min–max); for tok/s higher is better, for time and memory lower is better. A run of some workloads (`--only`) keeps the other workloads' rows from the previous results, with their own date.", "");
   out.push("KV-cache quantization (issue 27: cache bytes at 4k/32k on the E2B and 31B layouts, decode tok/s against mlx-vlm with a quantized cache, quality against the unquantized cache): `npm run bench:kvquant`, results in [KVQUANT.md](KVQUANT.md).", "");
+  if (wl.some((w) => w.name !== baseWorkload(w.name))) {
+    out.push("A workload named `NAME (KV <scheme> <bits> bits, start N)` is a `npm run bench -- --kv-bits` run (bench/kv_rows.ts): NAME's prefill/decode/peak-memory rows with a quantized KV cache on both sides; the reference side (the \"mlx-lm\" columns) is then mlx-vlm 0.7.10's generate_step with kv_bits / kv_quant_scheme / kv_group_size / quantized_kv_start (mlx-lm's own --kv-bits breaks on Gemma 4 once a sliding cache reaches quantized_kv_start), and the generated tokens are compared in every pair (notes). Their peak-memory rows set the port against mlx-vlm's generate_step over its gemma4 Model, not against mlx-lm's.", "");
+  }
   out.push("## Workloads", "");
   for (const w of wl) {
     const warm = w.warmup ? `; warm-up ${w.warmup[0]}-token prompt, ${w.warmup[1]} tokens` : "";
@@ -341,7 +354,16 @@ export function benchPlan(argv: readonly string[]) {
     twl = twl.filter((w) => names.has(w.name));
     if (wl.length === 0 && twl.length === 0) throw new UsageError(`--only matched no workload`);
   } else if (dev.device === "cpu") wl = wl.filter((w) => DEFAULT_ON_CPU.has(w.name));
-  return { a, quick, pairs, wl, twl, dev, hbm };
+  const kv = benchKv(a);
+  if (kv) {
+    // the quantized cache changes the prefill/decode rows only: no MTP or train workload
+    const other = [...wl.filter((w) => w.mtpDrafter).map((w) => w.name), ...twl.map((w) => w.name)];
+    if (typeof a.only === "string" && other.length) throw new UsageError(`--kv-bits applies to the prefill/decode workloads, not ${other.join(", ")}`);
+    wl = wl.filter((w) => !w.mtpDrafter);
+    twl = [];
+    for (const w of wl) checkKvWorkload(kv, w.dir, w.prompts, w.decode);
+  }
+  return { a, quick, pairs, wl, twl, dev, hbm, kv };
 }
 
 async function main(): Promise<void> {
@@ -350,16 +372,20 @@ async function main(): Promise<void> {
     process.stdout.write(helpText("npm run bench -- [options]", "Benchmarks the TS Gemma 4 model against mlx-lm, alternating the two sides in one run.", FLAGS));
     return;
   }
-  const { a, quick, pairs, wl, twl, dev, hbm } = plan;
+  const { a, quick, pairs, wl, twl, dev, hbm, kv } = plan;
   const rows: Row[] = [];
   const notes: Note[] = [];
   const done: MeasuredWorkload[] = [];
   const started = new Date().toISOString();
   const mode = quick ? "--quick" : `${pairs} pairs`;
-  const py = new PyWorker("bench_worker.py", "mlx-lm bench worker");
+  // --kv-bits: the reference side is mlx-vlm's generate_step with the quantized cache (bench/kv_rows.ts)
+  const py = kv ? new PyWorker("kvquant_worker.py", "mlx-vlm kvquant worker") : new PyWorker("bench_worker.py", "mlx-lm bench worker");
+  let kvTokensDiffer = false;
   try {
     for (const w of wl) {
       ensureCheckpoint(w);
+      if (kv) checkKvWorkload(kv, w.dir, w.prompts, w.decode);
+      const load0 = loadavg()[0]!;
       const vocab = Number((JSON.parse(readFileSync(join(w.dir, "config.json"), "utf8")) as { vocab_size?: number }).vocab_size ?? 256);
       const bytes = decodeBytesPerToken(w.dir);
       console.error(`[bench] ${w.name}: loading on both sides`);
@@ -379,7 +405,7 @@ async function main(): Promise<void> {
         const prompt = promptOf(plen, vocab);
         const maxTokens = k === 0 ? w.decode : 2;
         const run = async (side: "ts" | "py", p = prompt, n = maxTokens) =>
-          side === "ts" ? tsGenerate(model, p, n) : py.call<GenSample>({ cmd: "generate", prompt: p, max_tokens: n, prefill_step_size: 2048 });
+          side === "ts" ? tsGenerate(model, p, n, kv) : py.call<GenSample>({ cmd: "generate", prompt: p, max_tokens: n, prefill_step_size: 2048, ...(kv ? kvRequest(kv) : {}) });
         const [wp, wn] = w.warmup ? [promptOf(w.warmup[0], vocab), w.warmup[1]] : [prompt, maxTokens];
         await run("ts", wp, wn);
         await run("py", wp, wn);
@@ -390,19 +416,41 @@ async function main(): Promise<void> {
           ts.push(await run("ts"));
           pys.push(await run("py"));
         }
-        if (ts[0]!.tokens.join() !== pys[0]!.tokens.join()) notes.push({ workload: w.name, text: `${w.name}, prompt ${plen}: **generated tokens differ** between the sides (TS ${ts[0]!.tokens.slice(0, 8)} … vs mlx-lm ${pys[0]!.tokens.slice(0, 8)} …)` });
-        rows.push(row(w.name, `prefill ${plen} tok`, "tok/s", "higher", ts.map((s) => s.prompt_tps), pys.map((s) => s.prompt_tps), "≥ 1.0"));
+        const rn = kv ? kvWorkloadName(w.name, kv) : w.name;
+        if (kv) {
+          // every pair's tokens, and the caches after the run (the quantized ones named)
+          const bad = ts.map((t, i) => t.tokens.join() !== pys[i]!.tokens.join()).filter(Boolean).length;
+          kvTokensDiffer ||= bad > 0;
+          const tc = ts[0]!.caches ?? [];
+          const pc = pys[0]!.caches ?? [];
+          const quantized = tc.filter((c) => c !== "KVCache" && c !== "RotatingKVCache").length;
+          notes.push({
+            workload: rn,
+            text: `${rn}, prompt ${plen}: ${bad === 0 ? `generated tokens equal on both sides in all ${pairs} pairs (${ts[0]!.tokens.length} tokens each)` : `**generated tokens differ** in ${bad} of ${pairs} pairs (TS ${ts[0]!.tokens.slice(0, 8)} … vs mlx-vlm ${pys[0]!.tokens.slice(0, 8)} …)`}; caches after the run: ${tc.join() === pc.join() ? "both sides" : `TS ${tc.join(" ")}, mlx-vlm`} ${pc.join(" ")} (${quantized ? `${quantized} quantized` : "**nothing quantized**: the run never reaches --quantized-kv-start or the layout has no convertible cache"}).`,
+          });
+        } else if (ts[0]!.tokens.join() !== pys[0]!.tokens.join()) notes.push({ workload: w.name, text: `${w.name}, prompt ${plen}: **generated tokens differ** between the sides (TS ${ts[0]!.tokens.slice(0, 8)} … vs mlx-lm ${pys[0]!.tokens.slice(0, 8)} …)` });
+        rows.push(row(rn, `prefill ${plen} tok`, "tok/s", "higher", ts.map((s) => s.prompt_tps), pys.map((s) => s.prompt_tps), "≥ 1.0"));
         if (k === 0) {
           const tsTps = ts.map((s) => s.generation_tps ?? 0);
           const pyTps = pys.map((s) => s.generation_tps ?? 0);
-          rows.push(row(w.name, `decode ${w.decode} tok`, "tok/s", "higher", tsTps, pyTps, decodeTarget(w.name, dev)));
-          if (dev.device === "gpu") {
+          rows.push(row(rn, `decode ${w.decode} tok`, "tok/s", "higher", tsTps, pyTps, decodeTarget(w.name, dev)));
+          if (dev.device === "gpu" && !kv) {
             // the fraction of the memory roofline: weight bytes read per token × tok/s over the bandwidth
             const frac = (tps: number[]) => tps.map((t) => (t * bytes.perToken) / hbm);
             rows.push(row(w.name, `decode HBM roofline fraction (${(bytes.perToken / 1e9).toFixed(2)} GB read per token)`, "×", "higher", frac(tsTps), frac(pyTps)));
           }
         }
-        rows.push(row(w.name, `peak memory (prompt ${plen})`, "GB", "lower", ts.map((s) => s.peak_memory), pys.map((s) => s.peak_memory), "≤ 1.05"));
+        rows.push(row(rn, `peak memory (prompt ${plen})`, "GB", "lower", ts.map((s) => s.peak_memory), pys.map((s) => s.peak_memory), "≤ 1.05"));
+      }
+      if (kv) {
+        // the host-overhead rows measure the unquantized step against mlx-lm: not part of a --kv-bits run
+        const rn = kvWorkloadName(w.name, kv);
+        notes.push({ workload: rn, text: `${rn}: 1-minute load average ${load0.toFixed(1)} at the start, ${loadavg()[0]!.toFixed(1)} at the end (${cpus().length} cores, shared; the per-pair ratios come from back-to-back runs under the same load).` });
+        done.push({ ...w, name: rn, what: `${w.what}; ${kv.label}`, measured: started, mode });
+        writeResults(quick, dev, done, rows, notes, null);
+        loaded.model.dispose();
+        mx.clearCache();
+        continue;
       }
       // Host overhead: building one decode step's graph (no eval), then its synchronous eval,
       // median over reps.
@@ -452,6 +500,11 @@ async function main(): Promise<void> {
     suite = { measured: new Date().toISOString(), npmTestSeconds, goldenRegenSeconds: timeCommand("npm", ["run", "golden:regen"]) };
   }
   process.stdout.write(writeResults(quick, dev, done, rows, notes, suite));
+  // a --kv-bits run whose sides generated different tokens is a divergence (exit 1)
+  if (kvTokensDiffer) {
+    console.error("[bench] --kv-bits: the generated tokens differ between the port and mlx-vlm (see the notes)");
+    process.exitCode = 1;
+  }
 }
 
 /** Paths in the results as the repository sees them (.cache/…), never this machine's. */
@@ -488,8 +541,10 @@ function writeResults(quick: boolean, dev: DeviceInfo, done: MeasuredWorkload[],
   const now = new Set(done.map((w) => w.name));
   const keep = (name: string) => !now.has(name);
   const order = ["tiny-dense", "tiny-e2b", "tiny-moe", "mtp", "e2b", "e4b", "moe", "31b", "train-dense", "train-e2b"];
-  const workloads = [...(prev?.workloads.filter((w) => keep(w.name)) ?? []), ...done].map(repoRelative).sort((x, y) => order.indexOf(x.name) - order.indexOf(y.name));
-  const byWorkload = <T extends { workload: string }>(xs: T[]) => [...xs].sort((x, y) => order.indexOf(x.workload) - order.indexOf(y.workload));
+  // a --kv-bits workload ("tiny-dense (KV …)") right after its base workload
+  const rank = (name: string) => order.indexOf(baseWorkload(name)) + (name === baseWorkload(name) ? 0 : 0.5);
+  const workloads = [...(prev?.workloads.filter((w) => keep(w.name)) ?? []), ...done].map(repoRelative).sort((x, y) => rank(x.name) - rank(y.name));
+  const byWorkload = <T extends { workload: string }>(xs: T[]) => [...xs].sort((x, y) => rank(x.workload) - rank(y.workload));
   const allRows = byWorkload([...(prev?.rows.filter((r) => keep(r.workload)) ?? []), ...rows]);
   const allNotes = byWorkload([...(prev?.notes.filter((n) => keep(n.workload)) ?? []), ...notes]);
   const allSuite = suite ?? prev?.suite ?? null;
@@ -497,7 +552,7 @@ function writeResults(quick: boolean, dev: DeviceInfo, done: MeasuredWorkload[],
     date: new Date().toISOString(),
     machine: `${cpus()[0]?.model ?? "unknown CPU"}, ${cpus().length} cores, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, ${process.platform}-${process.arch}`,
     device: `${dev.device} (${dev.backend} backend${dev.gpu ? `, ${dev.gpu}` : ""})`,
-    versions: `libmlx ${mx.version()}, mlx-lm ${spawnSync(PY, ["-I", "-c", "import mlx_lm; print(mlx_lm.__version__)"], { encoding: "utf8" }).stdout.trim()}, bun ${Bun.version}`,
+    versions: `libmlx ${mx.version()}, mlx-lm ${spawnSync(PY, ["-I", "-c", "import mlx_lm; print(mlx_lm.__version__)"], { encoding: "utf8" }).stdout.trim()}, mlx-vlm ${spawnSync(PY, ["-I", "-c", "import mlx_vlm; print(mlx_vlm.__version__)"], { encoding: "utf8" }).stdout.trim()}, bun ${Bun.version}`,
   };
   const out: ResultsFile = { meta, workloads, rows: allRows, notes: allNotes, suite: allSuite };
   writeFileSync(file + ".tmp", JSON.stringify(out, null, 2) + "\n");

@@ -14,9 +14,10 @@ Requests (one JSON object per line), replies one JSON line ({ok, error?, ...}):
   {"cmd": "shape_configs", "shapes": [names]}: make_checkpoints.py's shape_config (real layers).
   {"cmd": "load", "path": DIR}: a bench shape checkpoint (4-bit) into mlx-vlm's gemma4 Model.
   {"cmd": "generate", "prompt": [ids], "max_tokens": N, "kv_bits", "kv_quant_scheme",
-   "quantized_kv_start", "prefill_step_size"}
+   "kv_group_size" (default 64), "quantized_kv_start", "prefill_step_size"}
       mlx-vlm's generate_step (greedy) with mlx-lm's stream_generate timing (as
-      bench/python/bench_worker.py) -> {"prompt_tps", "generation_tps", "peak_memory", "tokens"}
+      bench/python/bench_worker.py) -> {"prompt_tps", "generation_tps", "peak_memory", "tokens", "caches"}
+      (also the reference side of `npm run bench -- --kv-bits`, bench/kv_rows.ts)
   {"cmd": "quit"}
 """
 
@@ -131,7 +132,7 @@ def cmd_generate(req):
     mx.clear_cache()
     mx.reset_peak_memory()
     gen = generate_step(prompt, model, None, None, max_tokens=max_tokens, kv_bits=req.get("kv_bits"),
-                        kv_quant_scheme=req.get("kv_quant_scheme", "uniform"), kv_group_size=64,
+                        kv_quant_scheme=req.get("kv_quant_scheme", "uniform"), kv_group_size=req.get("kv_group_size", 64),
                         quantized_kv_start=req.get("quantized_kv_start", 5000), prefill_step_size=req.get("prefill_step_size", 2048),
                         prompt_cache=cache)
     tokens = []
