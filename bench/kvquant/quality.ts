@@ -43,9 +43,10 @@ const SCHEMES: { label: string; bits: number; scheme: string }[] = [
   { label: "turboquant 3.5", bits: 3.5, scheme: "turboquant" },
   { label: "turboquant 4", bits: 4, scheme: "turboquant" },
 ];
-// Uniform 4/8 are not run here: every layout with sliding layers makes mlx-vlm (and the port)
-// refuse with RotatingKVCache Quantization NYI at the first call whose offset reaches the start
-// (the memory stage and suites/kvquant/RESULTS.md show it); nothing is generated to score.
+// Uniform 4/8 are not run here: on the single-sequence path this replay uses, every layout with
+// sliding layers makes mlx-vlm (and the port) refuse with RotatingKVCache Quantization NYI at the
+// first call whose offset reaches the start (the memory stage and suites/kvquant/RESULTS.md show
+// it); nothing is generated to score. (The batch path runs uniform 4/8, full-attention caches only.)
 
 function lcg(n: number, vocab: number, seed: number): number[] {
   const out: number[] = [];
@@ -228,7 +229,7 @@ export function renderQuality(s: Section): string[] {
   const out = [
     "## Quality against the unquantized cache (stage `quality`, the port only)",
     "",
-    `Measured ${s.measured}. Model: ${s.model}. Prompt ${p.promptLen} random tokens with a ${p.needleLen}-token needle at position ${p.needleAt} and its first ${p.cue} tokens as the cue at the end; quantized_kv_start ${p.quantizedKvStart}, prefill chunks of ${p.prefillChunk} (converted after the 2nd chunk); uniform 4/8 are not scored: on a layout with sliding layers both mlx-vlm and the port refuse with RotatingKVCache Quantization NYI (memory stage above); ${p.generated} generated tokens: the unquantized run's greedy tokens replayed through each cache, every step's logprobs scored against the unquantized run's (oracle/conform/metrics.ts: KL(unquantized ‖ quantized) in nats, top-1 = the argmaxes agree). Noise floor: the unquantized cache with ${p.noiseChunk}-token prefill chunks, same replay. The port's tokens, logprobs and quantized states are bit-exact against mlx-vlm's per step (suites/kvquant/RESULTS.md), so these are mlx-vlm's numbers too.`,
+    `Measured ${s.measured}. Model: ${s.model}. Prompt ${p.promptLen} random tokens with a ${p.needleLen}-token needle at position ${p.needleAt} and its first ${p.cue} tokens as the cue at the end; quantized_kv_start ${p.quantizedKvStart}, prefill chunks of ${p.prefillChunk} (converted after the 2nd chunk); uniform 4/8 are not scored here: this replay runs the single-sequence path (generate_step), where on a layout with sliding layers both mlx-vlm and the port stop with RotatingKVCache Quantization NYI once a sliding cache reaches the start (memory stage above); mlx-vlm's batch path (batch_generate) does run uniform 4/8 on these layouts, quantizing only the full-attention caches, and the port's is bit-exact against it (suites/kvquant/batch.test.ts), but it is not scored here; ${p.generated} generated tokens: the unquantized run's greedy tokens replayed through each cache, every step's logprobs scored against the unquantized run's (oracle/conform/metrics.ts: KL(unquantized ‖ quantized) in nats, top-1 = the argmaxes agree). Noise floor: the unquantized cache with ${p.noiseChunk}-token prefill chunks, same replay. The port's tokens, logprobs and quantized states are bit-exact against mlx-vlm's per step (suites/kvquant/RESULTS.md), so these are mlx-vlm's numbers too.`,
     "",
     "| cache | steps | KL mean | KL median | KL p99 | KL max | KL mean per 250 steps | × noise floor | top-1 agreement | needle: greedy after the cue vs unquantized |",
     "|---|---:|---:|---:|---:|---:|---|---:|---:|---|",

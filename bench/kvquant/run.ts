@@ -208,6 +208,10 @@ const mib = (b: number) => (b / 2 ** 20).toFixed(1);
 
 function memoryMarkdown(m: NonNullable<Results["memory"]>): string[] {
   const out = ["## KV-cache bytes (stage `memory`)", "", `Measured ${m.measured}. Bytes = the sum of the cache states' nbytes (every cache the layout has: sliding layers' RotatingKVCache, full-attention KVCache or TurboQuantKVCache), bfloat16 keys/values, quantized_kv_start 0 (mlx-vlm's default, 5000, would leave a 4k context unquantized), prefill chunks of 2048 then one decode token (a RotatingKVCache holds its window after a decode step). Both sides computed every row on their own; "agree" = identical per-cache bytes, offsets and refusals.`, ""];
+  out.push(
+    "The uniform refusals are the single-sequence path's (generate_step's maybe_quantize_kv_cache, which this stage runs): it calls to_quantized on every cache that has reached quantized_kv_start, the sliding layers' RotatingKVCache included, whose to_quantized raises. They are not a refusal of uniform as such: mlx-vlm's batch path (batch_generate) converts only the full-attention caches and runs uniform 4 and 8 on these layouts, and the port's batch path is bit-exact against it (suites/kvquant/batch.test.ts; `npm run generate` with several prompts and --kv-bits runs it); this stage does not measure the batch caches' bytes.",
+    "",
+  );
   out.push("| shape | context | scheme | TS MiB | mlx-vlm MiB | vs unquantized | full-attention layers converted | sides |", "|---|---:|---|---:|---:|---:|---|---|");
   for (const r of m.rows) {
     const base = m.rows.find((x) => x.shape === r.shape && x.context === r.context && x.scheme === "unquantized");
