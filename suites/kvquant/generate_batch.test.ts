@@ -7,7 +7,9 @@
 //   prefill chunks of 8 (so the flags reach the path as given: scheme, bits, group, start, step);
 //   the quantized tokens differ from the unquantized batch path's somewhere (not a no-op);
 // - bad combinations are refused before the model loads with one UsageError each (generatePlan),
-//   and one of them, run as a process, exits 2 with one stderr line.
+//   and one of them, run as a process, exits 2 with one stderr line;
+// - `npm run bench --kv-bits` (bench/kv_rows.ts): its refusals before anything is built or run
+//   (benchPlan, in process), and the plan of a valid run (scheme label, no MTP/train workloads).
 import { describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
 import { join } from "node:path";
@@ -17,6 +19,7 @@ import { REPO_ROOT } from "../../oracle/client.ts";
 import { portBatchGeneration } from "../../oracle/kv_quant_batch.ts";
 import { loadModel } from "../../model/gemma4/index.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { benchPlan } from "../../bench/run.ts";
 
 const C1 = join(REPO_ROOT, ".cache", "checkpoints", "c1_dense", "f32");
 const P = (n: number, shift: number) => Array.from({ length: n }, (_, i) => (i * 37 + 11 + shift) % 256);
@@ -114,4 +117,37 @@ describe("npm run generate, several prompts with --kv-bits: mlx-vlm's batch path
     expect(r.stdout).toBe("");
     expect(r.stderr).toBe(`error: ${bad[0]!.message}\n`);
   }, limit(30_000));
+});
+
+describe("npm run bench --kv-bits", () => {
+  it("npm run bench --kv-bits: bad combinations refused before any run, a valid plan labelled with its scheme", () => {
+    const bad: { argv: string[]; message: string }[] = [
+      { argv: ["--only", "tiny-dense", "--kv-quant-scheme", "turboquant"], message: "--kv-quant-scheme needs --kv-bits" },
+      { argv: ["--only", "tiny-dense", "--quantized-kv-start", "0"], message: "--quantized-kv-start needs --kv-bits" },
+      { argv: ["--only", "mtp,tiny-dense", "--kv-bits", "4", "--kv-quant-scheme", "turboquant"], message: "--kv-bits applies to the prefill/decode workloads, not mtp" },
+      { argv: ["--only", "tiny-dense,train-dense", "--kv-bits", "4", "--kv-quant-scheme", "turboquant"], message: "--kv-bits applies to the prefill/decode workloads, not train-dense" },
+      { argv: ["--only", "tiny-dense", "--kv-bits", "3.5", "--kv-quant-scheme", "nope"], message: "argument --kv-quant-scheme: invalid choice: 'nope' (choose from 'uniform', 'turboquant')" },
+      // default start 5000: no run of the workload (at most 1024 + 2 tokens) reaches it
+      { argv: ["--only", "tiny-dense", "--kv-bits", "4", "--kv-quant-scheme", "turboquant"], message: "c1_dense/bf16: --quantized-kv-start 5000: the workload's runs (at most 1026 tokens) never reach it" },
+      { argv: ["--only", "tiny-dense", "--kv-bits", "8", "--kv-group-size", "32", "--quantized-kv-start", "0"], message: "c1_dense/bf16: --kv-quant-scheme uniform on a model with sliding-window layers: mlx-vlm 0.7.10 raises NotImplementedError: RotatingKVCache Quantization NYI" },
+    ];
+    let n = 0;
+    for (const b of bad) {
+      let err: unknown = null;
+      try {
+        benchPlan(b.argv);
+      } catch (e) {
+        err = e;
+      }
+      expect(err).toBeInstanceOf(UsageError);
+      expect((err as Error).message.startsWith(b.message)).toBe(true);
+      n++;
+    }
+    expect(n).toBe(bad.length);
+    const plan = benchPlan(["--only", "tiny-dense", "--kv-bits", "3.5", "--quantized-kv-start", "0"])!;
+    expect(plan.kv?.label).toBe("KV turboquant 3.5 bits, start 0");
+    expect(plan.wl.map((w) => w.name)).toEqual(["tiny-dense"]);
+    expect(plan.twl).toEqual([]);
+    expect(benchPlan(["--only", "tiny-dense"])!.kv).toBeNull();
+  });
 });
