@@ -122,7 +122,6 @@ async function main(argv: string[]): Promise<number> {
   const maxPromptTokens = a["max-prompt-tokens"] === undefined ? info.maxPositions : positiveInt(a, "max-prompt-tokens");
 
   const snapshots = positiveInt(a, "prompt-cache-snapshots", 0);
-  if (snapshots > 0 && typeof a["record-schedule"] === "string") throw new UsageError("--prompt-cache-snapshots cannot be combined with --record-schedule: the replay (oracle/python/serve_replay.py) mirrors mlx_lm.server's prompt cache, which has no snapshots");
   const prefixOptions = { size: positiveInt(a, "prompt-cache-size", 0), bytes: a["prompt-cache-bytes"] === undefined ? null : parseSize(String(a["prompt-cache-bytes"])), snapshots };
 
   // a port in use is found before the slow part (tokenizer and weights)

@@ -326,7 +326,7 @@ export class Engine {
       // unseeded sampling draws from the global random state: fixed here so that a replay can draw the same
       const seed = randomInt(2 ** 31);
       mx.random.seed(seed);
-      this.record({ event: "open", session: this.session, rng_seed: seed, prefill_batch_size: this.opts.prefillBatchSize, completion_batch_size: this.opts.completionBatchSize, prefill_step_size: this.opts.prefillStepSize, prompt_cache_size: this.prefix?.opts.size ?? null, prompt_cache_bytes: this.prefix?.opts.bytes ?? null });
+      this.record({ event: "open", session: this.session, rng_seed: seed, prefill_batch_size: this.opts.prefillBatchSize, completion_batch_size: this.opts.completionBatchSize, prefill_step_size: this.opts.prefillStepSize, prompt_cache_size: this.prefix?.opts.size ?? null, prompt_cache_bytes: this.prefix?.opts.bytes ?? null, prompt_cache_snapshots: this.prefix?.opts.snapshots ?? 0 });
     }
   }
 

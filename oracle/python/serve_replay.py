@@ -20,7 +20,11 @@ replay keeps mlx-lm's own LRUPromptCache and uses it as mlx_lm.server's Response
 fetch_nearest_cache before each insert (the cached tokens leave the front segments, the cache goes
 to insert_segments with all_tokens), the caches at segment ends (BatchGenerator.extract_cache)
 and at each finish stored, trim_to(prompt_cache_bytes - prompt_cache_nbytes) after an insert, and
-for a single: the fetched cache to generate_step, then stored under the prompt and its tokens. The
+for a single: the fetched cache to generate_step, then stored under the prompt and its tokens. With
+prompt_cache_snapshots N (the server's --prompt-cache-snapshots), the caches of sequences at the
+other prefill chunk ends are extracted too (BatchGenerator.extract_cache) and kept as the server
+keeps them (serve/prefix_cache.ts: up to N, least recently used out, a deeper one preferred to
+the LRU's nearest, evicted before LRU entries under prompt_cache_bytes). The
 number of cached tokens must equal the schedule's `cached` (exit 1 otherwise). One difference, the
 server's: an exact hit (nothing left to prefill) is taken as a miss (mlx_lm.server fails on it).
 
@@ -34,6 +38,7 @@ Exit codes: 0 ok, 1 the prompt cache disagrees with the schedule, 2 bad usage or
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import sys
@@ -68,15 +73,63 @@ class CacheMismatch(Exception):
     pass
 
 
-def fetch(pc, prompt: list[int], ev: dict):
-    """fetch_nearest_cache as the server takes it (an exact hit is a miss); checks the count."""
-    if pc is None:
-        cache, rest = None, prompt
-    else:
-        cache, rest = pc.fetch_nearest_cache(MODEL_KEY, prompt)
+def cache_bytes(cache) -> int:
+    return sum(c.nbytes for c in cache)
+
+
+class Reuse:
+    """The server's prefix reuse (serve/prefix_cache.ts) over mlx-lm's own LRUPromptCache: the LRU
+    cache as mlx_lm.server uses it and, with prompt_cache_snapshots, the chunk-boundary snapshots
+    (up to N, least recently used first out, evicted before LRU entries under prompt_cache_bytes)."""
+
+    def __init__(self, size: int, n_bytes, snapshots: int):
+        self.lru = LRUPromptCache(size)
+        self.n_bytes = n_bytes
+        self.max_snapshots = snapshots
+        self.snaps: list[tuple[list[int], list, int]] = []  # (tokens, cache, nbytes), oldest first
+
+    def snap_bytes(self) -> int:
+        return sum(n for _, _, n in self.snaps)
+
+    def fetch(self, prompt: list[int]):
+        cache, rest = self.lru.fetch_nearest_cache(MODEL_KEY, prompt)
         if cache is not None and not rest:
             cache, rest = None, prompt
-    n = len(prompt) - len(rest)
+        n = len(prompt) - len(rest)
+        if self.max_snapshots > 0:
+            best = None
+            for s in self.snaps:
+                if len(s[0]) >= len(prompt) or (best is not None and len(s[0]) <= len(best[0])):
+                    continue
+                if prompt[: len(s[0])] == s[0]:
+                    best = s
+            if best is not None:
+                self.snaps.remove(best)
+                self.snaps.append(best)
+                if len(best[0]) > n:
+                    cache, n = copy.deepcopy(best[1]), len(best[0])
+        return cache, n
+
+    def snapshot(self, tokens: list[int], cache, active: int) -> None:
+        if self.max_snapshots <= 0 or any(t == tokens for t, _, _ in self.snaps):
+            return
+        self.snaps.append((tokens, cache, cache_bytes(cache)))
+        while len(self.snaps) > self.max_snapshots:
+            self.snaps.pop(0)
+        self.enforce(active)
+
+    def enforce(self, active: int) -> None:
+        if self.n_bytes is None:
+            return
+        room = max(0, self.n_bytes - active - self.lru.nbytes)
+        while self.snaps and self.snap_bytes() > room:
+            self.snaps.pop(0)
+        self.lru.trim_to(n_bytes=self.n_bytes - active - self.snap_bytes())
+
+
+def fetch(pc, prompt: list[int], ev: dict):
+    """The server's fetch (an exact LRU hit is a miss; a deeper snapshot wins); checks the count."""
+    cache, n = (None, 0) if pc is None else pc.fetch(prompt)
     if n != int(ev.get("cached", 0)):
         raise CacheMismatch(f"request {ev['request']}: {n} cached tokens in the replay, {ev.get('cached')} in the schedule")
     return cache, n
@@ -97,6 +150,7 @@ def replay_session(model, opened: dict, events: list[dict], out: dict, pc=None) 
     calls = max([int(ev["step"]) for ev in events] + [0])
     request_of: dict[int, int] = {}
     segment_types: dict[int, list[str]] = {}
+    live: set[int] = set()  # inserted, not finished or removed
     for k in range(calls + 1):
         for ev in inserts.get(k, []):
             segments = [list(x) for x in ev.get("segments") or [ev["prompt"]]]
@@ -119,15 +173,17 @@ def replay_session(model, opened: dict, events: list[dict], out: dict, pc=None) 
                                          samplers=[sampler_of(ev["sampler"])],
                                          stop_sequences=[StopSequences(ev["stop_sequences"])])
             segment_types[uid] = types[::-1]
+            live.add(uid)
             del cache
-            if pc is not None and opened.get("prompt_cache_bytes") is not None:
-                pc.trim_to(n_bytes=int(opened["prompt_cache_bytes"]) - gen.prompt_cache_nbytes)
+            if pc is not None:
+                pc.enforce(gen.prompt_cache_nbytes)
             if uid != int(ev["uid"]):
                 raise SystemExit(f"replay: uid {uid} where the schedule has {ev['uid']}")
             request_of[uid] = int(ev["request"])
             out[str(ev["request"])] = {"tokens": [], "logprobs": [], "logprobs_sha256": [], "reason": None}
         for ev in removes.get(k, []):
             gen.remove([int(u) for u in ev["uids"]])
+            live.difference_update(int(u) for u in ev["uids"])
             for u in ev["uids"]:
                 out[str(request_of[int(u)])]["reason"] = "cancelled"
         if k == calls:
@@ -136,7 +192,14 @@ def replay_session(model, opened: dict, events: list[dict], out: dict, pc=None) 
         if pc is not None:
             eos = [r.uid for r in prompts if r.end_of_segment and not r.end_of_prompt and segment_types[r.uid]]
             for uid, (c, key) in gen.extract_cache(eos).items():
-                pc.insert_cache(MODEL_KEY, key[:], c, cache_type=segment_types[uid].pop())
+                pc.lru.insert_cache(MODEL_KEY, key[:], c, cache_type=segment_types[uid].pop())
+            if pc.max_snapshots > 0:
+                stored = set(eos)
+                ends = [r.uid for r in prompts if not r.end_of_prompt and r.uid not in stored and r.uid in live]
+                if ends:
+                    active = gen.prompt_cache_nbytes
+                    for c, key in gen.extract_cache(ends).values():
+                        pc.snapshot(list(key), c, active)
         for r in responses:
             rec = out[str(request_of[r.uid])]
             rec["tokens"].append(int(r.token))
@@ -145,7 +208,8 @@ def replay_session(model, opened: dict, events: list[dict], out: dict, pc=None) 
             if r.finish_reason is not None:
                 rec["reason"] = r.finish_reason
                 if pc is not None:
-                    pc.insert_cache(MODEL_KEY, r.all_tokens[:], r.prompt_cache, cache_type="assistant")
+                    pc.lru.insert_cache(MODEL_KEY, r.all_tokens[:], r.prompt_cache, cache_type="assistant")
+                live.discard(r.uid)
     gen.close()
     return calls
 
@@ -173,7 +237,7 @@ def replay_single(model, ev: dict, out: dict, pc=None) -> None:
             break
     rec["reason"] = ev["reason"]
     if pc is not None:
-        pc.insert_cache(MODEL_KEY, prompt + rec["tokens"], cache)
+        pc.lru.insert_cache(MODEL_KEY, prompt + rec["tokens"], cache)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     current: tuple[dict, list[dict]] | None = None
     sizes = {ev.get("prompt_cache_size") for ev in lines if ev.get("event") == "open"}
     size = next((s for s in sizes if s is not None), None)
-    pc = LRUPromptCache(int(size)) if size is not None else None
+    opens = [ev for ev in lines if ev.get("event") == "open" and ev.get("prompt_cache_size") is not None]
+    pc = None
+    if size is not None:
+        first = opens[0] if opens else {}
+        pc = Reuse(int(size), first.get("prompt_cache_bytes"), int(first.get("prompt_cache_snapshots") or 0))
     try:
         for ev in lines + [{"event": "end"}]:
             kind = ev.get("event")

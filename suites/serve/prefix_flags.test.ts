@@ -1,7 +1,7 @@
 // The prompt-cache flags of `npm run serve`: --prompt-cache-bytes read as mlx-lm 0.32.2's
 // _parse_size reads it (mlx_lm.utils, called live in the project's venv on the same strings: the
-// sizes equal, and where Python raises, this server refuses the flag with a usage error), and the
-// one combination refused (--prompt-cache-snapshots with --record-schedule: exit 2, one line);
+// sizes equal, and where Python raises, this server refuses the flag with a usage error), bad
+// values refused before the weights load (exit 2, one line);
 // and --prompt-cache-snapshots reaching the engine over HTTP: a second completion sharing 32 of
 // its 38 tokens with the first (prefill step 16) reports cached_tokens 32 and GET
 // /v1/prompt_cache counts one snapshot hit (the bits of such a response: prefix_snapshots.test.ts).
@@ -44,11 +44,11 @@ describe("prompt-cache flags", () => {
     expect(want.filter((w) => w !== null).length).toBeGreaterThan(0);
   }, limit(20_000));
 
-  it("--prompt-cache-snapshots with --record-schedule, or a bad size: one line, exit 2 (before the weights load)", async () => {
+  it("a bad --prompt-cache-bytes, --prompt-cache-size or --prompt-cache-snapshots: one line, exit 2 (before the weights load)", async () => {
     // the flags are checked after the checkpoint is found: the fixture must exist (built by the oracle only when missing)
     if (!existsSync(join(DIR, "model.safetensors"))) await (await sharedOracle()).request("make_checkpoints", { tokenizer_from: SOURCE, out: DIR }, limit(60_000));
     for (const [args, want] of [
-      [["--prompt-cache-snapshots", "4", "--record-schedule", join(REPO_ROOT, ".cache", "never-written.jsonl")], /^error: --prompt-cache-snapshots cannot be combined with --record-schedule/],
+      [["--prompt-cache-snapshots", "-2"], /^error: --prompt-cache-snapshots must be an integer >= 0, got -2/],
       [["--prompt-cache-bytes", "4XB"], /^error: --prompt-cache-bytes: '4XB' is not a size/],
       [["--prompt-cache-size", "-1"], /^error: --prompt-cache-size must be an integer >= 0, got -1/],
     ] as [string[], RegExp][]) {
