@@ -10,11 +10,21 @@
 // tokens in include_usage, and the seeded (sequential) path. Which cases reused a cache is checked
 // from the reference's own cached_tokens (> 0 where stated), and this server's GET
 // /v1/prompt_cache must count exactly those hits.
+// Second part, beyond mlx_lm.server: this server alone with --prompt-cache-snapshots and
+// --record-schedule (prefill step 16), 9 requests (4 sampled completions at once sharing 32+
+// tokens with a first one, a seeded one, 3 chats at once sharing a system prompt), replayed by
+// oracle/python/serve_replay.py through mlx-lm's own BatchGenerator, generate_step,
+// LRUPromptCache and extract_cache (the snapshots kept as the server keeps them): every
+// response's ids, logprobs and per-step logprobs-row sha256 equal, every cached count equal
+// (the replay exits 1 otherwise), with snapshot hits among them.
 // Opt-in (SERVE_PREFIX_PARITY=1): two more server start-ups cost ~19 s (of which 13 s the
 // sequence, mlx_lm.server's side), past npm test's budget; the last run is recorded in
 // serve/PREFIX.md. The default suite keeps the cheap checks (prompt_cache.test.ts: the LRU logic
 // against mlx-lm's class; prefix_snapshots.test.ts).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { limit } from "../../tests/time_limit.ts";
@@ -126,5 +136,49 @@ suite("prefix reuse = mlx_lm.server's (default prompt cache), body for body", ()
     expect(after.lookups - before.lookups).toBe(cases.length);
     expect(after.lruHits - before.lruHits).toBe(hit);
     expect(after.cachedTokens - before.cachedTokens).toBe(cachedTotal);
+  }, 10 * CASE);
+});
+
+suite("prefix snapshots under concurrency = mlx-lm's BatchGenerator on the replayed schedule", () => {
+  it("9 requests with snapshot and LRU hits: the replay reproduces every response and cached count", async () => {
+    await (await sharedOracle()).request("make_checkpoints", { tokenizer_from: SOURCE, out: DIR }, START);
+    const work = mkdtempSync(join(tmpdir(), "prefix-replay-"));
+    const schedule = join(work, "schedule.jsonl");
+    const port = await freePort();
+    const server = await startServerProcess("npm run serve (snapshots)", process.execPath, ["run", "serve/cli.ts", "--model", DIR, "--port", String(port), "--prefill-step-size", "16", "--prompt-cache-snapshots", "64", "--record-schedule", schedule, "--log-level", "WARNING"], port, START);
+    try {
+      const call = async (path: string, body: unknown) => {
+        const r = await fetch(`${server.url}${path}`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal: AbortSignal.timeout(CASE) });
+        expect(r.status).toBe(200);
+        return ((await r.json()) as { usage: Usage }).usage.prompt_tokens_details.cached_tokens;
+      };
+      const base = "The long story of the sea and the old sailor, told again and again by the fire at night while the wind blew over the harbour and the boats rocked slowly";
+      const cached = [await call("/v1/completions", { prompt: `${base} until morning came.`, max_tokens: 5 })];
+      cached.push(...(await Promise.all(["until the sun rose.", "and then some more words were said by everyone", "while the fishermen slept", "as the stars turned"].map((t) => call("/v1/completions", { prompt: `${base} ${t}`, max_tokens: 6, temperature: 0.7 })))));
+      cached.push(await call("/v1/completions", { prompt: `${base}, and so it ended`, max_tokens: 4, seed: 5, temperature: 1.0 }));
+      const sys = "You answer in one short sentence about the geography of the oceans and seas of the world, always.";
+      cached.push(...(await Promise.all(["Lima", "Oslo", "Quito"].map((q) => call("/v1/chat/completions", { messages: [{ role: "system", content: sys }, { role: "user", content: `Where is ${q}, and which sea is near it?` }], max_tokens: 5 })))));
+      const stats = (await (await fetch(`${server.url}/v1/prompt_cache`)).json()) as { snapshotHits: number; lruHits: number };
+      expect(stats.snapshotHits).toBeGreaterThanOrEqual(4);
+      expect(stats.lruHits).toBeGreaterThanOrEqual(1);
+      expect(cached.filter((c) => c > 0)).toHaveLength(stats.snapshotHits + stats.lruHits);
+      await server.stop();
+      const out = join(work, "replay.json");
+      const r = spawnSync(PYTHON, ["oracle/python/serve_replay.py", "--model", DIR, "--schedule", schedule, "--out", out], { cwd: REPO_ROOT, encoding: "utf8", timeout: START });
+      expect([r.status, r.stderr.slice(-2000)]).toEqual([0, r.stderr.slice(-2000)]);
+      const replay = (JSON.parse(readFileSync(out, "utf8")) as { requests: Record<string, { tokens: number[]; logprobs: number[]; logprobs_sha256: string[] }> }).requests;
+      let compared = 0;
+      for (const line of readFileSync(schedule, "utf8").split("\n").filter(Boolean)) {
+        const ev = JSON.parse(line) as { event: string; request: number; tokens: number[]; logprobs: number[]; logprobs_sha256: string[] };
+        if (ev.event !== "leave" && ev.event !== "single") continue;
+        const got = replay[String(ev.request)]!;
+        expect([ev.request, got.tokens, got.logprobs, got.logprobs_sha256]).toEqual([ev.request, ev.tokens, ev.logprobs, ev.logprobs_sha256]);
+        compared++;
+      }
+      expect(compared).toBe(9);
+    } finally {
+      await server.stop();
+      rmSync(work, { recursive: true, force: true });
+    }
   }, 10 * CASE);
 });
