@@ -846,4 +846,10 @@ export const CASES: readonly OpCase[] = cases;
 /** Exported names that are not ops (helpers, state), with the reason. */
 export const NOT_OPS: Record<string, string> = {
   "random.state": "global key state object (compile capture), exercised by random.seed cases",
+  ...Object.fromEntries(
+    ["fast.metalKernel", "fast.cudaKernel", "fast.CustomKernel"].map((o) => [
+      o,
+      "custom-kernel builders (kernel source compiled by the GPU backend, no CPU path): suites/kvquant/custom_kernel.test.ts checks MLX's refusal messages against Python's on the CPU and the outputs bit for bit on CUDA",
+    ]),
+  ),
 };
