@@ -12,8 +12,16 @@
 //    token count (usage), and its text equals the detokenized recorded tokens (the stop token
 //    dropped): no request is lost or answered with another's tokens; each cancelled one's record
 //    says "cancelled" (or it finished first);
-//  - the server process is alive and /health answers at the end; its resident memory is sampled
-//    every second, and its range after warm-up (the first 10% of requests) is reported.
+//  - the server process is alive and /health answers at the end;
+//  - memory (serve/load/memory_probe.ts, preloaded into the server, samples it every second from
+//    inside: RSS, JS heap, MLX active and cached bytes, live MLX handles, batch size): warm-up
+//    ends when the batch first held the most sequences it holds in the run; under load after it
+//    (pause samples left out), the 5th..95th percentile band of RSS is within ±5% of its middle
+//    and the median RSS of the last third of the run within 5% of the first third's; the requests
+//    run in two halves with an idle pause after each, and the idle server after all of them holds
+//    no more live MLX handles than after half, and no more than 5% more MLX active bytes or JS
+//    heap (after a full collection): a leak grows with the requests served. Full ranges and
+//    one-second peaks are printed, not asserted.
 // The figures go to serve/LOAD.md (by hand, from the summary line this prints).
 import { describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
@@ -32,6 +40,8 @@ const CLIENT_DIR = join(REPO_ROOT, "serve", "load");
 const CLIENTS = Number(process.env.SERVE_LOAD_CLIENTS ?? 64);
 const REQUESTS = Number(process.env.SERVE_LOAD_REQUESTS ?? 2000);
 const SECONDS = Number(process.env.SERVE_LOAD_SECONDS ?? 480);
+// the server's --decode-concurrency (its default): warm-up ends when the batch first held this many sequences
+const DECODE = 32;
 
 function rssKiB(pid: number): number {
   const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
@@ -59,9 +69,17 @@ describe.skipIf(!LOAD)("SERVE_LOAD: the openai client under load, with cancellat
       const work = mkdtempSync(join(tmpdir(), "serve-load-"));
       const schedulePath = join(work, "schedule.jsonl");
       const port = await freePort();
-      const server = await startServerProcess("npm run serve", process.execPath, ["run", "serve/cli.ts", "--model", DIR, "--port", String(port), "--record-schedule", schedulePath, "--log-level", "WARNING"], port, 60_000);
+      const probePath = join(work, "memory.jsonl");
+      // serve/load/memory_probe.ts samples the server's memory from inside (RSS, JS heap, MLX active/cache bytes, live handles, batch size)
+      const server = await startServerProcess("npm run serve", process.execPath, ["run", "--preload", join(CLIENT_DIR, "memory_probe.ts"), "serve/cli.ts", "--model", DIR, "--port", String(port), "--record-schedule", schedulePath, "--log-level", "WARNING", "--decode-concurrency", String(DECODE)], port, 60_000, { SERVE_MEMORY_PROBE: probePath });
       const pid = server.proc.pid!;
       const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused", maxRetries: 0, timeout: 300_000 });
+      interface Probe { t: number; rssKiB: number; heapBytes: number; heapObjects: number; extraBytes: number; mlxActive: number; mlxCache: number; handles: number; batch: number; maxBatch: number; steps: number; idle: boolean; types?: Record<string, number> }
+      const probes = (): Probe[] => readFileSync(probePath, "utf8").split("\n").filter((l) => l.length > 0).map((l) => JSON.parse(l) as Probe);
+      // the idle state before the load, after two requests (model loaded, kernels built), once the probe has sampled it
+      for (let i = 0; i < 2; i++) await client.completions.create({ model: "default_model", prompt: "warm up", max_tokens: 2 });
+      await Bun.sleep(2500);
+      const idleBefore = probes().at(-1)!;
       const rss: { at: number; kib: number; done: number }[] = [];
       let done = 0;
       const t0 = performance.now();
@@ -158,17 +176,24 @@ describe.skipIf(!LOAD)("SERVE_LOAD: the openai client under load, with cancellat
 
       let next = 0;
       const outcomes: Outcome[] = [];
-      await Promise.all(
-        Array.from({ length: CLIENTS }, async () => {
-          while (next < REQUESTS) outcomes.push(await one(next++));
-        }),
-      );
+      // two halves with an idle pause between: the idle state after each half is compared (a leak grows with requests served)
+      const idleAfterHalf: Probe[] = [];
+      for (const upTo of [Math.floor(REQUESTS / 2), REQUESTS]) {
+        await Promise.all(
+          Array.from({ length: CLIENTS }, async () => {
+            while (next < upTo) outcomes.push(await one(next++));
+          }),
+        );
+        // removals are recorded at the end of a time budget; then the probe samples the idle server
+        await Bun.sleep(2500);
+        idleAfterHalf.push(probes().at(-1)!);
+      }
       const wall = (performance.now() - t0) / 1000;
       clearInterval(sampler);
+      const underLoad = probes().filter((p) => p.t > idleBefore.t && p.t < idleAfterHalf[1]!.t - 2);
       const health = await fetch(`${server.url}/health`).then((r) => r.status, () => -1);
       const alive = server.proc.exitCode === null && server.proc.signalCode === null;
-      // removals are recorded at the end of a time budget
-      await Bun.sleep(1500);
+      const [idleHalf, idleAfter] = idleAfterHalf as [Probe, Probe];
       const events = readSchedule(readFileSync(schedulePath, "utf8"));
       await server.stop();
       rmSync(work, { recursive: true, force: true });
@@ -206,8 +231,54 @@ describe.skipIf(!LOAD)("SERVE_LOAD: the openai client under load, with cancellat
         if (o.id && !e) problems.push(`request ${o.k} (${o.id}): cancelled, no end in the schedule`);
         if (e?.reason === "cancelled") cancelledSeen++;
       }
-      const after = rss.filter((r) => r.done >= REQUESTS * 0.1);
-      const kib = after.map((r) => r.kib);
+      // warm-up: until the batch first held the most sequences it held in the run (the allocator has then seen the largest step)
+      const peakBatch = Math.max(...underLoad.map((p) => p.maxBatch));
+      const warm = underLoad.findIndex((p) => p.maxBatch >= peakBatch);
+      // under load: the samples of the pause between the halves (no step since the previous sample, an empty batch) are left out
+      const after = warm < 0 ? [] : underLoad.slice(warm).filter((p) => !p.idle);
+      const range = (xs: number[]) => {
+        const [lo, hi] = [Math.min(...xs), Math.max(...xs)];
+        return { lo, hi, first: xs[0] ?? Number.NaN, last: xs.at(-1) ?? Number.NaN, spread: (hi - lo) / ((hi + lo) / 2) };
+      };
+      const mib = (b: number) => (b / 2 ** 20).toFixed(1);
+      // resident memory under load: the band of the 5th..95th percentiles (a one-second transient peak is reported, not taken as the level),
+      // and the trend: the median of the last third against the median of the first third
+      const rssSorted = after.map((p) => p.rssKiB * 1024).sort((a, b) => a - b);
+      const pct = (xs: number[], q: number) => xs[Math.min(xs.length - 1, Math.max(0, Math.ceil(q * xs.length) - 1))] ?? Number.NaN;
+      const [p5, p50, p95] = [pct(rssSorted, 0.05), pct(rssSorted, 0.5), pct(rssSorted, 0.95)];
+      const band = (p95 - p5) / (p95 + p5);
+      const third = Math.floor(after.length / 3);
+      const medianOf = (ps: Probe[]) => pct(ps.map((p) => p.rssKiB * 1024).sort((a, b) => a - b), 0.5);
+      const [early, late] = [medianOf(after.slice(0, third)), medianOf(after.slice(after.length - third))];
+      const trend = late / early - 1;
+      const peaks = after.filter((p) => p.rssKiB * 1024 > p95 * 1.05).map((p) => `${mib(p.rssKiB * 1024)} MiB at ${p.t.toFixed(0)} s (MLX active+cache ${mib(p.mlxActive + p.mlxCache)}, JS heap ${mib(p.heapBytes)})`);
+      const rssR = range(after.map((p) => p.rssKiB * 1024));
+      const mlxR = range(after.map((p) => p.mlxActive + p.mlxCache));
+      const actR = range(after.map((p) => p.mlxActive));
+      const heapR = range(after.map((p) => p.heapBytes));
+      const extraR = range(after.map((p) => p.extraBytes));
+      const handR = range(after.map((p) => p.handles));
+      const memoryLine =
+        `memory after warm-up (${after.length} samples from ${after[0]?.t.toFixed(0) ?? "-"} s, when the batch first held ${peakBatch} sequences, its largest in the run; --decode-concurrency ${DECODE}): ` +
+        `RSS ${mib(rssR.lo)}..${mib(rssR.hi)} MiB (first ${mib(rssR.first)}, last ${mib(rssR.last)}, full range ±${((rssR.spread / 2) * 100).toFixed(1)}% of its middle; ` +
+        `p5/p50/p95 ${mib(p5)}/${mib(p50)}/${mib(p95)} MiB: p5..p95 ±${(band * 100).toFixed(1)}% of its middle; median of the last third ${trend >= 0 ? "+" : ""}${(trend * 100).toFixed(1)}% vs the first third; ` +
+        `samples above p95 + 5%: ${peaks.length ? peaks.join("; ") : "none"}); ` +
+        `MLX active+cache ${mib(mlxR.lo)}..${mib(mlxR.hi)} MiB (active ${mib(actR.lo)}..${mib(actR.hi)}); JS heap ${mib(heapR.lo)}..${mib(heapR.hi)} MiB (+ outside it ${mib(extraR.lo)}..${mib(extraR.hi)}); live handles ${handR.lo}..${handR.hi}; ` +
+        `idle before the load / after half / after all: ` +
+        (["RSS", "MLX active", "MLX cache", "JS heap"] as const)
+          .map((k, i) => `${k} ${[idleBefore, idleHalf, idleAfter].map((p) => mib([p.rssKiB * 1024, p.mlxActive, p.mlxCache, p.heapBytes][i]!)).join("/")} MiB`)
+          .join(", ") +
+        `, JS objects ${idleBefore.heapObjects}/${idleHalf.heapObjects}/${idleAfter.heapObjects}, live handles ${idleBefore.handles}/${idleHalf.handles}/${idleAfter.handles}, batch ${idleBefore.batch}/${idleHalf.batch}/${idleAfter.batch}`;
+      // the object types whose live count grew most between the idle states after each half
+      const grown = Object.entries(idleAfter.types ?? {})
+        .map(([k, n]) => [k, n - (idleHalf.types?.[k] ?? 0)] as const)
+        .filter(([, d]) => d !== 0)
+        .sort((a, b) => Math.abs(b[1]) - Math.abs(a[1]))
+        .slice(0, 12)
+        .map(([k, d]) => `${k} ${d > 0 ? "+" : ""}${d}`);
+      // one line per 5 s under load, for the note
+      const series = underLoad.filter((_, i) => i % 5 === 0).map((p) => `${p.t.toFixed(0)}s rss ${mib(p.rssKiB * 1024)} active ${mib(p.mlxActive)} cache ${mib(p.mlxCache)} heap ${mib(p.heapBytes)} extra ${mib(p.extraBytes)} handles ${p.handles} batch ${p.batch}/${p.maxBatch}`);
+      const kib = rss.filter((r) => r.done >= REQUESTS * 0.1).map((r) => r.kib);
       const lo = Math.min(...kib);
       const hi = Math.max(...kib);
       const first = kib[0] ?? Number.NaN;
@@ -220,8 +291,19 @@ describe.skipIf(!LOAD)("SERVE_LOAD: the openai client under load, with cancellat
           `${tokens} tokens generated (${(tokens / wall).toFixed(1)} tok/s aggregate); server alive ${alive}, /health ${health}; ` +
           `RSS after warm-up ${(lo / 1024).toFixed(0)}..${(hi / 1024).toFixed(0)} MiB (first ${(first / 1024).toFixed(0)}, last ${(last / 1024).toFixed(0)}, range ${(((hi - lo) / lo) * 100).toFixed(1)}% of the low)`,
       );
+      console.log(`SERVE_LOAD ${memoryLine}\nlive objects, idle after all vs after half (${idleHalf.idle && idleAfter.idle ? "both idle, collected" : "NOT both idle"}): ${grown.join(", ") || "no change"}\n${series.join("\n")}`);
       if (problems.length) console.log(problems.slice(0, 30).join("\n"));
       expect(problems).toEqual([]);
+      // no growth with requests served: the idle server after all requests holds no more than after half of them
+      // (MLX bytes and heap: the prompt cache's 10 entries differ in size from one moment to another, hence 5%)
+      expect(idleAfter.handles).toBeLessThanOrEqual(idleHalf.handles);
+      expect(idleAfter.mlxActive).toBeLessThanOrEqual(idleHalf.mlxActive * 1.05);
+      expect(idleAfter.heapBytes).toBeLessThanOrEqual(idleHalf.heapBytes * 1.05);
+      // flat under load after warm-up: the 5th..95th percentile band of resident memory within ±5% of its middle, and no trend beyond 5%
+      // (the full range, one-second peaks included, is printed and in serve/LOAD.md)
+      expect(after.length).toBeGreaterThan(10);
+      expect(band).toBeLessThanOrEqual(0.05);
+      expect(Math.abs(trend)).toBeLessThanOrEqual(0.05);
       expect(alive).toBe(true);
       expect(health).toBe(200);
       expect(outcomes).toHaveLength(REQUESTS);
