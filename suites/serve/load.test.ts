@@ -277,7 +277,7 @@ describe.skipIf(!LOAD)("SERVE_LOAD: the openai client under load, with cancellat
         .slice(0, 12)
         .map(([k, d]) => `${k} ${d > 0 ? "+" : ""}${d}`);
       // one line per 5 s under load, for the note
-      const series = underLoad.filter((_, i) => i % 5 === 0).map((p) => `${p.t.toFixed(0)}s rss ${mib(p.rssKiB * 1024)} active ${mib(p.mlxActive)} cache ${mib(p.mlxCache)} heap ${mib(p.heapBytes)} extra ${mib(p.extraBytes)} handles ${p.handles} batch ${p.batch}/${p.maxBatch}`);
+      const series = underLoad.filter((_, i) => i % 5 === 0).map((p) => `${p.t.toFixed(0)}s rss ${mib(p.rssKiB * 1024)} active ${mib(p.mlxActive)} cache ${mib(p.mlxCache)} heap ${mib(p.heapBytes)} extra ${mib(p.extraBytes)} handles ${p.handles} batch ${p.batch}/${p.maxBatch} steps ${p.steps}`);
       const kib = rss.filter((r) => r.done >= REQUESTS * 0.1).map((r) => r.kib);
       const lo = Math.min(...kib);
       const hi = Math.max(...kib);
