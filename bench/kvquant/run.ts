@@ -22,6 +22,7 @@
 //   logprobs are scored against the unquantized run's with oracle/conform/metrics.ts (KL, top-1);
 //   the noise floor is the unquantized cache with another prefill chunking; the per-layer rel L2
 //   of the layer outputs at the first model call after the conversion; a needle check.
+// - needle: needle retrieval (and KL/top-1) on a model that retrieves: bench/kvquant/needle.ts.
 // Results: bench/KVQUANT.md and bench/kvquant_results.json.
 import * as mx from "@mlx-bun/mlx";
 import { spawnSync } from "node:child_process";
@@ -36,13 +37,14 @@ import { makeKvQuantizer } from "../../model/cache/kv_quantize.ts";
 import { KVQuantError } from "../../model/kv_quant.ts";
 import { PY, PyWorker } from "../py_worker.ts";
 import { renderQuality, stageQuality } from "./quality.ts";
+import { renderNeedle, stageNeedle } from "./needle.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
 const RESULTS_JSON = join(ROOT, "bench", "kvquant_results.json");
 const RESULTS_MD = join(ROOT, "bench", "KVQUANT.md");
 
 export const FLAGS: FlagSpec[] = [
-  { name: "stage", kind: "string", valueName: "list", help: "memory,decode,quality (comma-separated); render: only rewrite KVQUANT.md from the JSON", default: "memory,decode,quality" },
+  { name: "stage", kind: "string", valueName: "list", help: "memory,decode,quality,needle (comma-separated); render: only rewrite KVQUANT.md from the JSON", default: "memory,decode,quality" },
   { name: "contexts", kind: "string", valueName: "list", help: "memory: context lengths", default: "4096,32768" },
   { name: "pairs", kind: "int", help: "decode: measured TS/mlx-vlm pairs per scheme (after one warm-up each)", default: 3 },
   { name: "decode-prompt", kind: "int", help: "decode: prompt tokens (the conversion happens in the prefill)", default: 160 },
@@ -194,6 +196,7 @@ interface Results {
   memory?: { measured: string; rows: MemoryRow[] };
   decode?: DecodeSection;
   quality?: { measured: string; [k: string]: unknown };
+  needle?: { measured: string; [k: string]: unknown };
 }
 
 function readResults(): Results {
@@ -229,7 +232,7 @@ function memoryMarkdown(m: NonNullable<Results["memory"]>): string[] {
 }
 
 /** Replaces one stage's section (re-reading the file first, so stages run as separate processes keep each other's). */
-function writeSection<K extends "memory" | "decode" | "quality">(key: K, value: Results[K]): void {
+function writeSection<K extends "memory" | "decode" | "quality" | "needle">(key: K, value: Results[K]): void {
   const r = readResults();
   r[key] = value;
   writeResults(r);
@@ -249,6 +252,7 @@ function writeResults(r: Results): void {
   if (r.memory) md.push(...memoryMarkdown(r.memory), "");
   if (r.decode) md.push(...decodeMarkdown(r.decode), "");
   if (r.quality) md.push(...qualityMarkdown(r.quality as QualitySection), "");
+  if (r.needle) md.push(...renderNeedle(r.needle as unknown as Parameters<typeof renderNeedle>[0]), "");
   writeFileSync(RESULTS_MD, md.join("\n"));
 }
 
@@ -379,7 +383,7 @@ async function main(): Promise<void> {
     return;
   }
   const stages = String(a.stage).split(",");
-  for (const s of stages) if (!["memory", "decode", "quality", "render"].includes(s)) throw new UsageError(`--stage: unknown stage '${s}' (memory, decode, quality, render)`);
+  for (const s of stages) if (!["memory", "decode", "quality", "needle", "render"].includes(s)) throw new UsageError(`--stage: unknown stage '${s}' (memory, decode, quality, needle, render)`);
   if (stages.length === 1 && stages[0] === "render") {
     // re-renders bench/KVQUANT.md from bench/kvquant_results.json (no measurement)
     writeResults(readResults());
@@ -401,6 +405,9 @@ async function main(): Promise<void> {
     }
     if (stages.includes("quality")) {
       writeSection("quality", await stageQuality(Number(a["quality-prompt"]), Number(a["quality-tokens"]), log));
+    }
+    if (stages.includes("needle")) {
+      writeSection("needle", await stageNeedle(py, Number(a["quality-tokens"]), log));
     }
   } finally {
     py.close();
