@@ -28,7 +28,12 @@ if (out) {
     steps += 1;
     return r;
   };
-  const rssKiB = () => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync("/proc/self/status", "utf8"))?.[1] ?? Number.NaN);
+  // resident memory and its kinds (anonymous: heap and malloc; file: mapped files such as libraries and weights)
+  const status = () => {
+    const text = readFileSync("/proc/self/status", "utf8");
+    const kib = (field: string) => Number(new RegExp(`${field}:\\s+(\\d+) kB`).exec(text)?.[1] ?? Number.NaN);
+    return { rssKiB: kib("VmRSS"), anonKiB: kib("RssAnon"), fileKiB: kib("RssFile"), threads: Number(/Threads:\s+(\d+)/.exec(text)?.[1] ?? Number.NaN) };
+  };
   const t0 = performance.now();
   let lastSteps = -1;
   const sample = () => {
@@ -42,7 +47,7 @@ if (out) {
       out,
       `${JSON.stringify({
         t: (performance.now() - t0) / 1000,
-        rssKiB: rssKiB(),
+        ...status(),
         heapBytes: h.heapSize,
         heapObjects: h.objectCount,
         // memory the JS heap owns outside itself (ArrayBuffer stores: e.g. a logprobs row copied out to be hashed for the schedule)

@@ -74,7 +74,7 @@ describe.skipIf(!LOAD)("SERVE_LOAD: the openai client under load, with cancellat
       const server = await startServerProcess("npm run serve", process.execPath, ["run", "--preload", join(CLIENT_DIR, "memory_probe.ts"), "serve/cli.ts", "--model", DIR, "--port", String(port), "--record-schedule", schedulePath, "--log-level", "WARNING", "--decode-concurrency", String(DECODE)], port, 60_000, { SERVE_MEMORY_PROBE: probePath });
       const pid = server.proc.pid!;
       const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused", maxRetries: 0, timeout: 300_000 });
-      interface Probe { t: number; rssKiB: number; heapBytes: number; heapObjects: number; extraBytes: number; mlxActive: number; mlxCache: number; handles: number; batch: number; maxBatch: number; steps: number; idle: boolean; types?: Record<string, number> }
+      interface Probe { t: number; rssKiB: number; anonKiB: number; fileKiB: number; threads: number; heapBytes: number; heapObjects: number; extraBytes: number; mlxActive: number; mlxCache: number; handles: number; batch: number; maxBatch: number; steps: number; idle: boolean; types?: Record<string, number> }
       const probes = (): Probe[] => readFileSync(probePath, "utf8").split("\n").filter((l) => l.length > 0).map((l) => JSON.parse(l) as Probe);
       // the idle state before the load, after two requests (model loaded, kernels built), once the probe has sampled it
       for (let i = 0; i < 2; i++) await client.completions.create({ model: "default_model", prompt: "warm up", max_tokens: 2 });
@@ -251,7 +251,7 @@ describe.skipIf(!LOAD)("SERVE_LOAD: the openai client under load, with cancellat
       const medianOf = (ps: Probe[]) => pct(ps.map((p) => p.rssKiB * 1024).sort((a, b) => a - b), 0.5);
       const [early, late] = [medianOf(after.slice(0, third)), medianOf(after.slice(after.length - third))];
       const trend = late / early - 1;
-      const peaks = after.filter((p) => p.rssKiB * 1024 > p95 * 1.05).map((p) => `${mib(p.rssKiB * 1024)} MiB at ${p.t.toFixed(0)} s (MLX active+cache ${mib(p.mlxActive + p.mlxCache)}, JS heap ${mib(p.heapBytes)})`);
+      const peaks = after.filter((p) => p.rssKiB * 1024 > p95 * 1.05).map((p) => `${mib(p.rssKiB * 1024)} MiB at ${p.t.toFixed(0)} s (anon ${mib(p.anonKiB * 1024)}, file ${mib(p.fileKiB * 1024)}, threads ${p.threads}, step ${p.steps}; MLX active+cache ${mib(p.mlxActive + p.mlxCache)}, JS heap ${mib(p.heapBytes)})`);
       const rssR = range(after.map((p) => p.rssKiB * 1024));
       const mlxR = range(after.map((p) => p.mlxActive + p.mlxCache));
       const actR = range(after.map((p) => p.mlxActive));
@@ -277,7 +277,7 @@ describe.skipIf(!LOAD)("SERVE_LOAD: the openai client under load, with cancellat
         .slice(0, 12)
         .map(([k, d]) => `${k} ${d > 0 ? "+" : ""}${d}`);
       // one line per 5 s under load, for the note
-      const series = underLoad.filter((_, i) => i % 5 === 0).map((p) => `${p.t.toFixed(0)}s rss ${mib(p.rssKiB * 1024)} active ${mib(p.mlxActive)} cache ${mib(p.mlxCache)} heap ${mib(p.heapBytes)} extra ${mib(p.extraBytes)} handles ${p.handles} batch ${p.batch}/${p.maxBatch} steps ${p.steps}`);
+      const series = underLoad.filter((_, i) => i % 5 === 0).map((p) => `${p.t.toFixed(0)}s rss ${mib(p.rssKiB * 1024)} (anon ${mib(p.anonKiB * 1024)}, file ${mib(p.fileKiB * 1024)}, threads ${p.threads}) active ${mib(p.mlxActive)} cache ${mib(p.mlxCache)} heap ${mib(p.heapBytes)} extra ${mib(p.extraBytes)} handles ${p.handles} batch ${p.batch}/${p.maxBatch} steps ${p.steps}`);
       const kib = rss.filter((r) => r.done >= REQUESTS * 0.1).map((r) => r.kib);
       const lo = Math.min(...kib);
       const hi = Math.max(...kib);
