@@ -110,10 +110,16 @@ export function pyFloatRepr(x: number): string {
   return neg ? `-${out}` : out;
 }
 
-function pyString(s: string): string {
+/**
+ * json.dumps(s) of one str: the short escapes, other control characters as \\uXXXX, and with
+ * ensureAscii (Python's default) every code unit above 0x7e as well (UTF-16 code units, as Python
+ * writes an astral character: a surrogate pair of escapes).
+ */
+export function pyStringLiteral(s: string, ensureAscii = true): string {
   let out = '"';
-  for (const ch of s) {
-    const c = ch.codePointAt(0)!;
+  for (let i = 0; i < s.length; i++) {
+    const ch = s[i]!;
+    const c = s.charCodeAt(i);
     if (ch === '"') out += '\\"';
     else if (ch === "\\") out += "\\\\";
     else if (ch === "\n") out += "\\n";
@@ -121,9 +127,8 @@ function pyString(s: string): string {
     else if (ch === "\t") out += "\\t";
     else if (ch === "\b") out += "\\b";
     else if (ch === "\f") out += "\\f";
-    else if (c < 0x20 || c > 0x7e) {
-      for (let k = 0; k < ch.length; k++) out += `\\u${ch.charCodeAt(k).toString(16).padStart(4, "0")}`;
-    } else out += ch;
+    else if (c < 0x20 || (ensureAscii && c > 0x7e)) out += `\\u${c.toString(16).padStart(4, "0")}`;
+    else out += ch;
   }
   return `${out}"`;
 }
@@ -139,14 +144,14 @@ export function dumpPyJson(value: PyJson | undefined, indent = 4, level = 0): st
     if (!Number.isInteger(value)) return pyFloatRepr(value);
     return String(value);
   }
-  if (typeof value === "string") return pyString(value);
+  if (typeof value === "string") return pyStringLiteral(value);
   if (Array.isArray(value)) {
     if (value.length === 0) return "[]";
     return `[\n${value.map((v) => pad(level + 1) + dumpPyJson(v, indent, level + 1)).join(",\n")}\n${pad(level)}]`;
   }
   const entries = Object.entries(value).filter(([, v]) => v !== undefined);
   if (entries.length === 0) return "{}";
-  return `{\n${entries.map(([k, v]) => `${pad(level + 1)}${pyString(k)}: ${dumpPyJson(v, indent, level + 1)}`).join(",\n")}\n${pad(level)}}`;
+  return `{\n${entries.map(([k, v]) => `${pad(level + 1)}${pyStringLiteral(k)}: ${dumpPyJson(v, indent, level + 1)}`).join(",\n")}\n${pad(level)}}`;
 }
 
 /** mlx_lm.utils.save_config's layout: keys sorted (top level only, as dict(sorted(...))), indent 4. */

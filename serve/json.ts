@@ -2,32 +2,13 @@
 // such as "0.5" or "1e-3" stays apart from an integer "1", because mlx_lm.server's validation
 // tells `float` from `int`) and written with json.dumps(obj) defaults: ", " and ": " separators,
 // ensure_ascii (non-ASCII escaped as \uXXXX), floats as Python's repr, NaN/Infinity as bare words.
-import { PyFloat, type PyJson, parsePyJson, pyFloatRepr } from "../model/pyjson.ts";
+import { PyFloat, type PyJson, parsePyJson, pyFloatRepr, pyStringLiteral } from "../model/pyjson.ts";
 
 export { PyFloat, type PyJson };
 
 /** json.loads. Throws SyntaxError on malformed text. */
 export function loads(text: string): PyJson {
   return parsePyJson(text);
-}
-
-function pyString(s: string): string {
-  let out = '"';
-  for (let i = 0; i < s.length; i++) {
-    const ch = s[i]!;
-    const c = s.charCodeAt(i);
-    if (ch === '"') out += '\\"';
-    else if (ch === "\\") out += "\\\\";
-    else if (ch === "\n") out += "\\n";
-    else if (ch === "\r") out += "\\r";
-    else if (ch === "\t") out += "\\t";
-    else if (ch === "\b") out += "\\b";
-    else if (ch === "\f") out += "\\f";
-    // UTF-16 code units, as Python writes astral characters (a surrogate pair of escapes)
-    else if (c < 0x20 || c > 0x7e) out += `\\u${c.toString(16).padStart(4, "0")}`;
-    else out += ch;
-  }
-  return `${out}"`;
 }
 
 /** A value for dumps: JS numbers that must print as Python floats are wrapped in PyFloat. */
@@ -40,11 +21,11 @@ export function dumps(value: Out | undefined): string {
   if (value === false) return "false";
   if (value instanceof PyFloat) return pyFloatRepr(value.value);
   if (typeof value === "number") return Number.isInteger(value) ? String(value) : pyFloatRepr(value);
-  if (typeof value === "string") return pyString(value);
+  if (typeof value === "string") return pyStringLiteral(value);
   if (Array.isArray(value)) return `[${value.map((v) => dumps(v)).join(", ")}]`;
   const parts = Object.entries(value)
     .filter(([, v]) => v !== undefined)
-    .map(([k, v]) => `${pyString(k)}: ${dumps(v)}`);
+    .map(([k, v]) => `${pyStringLiteral(k)}: ${dumps(v)}`);
   return `{${parts.join(", ")}}`;
 }
 

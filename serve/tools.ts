@@ -18,7 +18,7 @@
 // One known difference: Python's `\w` (the regex module, Unicode) is matched here by letters,
 // marks, digits and connector punctuation (\p{L}\p{M}\p{N}\p{Pc}); names outside that class
 // (rare code points that Python counts as word characters) may be read differently.
-import { PyFloat, pyFloatRepr } from "../model/pyjson.ts";
+import { PyFloat, pyFloatRepr, pyStringLiteral } from "../model/pyjson.ts";
 import type { Out } from "./json.ts";
 import { TextStateMachine } from "./text_state.ts";
 
@@ -168,27 +168,8 @@ export function gemma4ArgsToJson(args: string): string {
       k = e + 1;
     }
   }
-  for (let n = 0; n < strings.length; n++) keyed = keyed.replaceAll(`\x00${n}\x00`, () => pyDumpsAscii(strings[n]!));
+  for (let n = 0; n < strings.length; n++) keyed = keyed.replaceAll(`\x00${n}\x00`, () => pyStringLiteral(strings[n]!));
   return keyed;
-}
-
-/** json.dumps(s) of a str (ensure_ascii=True). */
-function pyDumpsAscii(s: string): string {
-  let out = '"';
-  for (let i = 0; i < s.length; i++) {
-    const ch = s[i]!;
-    const c = s.charCodeAt(i);
-    if (ch === '"') out += '\\"';
-    else if (ch === "\\") out += "\\\\";
-    else if (ch === "\n") out += "\\n";
-    else if (ch === "\r") out += "\\r";
-    else if (ch === "\t") out += "\\t";
-    else if (ch === "\b") out += "\\b";
-    else if (ch === "\f") out += "\\f";
-    else if (c < 0x20 || c > 0x7e) out += `\\u${c.toString(16).padStart(4, "0")}`;
-    else out += ch;
-  }
-  return `${out}"`;
 }
 
 // ---- Python's json.loads and json.dumps(ensure_ascii=False), with object key order kept
@@ -314,22 +295,7 @@ export function pyDumpsUnicode(v: PyValue): string {
   if (v === true) return "true";
   if (v === false) return "false";
   if (v instanceof PyFloat) return pyFloatRepr(v.value);
-  if (typeof v === "string") {
-    let out = '"';
-    for (const ch of v) {
-      const c = ch.charCodeAt(0);
-      if (ch === '"') out += '\\"';
-      else if (ch === "\\") out += "\\\\";
-      else if (ch === "\n") out += "\\n";
-      else if (ch === "\r") out += "\\r";
-      else if (ch === "\t") out += "\\t";
-      else if (ch === "\b") out += "\\b";
-      else if (ch === "\f") out += "\\f";
-      else if (c < 0x20) out += `\\u${c.toString(16).padStart(4, "0")}`;
-      else out += ch;
-    }
-    return `${out}"`;
-  }
+  if (typeof v === "string") return pyStringLiteral(v, false);
   if (Array.isArray(v)) return `[${v.map(pyDumpsUnicode).join(", ")}]`;
   if (v instanceof Map) return `{${[...v].map(([k, x]) => `${pyDumpsUnicode(k)}: ${pyDumpsUnicode(x)}`).join(", ")}}`;
   return v.int;
