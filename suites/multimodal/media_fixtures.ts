@@ -4,7 +4,8 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { DEFAULT_PYTHON, REPO_ROOT } from "../../oracle/client.ts";
+import { DEFAULT_PYTHON, type OracleClient, REPO_ROOT } from "../../oracle/client.ts";
+import { oracleMedia } from "../../oracle/media.ts";
 
 export interface MediaItem {
   name: string;
@@ -25,6 +26,35 @@ export function makeMedia<T = MediaItem[]>(out: string, what: string, extra: str
   const p = Bun.spawnSync([DEFAULT_PYTHON, "-I", join(REPO_ROOT, "suites/multimodal/make_media.py"), out, what, ...extra], { cwd: "/" });
   if (p.exitCode !== 0) throw new Error(`make_media.py ${what} failed: ${p.stderr.toString()}`);
   return JSON.parse(p.stdout.toString()) as T;
+}
+
+/** One entry of make_video.py's manifest (a "bad" file has no geometry). */
+export interface VideoFile {
+  name: string;
+  path: string;
+  kind: "video" | "bad";
+  width?: number;
+  height?: number;
+  fps?: number;
+  frames?: number;
+}
+
+/** Run make_video.py into out (its --full set when full) and parse its manifest. */
+export function makeVideos(out: string, full: boolean): VideoFile[] {
+  const p = Bun.spawnSync([DEFAULT_PYTHON, "-I", join(REPO_ROOT, "suites/multimodal/make_video.py"), out, ...(full ? ["--full"] : [])], { cwd: "/" });
+  if (p.exitCode !== 0) throw new Error(`make_video.py failed: ${p.stderr.toString()}`);
+  return JSON.parse(p.stdout.toString()) as VideoFile[];
+}
+
+/** The oracle's video variant of each fixture checkpoint (video_token_id set), under dir/ckpt: checkpoint -> its directory. */
+export async function makeVideoVariants(oracle: OracleClient, dir: string, checkpoints: readonly string[], videoTokenId: number): Promise<Map<string, string>> {
+  const variants = new Map<string, string>();
+  for (const c of checkpoints) {
+    const dst = join(dir, "ckpt", c.replace("/", "_"));
+    await oracleMedia(oracle, "make_video_variant", { src: join(REPO_ROOT, ".cache/checkpoints", c), dst, video_token_id: videoTokenId });
+    variants.set(c, dst);
+  }
+  return variants;
 }
 
 export interface ProcessorSpec {

@@ -49,7 +49,7 @@ import { mediaGenerationModel, mmTokenTypes } from "../../model/runtime.ts";
 import { generateStep } from "../../model/generate.ts";
 import { VIDEO_MUTATIONS, type VideoMutation, withMutation } from "../../model/gemma4/mutations.ts";
 import { maskEq } from "../properties/oracle-diff-lib.ts";
-import { tempDir } from "./media_fixtures.ts";
+import { makeVideos, makeVideoVariants, tempDir, type VideoFile } from "./media_fixtures.ts";
 import { spawnSync } from "node:child_process";
 import { mediaPlan } from "../../parity/media.ts";
 import { parseArgs } from "../../parity/args.ts";
@@ -64,32 +64,16 @@ const VIDEO_TOKEN = 249;
 const MODEL_FRAMES = FULL ? Infinity : 1;
 const CHECKPOINTS = FULL ? ["m2_e2b/f32", "m1_dense/bf16", "m3_moe/f32", "m2_e2b/q4g64"] : ["m2_e2b/f32"];
 
-interface VideoFile {
-  name: string;
-  path: string;
-  kind: "video" | "bad";
-  width?: number;
-  height?: number;
-  fps?: number;
-  frames?: number;
-}
-
 let oracle: OracleClient;
 let tmp: { dir: string; remove: () => void };
 let files: VideoFile[];
-const variants = new Map<string, string>();
+let variants: Map<string, string>;
 
 beforeAll(async () => {
   oracle = await sharedOracle();
   tmp = tempDir("video");
-  const p = Bun.spawnSync([DEFAULT_PYTHON, "-I", join(REPO_ROOT, "suites/multimodal/make_video.py"), join(tmp.dir, "videos"), ...(FULL ? ["--full"] : [])], { cwd: "/" });
-  if (p.exitCode !== 0) throw new Error(`make_video.py failed: ${p.stderr.toString()}`);
-  files = JSON.parse(p.stdout.toString()) as VideoFile[];
-  for (const c of CHECKPOINTS) {
-    const dst = join(tmp.dir, "ckpt", c.replace("/", "_"));
-    await oracleMedia(oracle, "make_video_variant", { src: join(REPO_ROOT, ".cache/checkpoints", c), dst, video_token_id: VIDEO_TOKEN });
-    variants.set(c, dst);
-  }
+  files = makeVideos(join(tmp.dir, "videos"), FULL);
+  variants = await makeVideoVariants(oracle, tmp.dir, CHECKPOINTS, VIDEO_TOKEN);
 }, limit(180_000));
 
 afterAll(() => tmp?.remove());

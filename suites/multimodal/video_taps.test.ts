@@ -24,14 +24,13 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { DEFAULT_PYTHON, REPO_ROOT, type OracleClient, sharedOracle } from "../../oracle/client.ts";
-import { oracleMedia } from "../../oracle/media.ts";
+import { type OracleClient, sharedOracle } from "../../oracle/client.ts";
 import { expandMediaTaps, mediaTapConfig } from "../../oracle/taps.ts";
 import type { ProcessedVideo } from "../../model/gemma4/processing_gemma4_video.ts";
 import { type VideoMutation, withMutationAsync } from "../../model/gemma4/mutations.ts";
 import { processFromOpenCv, type VideoTapFile, videoTapParity } from "../../parity/video_taps.ts";
 import type { RunResult } from "../../parity/schema.ts";
-import { tempDir } from "./media_fixtures.ts";
+import { makeVideos, makeVideoVariants, tempDir, type VideoFile } from "./media_fixtures.ts";
 import { limit } from "../../tests/time_limit.ts";
 
 const FULL = process.env.VIDEO_FULL === "1";
@@ -45,33 +44,17 @@ const CAUGHT_AT: Partial<Record<VideoMutation, string>> = {
   video_padding_not_masked: "embed/vision_tower/attn_mask",
 };
 
-interface VideoFile {
-  name: string;
-  path: string;
-  kind: "video" | "bad";
-  width?: number;
-  height?: number;
-  fps?: number;
-  frames?: number;
-}
-
 let oracle: OracleClient;
 let tmp: { dir: string; remove: () => void };
 let videos: VideoFile[];
-const variants = new Map<string, string>();
+let variants: Map<string, string>;
 
 beforeAll(async () => {
   oracle = await sharedOracle();
   tmp = tempDir("video-taps");
-  const p = Bun.spawnSync([DEFAULT_PYTHON, "-I", join(REPO_ROOT, "suites/multimodal/make_video.py"), join(tmp.dir, "videos"), ...(FULL ? ["--full"] : [])], { cwd: "/" });
-  if (p.exitCode !== 0) throw new Error(`make_video.py failed: ${p.stderr.toString()}`);
-  videos = (JSON.parse(p.stdout.toString()) as VideoFile[]).filter((f) => f.kind === "video");
+  videos = makeVideos(join(tmp.dir, "videos"), FULL).filter((f) => f.kind === "video");
   await oracle.request("make_checkpoints", { only: CHECKPOINTS }, limit(600_000));
-  for (const c of CHECKPOINTS) {
-    const dst = join(tmp.dir, "ckpt", c.replace("/", "_"));
-    await oracleMedia(oracle, "make_video_variant", { src: join(REPO_ROOT, ".cache/checkpoints", c), dst, video_token_id: VIDEO_TOKEN });
-    variants.set(c, dst);
-  }
+  variants = await makeVideoVariants(oracle, tmp.dir, CHECKPOINTS, VIDEO_TOKEN);
 }, limit(600_000));
 
 afterAll(() => tmp?.remove());
