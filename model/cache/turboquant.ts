@@ -349,25 +349,127 @@ export function isQuantizedAttentionCache(c: unknown): c is QuantizedAttentionCa
   return c !== null && typeof c === "object" && typeof (c as QuantizedAttentionCache).quantizedAttention === "function";
 }
 
-export class TurboQuantKVCache implements KVCacheLike, QuantizedAttentionCache {
+/**
+ * What mlx-vlm's TurboQuantKVCache is whatever codec each side has (TurboQuantKVCache here: MSE
+ * both sides; TurboQuantSplitKVCache: a Split codec on one side or both): the widths and seed
+ * (meta_state), the token offset (trim, size, the causal mask), and attention: a decode step
+ * through the codecs, anything longer dequantized to float32 and run through SDPA in the queries'
+ * dtype (prefill_attention returns None for these keys).
+ */
+export abstract class TurboQuantCacheBase implements KVCacheLike, QuantizedAttentionCache {
   bits: number;
   keyBits: number;
   valueBits: number;
   seed: number;
   offset = 0;
+  abstract keys: object | null;
+  abstract values: object | null;
+  protected readonly opts: CodecOptions;
+
+  constructor(bits: number, opts: TurboQuantOptions = {}) {
+    [this.bits, this.keyBits, this.valueBits] = resolveKvBits(bits, opts.keyBits ?? null, opts.valueBits ?? null);
+    this.seed = opts.seed ?? DEFAULT_TURBOQUANT_SEED;
+    this.opts = { rotation: opts.rotation };
+  }
+
+  abstract updateAndFetch(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray];
+  abstract get state(): MlxArray[];
+  abstract set state(v: MlxArray[]);
+  abstract get nbytes(): number;
+  /** dequantize(): float32 (keys, values) over the offset. */
+  abstract dequantize(): [MlxArray, MlxArray];
+  abstract dispose(): void;
+  /** Whether both sides' codecs exist (built on the first update). */
+  protected abstract codecsBuilt(): boolean;
+  /** decode_attention for one query token. */
+  protected abstract decodeAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray;
+
+  /** meta_state: (offset, bits, seed, key_bits, value_bits) as Python's str(). */
+  get metaState(): string[] {
+    const f = (x: number) => (Number.isInteger(x) ? `${x}.0` : String(x));
+    return [String(this.offset), f(this.bits), String(this.seed), f(this.keyBits), f(this.valueBits)];
+  }
+
+  set metaState(v: string[]) {
+    if (!Array.isArray(v) || v.length < 3) throw new CacheError("TurboQuantKVCache.metaState", `expects [offset, bits, seed, key_bits?, value_bits?], got ${JSON.stringify(v)}`);
+    const nums = v.map(Number);
+    if (nums.some((x) => !Number.isFinite(x))) throw new CacheError("TurboQuantKVCache.metaState", `not numbers: ${JSON.stringify(v)}`);
+    this.offset = Math.trunc(nums[0]!);
+    this.seed = Math.trunc(nums[2]!);
+    [this.bits, this.keyBits, this.valueBits] = resolveKvBits(nums[1]!, nums.length > 3 ? nums[3]! : null, nums.length > 4 ? nums[4]! : null);
+  }
+
+  isTrimmable(): boolean {
+    return true;
+  }
+
+  trim(n: number): number {
+    if (!Number.isInteger(n) || n < 0) throw new CacheError("TurboQuantKVCache.trim", `n must be a non-negative integer, got ${n}`);
+    n = Math.min(this.offset, n);
+    this.offset -= n;
+    return n;
+  }
+
+  size(): number {
+    return this.offset;
+  }
+
+  empty(): boolean {
+    return this.keys === null;
+  }
+
+  makeMask(N: number, { windowSize = null, returnArray = false }: MakeMaskOptions = {}): Mask {
+    return cacheAttentionMask(N, this.offset, returnArray, windowSize);
+  }
+
+  /** models/base.py scaled_dot_product_attention for this cache (no sinks). */
+  quantizedAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
+    if (this.keys === null || !this.codecsBuilt()) throw new CacheError("TurboQuantKVCache", "attention over an empty cache");
+    if (queries.shape[2] === 1) return this.decodeAttention(queries, scale, mask);
+    // prefill_attention returns None for these keys: dequantize, then SDPA
+    return attendDequantized(queries, this.dequantize(), scale, mask);
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/** models/base.py's fallback: dequantized (keys, values) cast to the queries' dtype, through mx.fast.scaled_dot_product_attention (k and v disposed here). */
+export function attendDequantized(queries: MlxArray, [k, v]: [MlxArray, MlxArray], scale: number, mask: Mask): MlxArray {
+  try {
+    using kq = mx.astype(k, queries.dtype);
+    using vq = mx.astype(v, queries.dtype);
+    return mx.fast.scaledDotProductAttention(queries, kq, vq, { scale, mask });
+  } finally {
+    k.dispose();
+    v.dispose();
+  }
+}
+
+/** float32 (keys, values) from an MSE state [key norms, key indices, value norms, value indices] (the four disposed here). */
+export function dequantizeMSE(keyCodec: TurboQuantMSECodec, valueCodec: TurboQuantMSECodec, quantizedState: MlxArray[]): [MlxArray, MlxArray] {
+  const [kn, ki, vn, vi] = quantizedState as [MlxArray, MlxArray, MlxArray, MlxArray];
+  try {
+    using k = keyCodec.dequantize({ norms: kn, indices: ki });
+    using v = valueCodec.dequantize({ norms: vn, indices: vi });
+    return [mx.astype(k, "float32"), mx.astype(v, "float32")];
+  } finally {
+    for (const a of [kn, ki, vn, vi]) a.dispose();
+  }
+}
+
+export class TurboQuantKVCache extends TurboQuantCacheBase {
   keys: MSEState | null = null;
   values: MSEState | null = null;
   keyCodec: TurboQuantMSECodec | null = null;
   valueCodec: TurboQuantMSECodec | null = null;
-  private readonly opts: CodecOptions;
 
   constructor(bits: number, opts: TurboQuantOptions = {}) {
-    [this.bits, this.keyBits, this.valueBits] = resolveKvBits(bits, opts.keyBits ?? null, opts.valueBits ?? null);
+    super(bits, opts);
     for (const b of [this.keyBits, this.valueBits]) {
       if (!Number.isInteger(b)) throw new KVQuantError(`a ${b}-bit key or value width runs mlx-vlm's split codec: use TurboQuantSplitKVCache (turboquant_split.ts; makeKvQuantizer picks it)`);
     }
-    this.seed = opts.seed ?? DEFAULT_TURBOQUANT_SEED;
-    this.opts = { rotation: opts.rotation };
   }
 
   /** TurboQuantKVCache.from_cache: quantize an unquantized cache's keys and values (its state). */
@@ -467,80 +569,22 @@ export class TurboQuantKVCache implements KVCacheLike, QuantizedAttentionCache {
     this.offset = v[0]!.shape[2]!;
   }
 
-  /** meta_state: (offset, bits, seed, key_bits, value_bits) as Python's str(). */
-  get metaState(): string[] {
-    const f = (x: number) => (Number.isInteger(x) ? `${x}.0` : String(x));
-    return [String(this.offset), f(this.bits), String(this.seed), f(this.keyBits), f(this.valueBits)];
-  }
-
-  set metaState(v: string[]) {
-    if (!Array.isArray(v) || v.length < 3) throw new CacheError("TurboQuantKVCache.metaState", `expects [offset, bits, seed, key_bits?, value_bits?], got ${JSON.stringify(v)}`);
-    const nums = v.map(Number);
-    if (nums.some((x) => !Number.isFinite(x))) throw new CacheError("TurboQuantKVCache.metaState", `not numbers: ${JSON.stringify(v)}`);
-    this.offset = Math.trunc(nums[0]!);
-    this.seed = Math.trunc(nums[2]!);
-    [this.bits, this.keyBits, this.valueBits] = resolveKvBits(nums[1]!, nums.length > 3 ? nums[3]! : null, nums.length > 4 ? nums[4]! : null);
-  }
-
-  isTrimmable(): boolean {
-    return true;
-  }
-
-  trim(n: number): number {
-    if (!Number.isInteger(n) || n < 0) throw new CacheError("TurboQuantKVCache.trim", `n must be a non-negative integer, got ${n}`);
-    n = Math.min(this.offset, n);
-    this.offset -= n;
-    return n;
-  }
-
-  size(): number {
-    return this.offset;
-  }
-
-  empty(): boolean {
-    return this.keys === null;
-  }
-
-  makeMask(N: number, { windowSize = null, returnArray = false }: MakeMaskOptions = {}): Mask {
-    return cacheAttentionMask(N, this.offset, returnArray, windowSize);
-  }
-
   get nbytes(): number {
     if (this.keys === null || this.values === null) return 0;
     const per = (s: MSEState) => (s.norms.nbytes / s.norms.shape[2]! + s.indices.nbytes / s.indices.shape[2]!) * this.offset;
     return per(this.keys) + per(this.values);
   }
 
-  /** dequantize(): float32 (keys, values) over the offset. */
   dequantize(): [MlxArray, MlxArray] {
-    const [kn, ki, vn, vi] = this.quantizedState as [MlxArray, MlxArray, MlxArray, MlxArray];
-    try {
-      using k = this.keyCodec!.dequantize({ norms: kn, indices: ki });
-      using v = this.valueCodec!.dequantize({ norms: vn, indices: vi });
-      return [mx.astype(k, "float32"), mx.astype(v, "float32")];
-    } finally {
-      for (const a of [kn, ki, vn, vi]) a.dispose();
-    }
+    return dequantizeMSE(this.keyCodec!, this.valueCodec!, this.quantizedState);
   }
 
-  /** models/base.py scaled_dot_product_attention for this cache (no sinks). */
-  quantizedAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
-    if (this.keys === null || this.keyCodec === null || this.valueCodec === null) throw new CacheError("TurboQuantKVCache", "attention over an empty cache");
-    if (queries.shape[2] === 1) return this.decodeAttention(queries, scale, mask);
-    // prefill_attention returns None for MSE keys: dequantize, then SDPA
-    const [k, v] = this.dequantize();
-    try {
-      using kq = mx.astype(k, queries.dtype);
-      using vq = mx.astype(v, queries.dtype);
-      return mx.fast.scaledDotProductAttention(queries, kq, vq, { scale, mask });
-    } finally {
-      k.dispose();
-      v.dispose();
-    }
+  protected codecsBuilt(): boolean {
+    return this.keyCodec !== null && this.valueCodec !== null;
   }
 
   /** decode_attention's CPU route for MSE keys and values (total tokens <= decode_key_chunk_size, no array mask). */
-  private decodeAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
+  protected decodeAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
     if (mask !== null && mask !== "causal") throw new CacheError("TurboQuantKVCache", "decode attention with an array mask (mlx-vlm's chunked route) is not ported");
     const [B, Hq, L, D] = queries.shape as [number, number, number, number];
     const Hkv = this.keys!.norms.shape[1]!;
@@ -566,9 +610,5 @@ export class TurboQuantKVCache implements KVCacheLike, QuantizedAttentionCache {
     this.keyCodec?.dispose();
     this.valueCodec?.dispose();
     this.keyCodec = this.valueCodec = null;
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
   }
 }

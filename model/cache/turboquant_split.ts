@@ -34,16 +34,15 @@
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { KVQuantError, pyRound, resolveKvBits } from "../kv_quant.ts";
-import { cacheAttentionMask, type MakeMaskOptions, type Mask } from "../mask.ts";
+import type { Mask } from "../mask.ts";
 import { CacheError, type KVCacheLike } from "./index.ts";
 import {
   allocLike,
   CACHE_STEP,
   type CodecOptions,
-  DEFAULT_TURBOQUANT_SEED,
   type MSEState,
-  type QuantizedAttentionCache,
   sliceT,
+  TurboQuantCacheBase,
   TurboQuantMSECodec,
   type TurboQuantOptions,
   writeT,
@@ -280,26 +279,14 @@ export function needsSplitCodec(bits: number, keyBits: number | null = null, val
 const disposeAll = (l: MlxArray[] | null) => l?.forEach((a) => a.dispose());
 
 /** mlx-vlm's TurboQuantKVCache with a Split codec on one side or both (see the header). */
-export class TurboQuantSplitKVCache implements KVCacheLike, QuantizedAttentionCache {
+export class TurboQuantSplitKVCache extends TurboQuantCacheBase {
   /** mlx-vlm's class this cache stands for. */
   readonly pythonClass = "TurboQuantKVCache";
-  bits: number;
-  keyBits: number;
-  valueBits: number;
-  seed: number;
-  offset = 0;
   /** The leaves of mlx-vlm's keys / values state, with capacity (axis 2) in CACHE_STEP steps. */
   keys: MlxArray[] | null = null;
   values: MlxArray[] | null = null;
   private keySide: SideCodec | null = null;
   private valueSide: SideCodec | null = null;
-  private readonly opts: CodecOptions;
-
-  constructor(bits: number, opts: TurboQuantOptions = {}) {
-    [this.bits, this.keyBits, this.valueBits] = resolveKvBits(bits, opts.keyBits ?? null, opts.valueBits ?? null);
-    this.seed = opts.seed ?? DEFAULT_TURBOQUANT_SEED;
-    this.opts = { rotation: opts.rotation };
-  }
 
   /** TurboQuantKVCache.from_cache: quantize an unquantized cache's keys and values. */
   static fromCache(cache: KVCacheLike, bits: number, opts: TurboQuantOptions = {}): TurboQuantSplitKVCache {
@@ -414,50 +401,11 @@ export class TurboQuantSplitKVCache implements KVCacheLike, QuantizedAttentionCa
     this.offset = v[0]!.shape[2]!;
   }
 
-  /** meta_state: (offset, bits, seed, key_bits, value_bits) as Python's str(). */
-  get metaState(): string[] {
-    const f = (x: number) => (Number.isInteger(x) ? `${x}.0` : String(x));
-    return [String(this.offset), f(this.bits), String(this.seed), f(this.keyBits), f(this.valueBits)];
-  }
-
-  set metaState(v: string[]) {
-    if (!Array.isArray(v) || v.length < 3) throw new CacheError("TurboQuantKVCache.metaState", `expects [offset, bits, seed, key_bits?, value_bits?], got ${JSON.stringify(v)}`);
-    const nums = v.map(Number);
-    if (nums.some((x) => !Number.isFinite(x))) throw new CacheError("TurboQuantKVCache.metaState", `not numbers: ${JSON.stringify(v)}`);
-    this.offset = Math.trunc(nums[0]!);
-    this.seed = Math.trunc(nums[2]!);
-    [this.bits, this.keyBits, this.valueBits] = resolveKvBits(nums[1]!, nums.length > 3 ? nums[3]! : null, nums.length > 4 ? nums[4]! : null);
-  }
-
-  isTrimmable(): boolean {
-    return true;
-  }
-
-  trim(n: number): number {
-    if (!Number.isInteger(n) || n < 0) throw new CacheError("TurboQuantKVCache.trim", `n must be a non-negative integer, got ${n}`);
-    n = Math.min(this.offset, n);
-    this.offset -= n;
-    return n;
-  }
-
-  size(): number {
-    return this.offset;
-  }
-
-  empty(): boolean {
-    return this.keys === null;
-  }
-
-  makeMask(N: number, { windowSize = null, returnArray = false }: MakeMaskOptions = {}): Mask {
-    return cacheAttentionMask(N, this.offset, returnArray, windowSize);
-  }
-
   get nbytes(): number {
     if (this.keys === null || this.values === null) return 0;
     return [...this.keys, ...this.values].reduce((s, a) => s + (a.nbytes / a.shape[2]!) * this.offset, 0);
   }
 
-  /** dequantize(): float32 (keys, values) over the offset. */
   dequantize(): [MlxArray, MlxArray] {
     const st = this.quantizedState;
     try {
@@ -469,23 +417,12 @@ export class TurboQuantSplitKVCache implements KVCacheLike, QuantizedAttentionCa
     }
   }
 
-  /** models/base.py scaled_dot_product_attention for this cache (no sinks). */
-  quantizedAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
-    if (this.keys === null || this.keySide === null || this.valueSide === null) throw new CacheError("TurboQuantKVCache", "attention over an empty cache");
-    if (queries.shape[2] === 1) return this.decodeAttention(queries, scale, mask);
-    const [k, v] = this.dequantize();
-    try {
-      using kq = mx.astype(k, queries.dtype);
-      using vq = mx.astype(v, queries.dtype);
-      return mx.fast.scaledDotProductAttention(queries, kq, vq, { scale, mask });
-    } finally {
-      k.dispose();
-      v.dispose();
-    }
+  protected codecsBuilt(): boolean {
+    return this.keySide !== null && this.valueSide !== null;
   }
 
   /** decode_attention's generic CPU route (total tokens <= decode_key_chunk_size, no array mask). */
-  private decodeAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
+  protected decodeAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
     if (mask !== null && mask !== "causal") throw new CacheError("TurboQuantKVCache", "decode attention with an array mask (mlx-vlm's chunked route) is not ported");
     const [B, Hq, L, D] = queries.shape as [number, number, number, number];
     const Hkv = this.keys![0]!.shape[1]!;
@@ -513,9 +450,5 @@ export class TurboQuantSplitKVCache implements KVCacheLike, QuantizedAttentionCa
     this.keySide?.[Symbol.dispose]();
     this.valueSide?.[Symbol.dispose]();
     this.keySide = this.valueSide = null;
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
   }
 }
