@@ -340,6 +340,29 @@ export interface TurboQuantOptions extends CodecOptions {
   valueBits?: number | null;
 }
 
+/** _reserve_state_capacity(state, used, needed, cache_step): grow to the next multiple of the step, copying the used part (s disposed when grown). */
+export function reserveMSE(s: MSEState, used: number, needed: number): MSEState {
+  const capacity = s.norms.shape[2]!;
+  if (capacity >= needed) return s;
+  const cap = Math.ceil(needed / CACHE_STEP) * CACHE_STEP;
+  let grown: MSEState = { norms: allocLike(s.norms, cap), indices: allocLike(s.indices, cap) };
+  if (used > 0) {
+    using n = sliceT(s.norms, used);
+    using i = sliceT(s.indices, used);
+    grown = writeMSE(grown, { norms: n, indices: i }, 0);
+  }
+  disposeState(s);
+  return grown;
+}
+
+/** _write_state: src written into dst from token `start` (new arrays; dst disposed). */
+export function writeMSE(dst: MSEState, src: MSEState, start: number): MSEState {
+  const norms = writeT(dst.norms, src.norms, start);
+  const indices = writeT(dst.indices, src.indices, start);
+  disposeState(dst);
+  return { norms, indices };
+}
+
 /** A cache whose attention must be computed by the cache itself (its keys/values are not arrays to attend over). */
 export interface QuantizedAttentionCache {
   quantizedAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray;
@@ -508,11 +531,11 @@ export class TurboQuantKVCache extends TurboQuantCacheBase {
         this.keys = { norms: allocLike(nk.norms, newEnd), indices: allocLike(nk.indices, newEnd) };
         this.values = { norms: allocLike(nv.norms, newEnd), indices: allocLike(nv.indices, newEnd) };
       } else {
-        this.keys = this.reserve(this.keys, newEnd);
-        this.values = this.reserve(this.values, newEnd);
+        this.keys = reserveMSE(this.keys, this.offset, newEnd);
+        this.values = reserveMSE(this.values, this.offset, newEnd);
       }
-      this.keys = this.write(this.keys, nk, this.offset);
-      this.values = this.write(this.values, nv, this.offset);
+      this.keys = writeMSE(this.keys, nk, this.offset);
+      this.values = writeMSE(this.values, nv, this.offset);
       this.offset = newEnd;
     } finally {
       disposeState(nk);
@@ -521,28 +544,6 @@ export class TurboQuantKVCache extends TurboQuantCacheBase {
     mx.evaluate([this.keys.norms, this.keys.indices, this.values.norms, this.values.indices]);
     // stand-ins for mlx-vlm's _QuantizedStateProxy pair (see the header)
     return [sliceT(this.keys.indices, this.offset), sliceT(this.values.indices, this.offset)];
-  }
-
-  /** _reserve_state_capacity: grow to the next multiple of cache_step, copying the used part. */
-  private reserve(s: MSEState, needed: number): MSEState {
-    const capacity = s.norms.shape[2]!;
-    if (capacity >= needed) return s;
-    const cap = Math.ceil(needed / CACHE_STEP) * CACHE_STEP;
-    let grown: MSEState = { norms: allocLike(s.norms, cap), indices: allocLike(s.indices, cap) };
-    if (this.offset > 0) {
-      using n = sliceT(s.norms, this.offset);
-      using i = sliceT(s.indices, this.offset);
-      grown = this.write(grown, { norms: n, indices: i }, 0);
-    }
-    disposeState(s);
-    return grown;
-  }
-
-  private write(dst: MSEState, src: MSEState, start: number): MSEState {
-    const norms = writeT(dst.norms, src.norms, start);
-    const indices = writeT(dst.indices, src.indices, start);
-    disposeState(dst);
-    return { norms, indices };
   }
 
   /** The state sliced to the offset: [keys norms, keys indices, values norms, values indices] (caller-owned). */

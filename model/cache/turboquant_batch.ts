@@ -22,17 +22,19 @@ import { type BatchCacheLike, createCausalMaskPadded } from "./batch.ts";
 import { CacheError, type KVCacheLike } from "./index.ts";
 import {
   allocLike,
-  CACHE_STEP,
+  attendDequantized,
   type CodecOptions,
   DEFAULT_TURBOQUANT_SEED,
+  dequantizeMSE,
   disposeState,
   type MSEState,
   type QuantizedAttentionCache,
+  reserveMSE,
   sliceT,
   TurboQuantKVCache,
   TurboQuantMSECodec,
   type TurboQuantOptions,
-  writeT,
+  writeMSE,
 } from "./turboquant.ts";
 
 function int32(v: readonly number[]): MlxArray {
@@ -101,11 +103,11 @@ export class BatchTurboQuantKVCache implements BatchCacheLike, QuantizedAttentio
         this.keys = { norms: allocLike(nk.norms, newEnd), indices: allocLike(nk.indices, newEnd) };
         this.values = { norms: allocLike(nv.norms, newEnd), indices: allocLike(nv.indices, newEnd) };
       } else {
-        this.keys = reserve(this.keys, prev, newEnd);
-        this.values = reserve(this.values, prev, newEnd);
+        this.keys = reserveMSE(this.keys, prev, newEnd);
+        this.values = reserveMSE(this.values, prev, newEnd);
       }
-      this.keys = write(this.keys, nk, prev);
-      this.values = write(this.values, nv, prev);
+      this.keys = writeMSE(this.keys, nk, prev);
+      this.values = writeMSE(this.values, nv, prev);
       const off = mx.add(this.offset, keys.shape[2]!);
       this.offset.dispose();
       this.offset = off;
@@ -142,29 +144,14 @@ export class BatchTurboQuantKVCache implements BatchCacheLike, QuantizedAttentio
 
   /** dequantize(): float32 (keys, values) up to idx. */
   dequantize(): [MlxArray, MlxArray] {
-    const [kn, ki, vn, vi] = this.quantizedState as [MlxArray, MlxArray, MlxArray, MlxArray];
-    try {
-      using k = this.keyCodec!.dequantize({ norms: kn, indices: ki });
-      using v = this.valueCodec!.dequantize({ norms: vn, indices: vi });
-      return [mx.astype(k, "float32"), mx.astype(v, "float32")];
-    } finally {
-      for (const a of [kn, ki, vn, vi]) a.dispose();
-    }
+    return dequantizeMSE(this.keyCodec!, this.valueCodec!, this.quantizedState);
   }
 
   quantizedAttention(queries: MlxArray, scale: number, mask: Mask): MlxArray {
     if (this.keys === null || this.keyCodec === null || this.valueCodec === null) throw new CacheError("BatchTurboQuantKVCache", "attention over an empty cache");
     if (this.fusedAttentionEligible && queries.shape[2] === 1) return this.maskedDecodeAttention(queries, scale, mask);
     // several rows (or a single row's prefill: prefill_attention declines MSE keys): dequantize + SDPA
-    const [k, v] = this.dequantize();
-    try {
-      using kq = mx.astype(k, queries.dtype);
-      using vq = mx.astype(v, queries.dtype);
-      return mx.fast.scaledDotProductAttention(queries, kq, vq, { scale, mask });
-    } finally {
-      k.dispose();
-      v.dispose();
-    }
+    return attendDequantized(queries, this.dequantize(), scale, mask);
   }
 
   /**
@@ -338,26 +325,4 @@ export class BatchTurboQuantKVCache implements BatchCacheLike, QuantizedAttentio
   [Symbol.dispose](): void {
     this.dispose();
   }
-}
-
-/** _reserve_state_capacity(state, used, needed, cache_step): grow to a multiple of the step, copying the used part. */
-function reserve(s: MSEState, used: number, needed: number): MSEState {
-  const capacity = s.norms.shape[2]!;
-  if (capacity >= needed) return s;
-  const cap = Math.ceil(needed / CACHE_STEP) * CACHE_STEP;
-  let grown: MSEState = { norms: allocLike(s.norms, cap), indices: allocLike(s.indices, cap) };
-  if (used > 0) {
-    using n = sliceT(s.norms, used);
-    using i = sliceT(s.indices, used);
-    grown = write(grown, { norms: n, indices: i }, 0);
-  }
-  disposeState(s);
-  return grown;
-}
-
-function write(dst: MSEState, src: MSEState, start: number): MSEState {
-  const norms = writeT(dst.norms, src.norms, start);
-  const indices = writeT(dst.indices, src.indices, start);
-  disposeState(dst);
-  return { norms, indices };
 }
