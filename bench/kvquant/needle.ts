@@ -152,35 +152,10 @@ export async function stageNeedle(py: PyWorker, nTok: number, log: (s: string) =
   }
   const V = (JSON.parse(readFileSync(join(NEEDLE_CKPT, "config.json"), "utf8")) as { vocab_size: number }).vocab_size;
   const prompts = CONTEXTS.flatMap((c) => DEPTHS.flatMap((d) => Array.from({ length: NEEDLES_PER }, (_, k) => needlePrompt(c, d, k))));
+  log("needle: retrieval grid");
+  const results = await grid(NEEDLE_CKPT, prompts, log);
   const { loaded, model } = loadGenerationModel(NEEDLE_CKPT);
-  const results: SchemeNeedle[] = [];
   try {
-    for (const s of SINGLE) {
-      const t0 = performance.now();
-      const cells: Cell[] = [];
-      let caches: string[] = [];
-      for (const p of prompts) {
-        const r = await single(model, p.prompt, N, { chunk: CHUNK, bits: s.bits, scheme: s.scheme });
-        caches = r.caches;
-        cells.push({ context: p.context, depth: p.depth, at: p.at, copied: copied(p.needle, r.tokens), tokens: r.tokens });
-      }
-      results.push({ scheme: s.label, path: "single", cells, caches });
-      log(`needle ${s.label}: ${cells.filter((c) => c.copied === N).length}/${cells.length} whole, ${((performance.now() - t0) / 1000).toFixed(0)} s`);
-    }
-    for (const s of BATCH) {
-      const t0 = performance.now();
-      const cells: Cell[] = [];
-      let error: string | undefined;
-      for (const c of CONTEXTS) {
-        const ps = prompts.filter((p) => p.context === c);
-        const r = batch(loaded, ps.map((p) => p.prompt), s.bits, s.scheme);
-        if (r.error) error = r.error;
-        ps.forEach((p, i) => cells.push({ context: p.context, depth: p.depth, at: p.at, copied: copied(p.needle, r.tokens[i]!), tokens: r.tokens[i]! }));
-      }
-      results.push({ scheme: s.label, path: "batch", cells, ...(error ? { error } : {}) });
-      log(`needle ${s.label}: ${cells.filter((c) => c.copied === N).length}/${cells.length} whole${error ? ` (error: ${error})` : ""}, ${((performance.now() - t0) / 1000).toFixed(0)} s`);
-    }
-
     // mlx-vlm on one context: the same tokens?
     log(`needle: mlx-vlm at context ${PY_CONTEXT}`);
     await py.call({ cmd: "load", path: NEEDLE_CKPT });
@@ -234,6 +209,67 @@ export async function stageNeedle(py: PyWorker, nTok: number, log: (s: string) =
   }
 }
 
+/** The retrieval grid of one checkpoint: every SINGLE scheme per prompt, every BATCH scheme per context. */
+async function grid(dir: string, prompts: NeedlePrompt[], log: (s: string) => void): Promise<SchemeNeedle[]> {
+  const { loaded, model } = loadGenerationModel(dir);
+  const results: SchemeNeedle[] = [];
+  try {
+    for (const s of SINGLE) {
+      const t0 = performance.now();
+      const cells: Cell[] = [];
+      for (const p of prompts) {
+        const r = await single(model, p.prompt, N, { chunk: CHUNK, bits: s.bits, scheme: s.scheme });
+        cells.push({ context: p.context, depth: p.depth, at: p.at, copied: copied(p.needle, r.tokens), tokens: r.tokens });
+      }
+      results.push({ scheme: s.label, path: "single", cells });
+      log(`  ${s.label}: ${cells.filter((c) => c.copied === N).length}/${cells.length} whole, ${((performance.now() - t0) / 1000).toFixed(0)} s`);
+    }
+    for (const s of BATCH) {
+      const cells: Cell[] = [];
+      let error: string | undefined;
+      for (const c of [...new Set(prompts.map((p) => p.context))]) {
+        const ps = prompts.filter((p) => p.context === c);
+        const r = batch(loaded, ps.map((p) => p.prompt), s.bits, s.scheme);
+        if (r.error) error = r.error;
+        ps.forEach((p, i) => cells.push({ context: p.context, depth: p.depth, at: p.at, copied: copied(p.needle, r.tokens[i]!), tokens: r.tokens[i]! }));
+      }
+      results.push({ scheme: s.label, path: "batch", cells, ...(error ? { error } : {}) });
+      log(`  ${s.label}: ${cells.filter((c) => c.copied === N).length}/${cells.length} whole${error ? ` (error: ${error})` : ""}`);
+    }
+  } finally {
+    loaded.model.dispose();
+  }
+  return results;
+}
+
+export const MARGIN_GAINS = [0.25, 0.2];
+const MARGIN_CONTEXT = 1024;
+
+/**
+ * The same grid at context 1024 on weaker copies of the model: layer 4's q_norm/k_norm weights G
+ * (needle_model.py --match-gain) scale its match scores by G^2, so the right position wins by less
+ * (unquantized retrieval measured in MLX: whole at G = 0.2, broken at 0.18). Where a quantized
+ * cache loses the needle on these while the unquantized cache keeps it, the quantization is what
+ * lost it.
+ */
+export async function stageNeedleMargin(log: (s: string) => void): Promise<{ context: number; gains: { gain: number; checkpoint: string; teacherForced: unknown; results: SchemeNeedle[] }[] }> {
+  const prompts = DEPTHS.flatMap((d) => Array.from({ length: NEEDLES_PER }, (_, k) => needlePrompt(MARGIN_CONTEXT, d, k)));
+  const gains = [];
+  for (const g of MARGIN_GAINS) {
+    const dir = `${NEEDLE_CKPT}-g${g}`;
+    if (!existsSync(join(dir, "config.json"))) {
+      log(`building ${dir}`);
+      const b = spawnSync(PY, ["bench/kvquant/needle_model.py", dir, "--match-gain", String(g)], { cwd: ROOT, stdio: ["ignore", "inherit", "inherit"] });
+      if (b.status !== 0) throw new Error("building the needle model failed");
+    }
+    log(`needle margin: match gain ${g}, context ${MARGIN_CONTEXT}`);
+    const results = await grid(dir, prompts, log);
+    const check = JSON.parse(readFileSync(join(dir, "needle_model.json"), "utf8")) as { teacher_forced: unknown };
+    gains.push({ gain: g, checkpoint: `.cache/bench/kvq-needle-e2b6-g${g} (needle_model.py --match-gain ${g})`, teacherForced: check.teacher_forced, results });
+  }
+  return { context: MARGIN_CONTEXT, gains };
+}
+
 interface Section {
   measured: string;
   model: string;
@@ -242,6 +278,7 @@ interface Section {
   results: SchemeNeedle[];
   mlxVlm: { context: number; rows: { scheme: string; prompts: number; equal: number; pyWhole: number }[] };
   kl: { noise: KlSummary; reference: { needleCopied: number }; schemes: (KlSummary & { scheme: string })[] };
+  margin?: Awaited<ReturnType<typeof stageNeedleMargin>>;
 }
 interface KlSummary {
   steps: number;
@@ -266,17 +303,16 @@ export function renderNeedle(s: Section): string[] {
     `Prompts: BOS, random filler, [KEY, ${p.needleLen} needle tokens] at depth 0 / 0.5 / 1 of the positions that keep the needle's end more than the sliding window (${p.window}) before the cue, the cue KEY last; ${p.needlesPer} needles per context and depth, contexts ${p.contexts.join(", ")} (${p.contexts.length * p.depths.length * p.needlesPer} prompts per cache). Greedy decoding of ${p.needleLen} tokens; "whole" = all ${p.needleLen} needle tokens in order; "tokens" = needle tokens copied before the first miss. quantized_kv_start ${p.quantizedKvStart}, prefill chunks of ${p.prefillChunk}: layer 4's cache is converted after the first chunk, so every key and value of the needle is read through the quantized cache. TurboQuant runs on the single-sequence path (generate_step); uniform 4/8 g64 on the batch path (the single-sequence path refuses them on any layout with sliding layers, in mlx-vlm as in the port), one batch of ${p.depths.length * p.needlesPer} equal-length prompts per context.`,
     "",
   ];
-  const ctxs = p.contexts;
-  out.push(`| cache | path | ${ctxs.map((c) => `${c}: whole`).join(" | ")} | all: whole | all: needle tokens | lost (context, depth, tokens before the miss) |`, `|---|---|${ctxs.map(() => "---:").join("|")}|---:|---:|---|`);
-  for (const r of s.results) {
-    const per = ctxs.map((c) => {
-      const cs = r.cells.filter((x) => x.context === c);
-      return `${cs.filter((x) => x.copied === p.needleLen).length}/${cs.length}`;
-    });
-    const whole = r.cells.filter((x) => x.copied === p.needleLen).length;
-    const toks = r.cells.reduce((a, x) => a + x.copied, 0);
-    const lost = r.cells.filter((x) => x.copied < p.needleLen).map((x) => `${x.context}@${x.depth}: ${x.copied}`);
-    out.push(`| ${r.scheme} | ${r.path} | ${per.join(" | ")} | ${whole}/${r.cells.length} | ${toks}/${r.cells.length * p.needleLen} | ${r.error ? `error: ${r.error}; ` : ""}${lost.length ? lost.join(", ") : "none"} |`);
+  out.push(...needleTable(s.results, p.contexts, p.needleLen));
+  if (s.margin) {
+    out.push(
+      "",
+      `Where the needle is lost: the same grid at context ${s.margin.context} (${p.depths.length * p.needlesPer} prompts) on weaker copies of the model, layer 4's q_norm/k_norm weights G instead of 1 (needle_model.py --match-gain G): the right position's attention score shrinks as G², so it wins by less (in MLX, unquantized and teacher-forced, retrieval is whole at G = 0.2 and mostly gone at 0.18). A quantized cache that loses a needle the unquantized cache keeps lost it to the quantization of layer 4's keys and values, the only converted cache.`,
+    );
+    for (const g of s.margin.gains) {
+      const tf = g.teacherForced as Record<string, { tokens_right: number; tokens: number }>;
+      out.push("", `G = ${g.gain} (${g.checkpoint}; MLX teacher-forced: ${Object.entries(tf).map(([L, r]) => `${L}: ${r.tokens_right}/${r.tokens}`).join(", ")}):`, "", ...needleTable(g.results, [s.margin.context], p.needleLen));
+    }
   }
   out.push("", `mlx-vlm 0.7.10 on the same prompts at context ${s.mlxVlm.context} (bench/python/kvquant_worker.py: generate_step with the same kv_bits, scheme, quantized_kv_start and prefill_step_size):`, "");
   out.push("| cache | prompts | tokens identical to the port's | mlx-vlm whole needles |", "|---|---:|---:|---:|");
@@ -290,5 +326,20 @@ export function renderNeedle(s: Section): string[] {
     `| unquantized, ${p.noiseChunk}-token chunks (noise floor) | ${s.kl.noise.steps} | ${e(s.kl.noise.klMean)} | ${e(s.kl.noise.klMedian)} | ${e(s.kl.noise.klP99)} | ${e(s.kl.noise.klMax)} | ${s.kl.noise.top1.toFixed(4)} | ${s.kl.noise.firstNeedle.join("")} |`,
   );
   for (const r of s.kl.schemes) out.push(`| ${r.scheme} | ${r.steps} | ${e(r.klMean)} | ${e(r.klMedian)} | ${e(r.klP99)} | ${e(r.klMax)} | ${r.top1.toFixed(4)} | ${r.firstNeedle.join("")} |`);
+  return out;
+}
+
+function needleTable(results: SchemeNeedle[], ctxs: number[], n: number): string[] {
+  const out = [`| cache | path | ${ctxs.map((c) => `${c}: whole`).join(" | ")} | all: whole | all: needle tokens | lost (context@depth: tokens before the miss) |`, `|---|---|${ctxs.map(() => "---:").join("|")}|---:|---:|---|`];
+  for (const r of results) {
+    const per = ctxs.map((c) => {
+      const cs = r.cells.filter((x) => x.context === c);
+      return `${cs.filter((x) => x.copied === n).length}/${cs.length}`;
+    });
+    const whole = r.cells.filter((x) => x.copied === n).length;
+    const toks = r.cells.reduce((a, x) => a + x.copied, 0);
+    const lost = r.cells.filter((x) => x.copied < n).map((x) => `${x.context}@${x.depth}: ${x.copied}`);
+    out.push(`| ${r.scheme} | ${r.path} | ${per.join(" | ")} | ${whole}/${r.cells.length} | ${toks}/${r.cells.length * n} | ${r.error ? `error: ${r.error}; ` : ""}${lost.length ? lost.join(", ") : "none"} |`);
+  }
   return out;
 }

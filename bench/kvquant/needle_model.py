@@ -35,7 +35,9 @@ At the cue KEY the induction head finds the position after the first KEY (n1), t
 the current token, the position after n1 (n2), and so on: greedy decoding copies the needle only
 if layer 4's cache still ranks the right position first and returns its value well enough.
 
-Usage: needle_model.py OUT   (writes config.json + model.safetensors with mlx-lm's save
+Usage: needle_model.py OUT [--match-gain G]   (G: layer 4's q_norm and k_norm weights, 1 by
+default; a match then scores about 128 G^2, so a smaller G gives a less certain induction head;
+writes config.json + model.safetensors with mlx-lm's save
 functions, float32, unquantized, and needle_model.json with the teacher-forced retrieval
 measured in MLX at 512, 1024 and 2048 tokens)
 """
@@ -78,9 +80,10 @@ CONST = 127
 PREV_PAIRS = 6          # RoPE pairs 0..5 of the sliding head (the fastest rotating)
 PREV_GAIN = 2.0         # layer 0 q_norm / k_norm weights
 COPY_GAIN = 20.0        # layer 4 post_attention_layernorm weight
+MATCH_GAIN = 1.0        # layer 4 q_norm / k_norm weights (--match-gain: a weaker, less certain induction head)
 
 
-def build() -> gemma4_text.Model:
+def build(match_gain: float = MATCH_GAIN) -> gemma4_text.Model:
     mx.random.seed(SEED)
     m = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(CONFIG))
     p = {k: np.array(v) for k, v in tree_flatten(m.parameters())}
@@ -132,6 +135,8 @@ def build() -> gemma4_text.Model:
     wo[A, 0:48] = np.eye(48)
     p[a + "q_proj.weight"], p[a + "k_proj.weight"], p[a + "v_proj.weight"], p[a + "o_proj.weight"] = wq, wk, wv, wo
     p["model.layers.4.post_attention_layernorm.weight"] = np.full(D, COPY_GAIN, np.float32)
+    p[a + "q_norm.weight"] = np.full(gd, match_gain, np.float32)
+    p[a + "k_norm.weight"] = np.full(gd, match_gain, np.float32)
 
     m.update(tree_unflatten([(k, mx.array(v.astype(np.float32))) for k, v in p.items()]))
     mx.eval(m.parameters())
@@ -154,11 +159,15 @@ def needle_prompt(rng: np.random.Generator, length: int, depth: float) -> tuple[
 
 
 def main(argv: list[str]) -> int:
+    gain = MATCH_GAIN
+    if len(argv) == 3 and argv[1] == "--match-gain":
+        gain = float(argv[2])
+        argv = argv[:1]
     if len(argv) != 1:
-        print("usage: needle_model.py OUT", file=sys.stderr)
+        print("usage: needle_model.py OUT [--match-gain G]", file=sys.stderr)
         return 2
     out = Path(argv[0])
-    m = build()
+    m = build(gain)
     rng = np.random.default_rng(SEED + 1)
     res = {}
     for L in (512, 1024, 2048):
@@ -178,7 +187,7 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(tmp)
     save_model(tmp, m)
     save_config(dict(CONFIG), tmp / "config.json")
-    (tmp / "needle_model.json").write_text(json.dumps(dict(seed=SEED, teacher_forced=res), indent=1) + "\n")
+    (tmp / "needle_model.json").write_text(json.dumps(dict(seed=SEED, match_gain=gain, teacher_forced=res), indent=1) + "\n")
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

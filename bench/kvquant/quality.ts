@@ -263,7 +263,7 @@ export function renderQuality(s: Section): string[] {
   }
   out.push(
     "",
-    `Needle: the unquantized reference copies ${s.reference.needleTokensCopied} of the ${p.needleLen - p.cue} needle tokens after the cue: random weights do not retrieve, so no cache can be said to keep or lose the needle. What the column shows is narrower: whether greedy decoding through the quantized cache, right after a cue whose earlier occurrence sits in the quantized part of the context (position ${p.needleAt}, beyond the sliding window, so only the full-attention layers see it), picks the same tokens as the unquantized cache, and where it first parts from it.`,
+    `Needle: the unquantized reference copies ${s.reference.needleTokensCopied} of the ${p.needleLen - p.cue} needle tokens after the cue: random weights do not retrieve, so no cache can be said to keep or lose the needle. What the column shows is narrower: whether greedy decoding through the quantized cache, right after a cue whose earlier occurrence sits in the quantized part of the context (position ${p.needleAt}, beyond the sliding window, so only the full-attention layers see it), picks the same tokens as the unquantized cache, and where it first parts from it. The needle stage below runs the needle test on a model that does retrieve.`,
   );
   return out;
 }

@@ -22,7 +22,8 @@
 //   logprobs are scored against the unquantized run's with oracle/conform/metrics.ts (KL, top-1);
 //   the noise floor is the unquantized cache with another prefill chunking; the per-layer rel L2
 //   of the layer outputs at the first model call after the conversion; a needle check.
-// - needle: needle retrieval (and KL/top-1) on a model that retrieves: bench/kvquant/needle.ts.
+// - needle: needle retrieval (and KL/top-1) on a model that retrieves: bench/kvquant/needle.ts;
+//   needle-margin adds the same grid on weaker copies of that model (where a scheme loses it).
 // Results: bench/KVQUANT.md and bench/kvquant_results.json.
 import * as mx from "@mlx-bun/mlx";
 import { spawnSync } from "node:child_process";
@@ -37,14 +38,14 @@ import { makeKvQuantizer } from "../../model/cache/kv_quantize.ts";
 import { KVQuantError } from "../../model/kv_quant.ts";
 import { PY, PyWorker } from "../py_worker.ts";
 import { renderQuality, stageQuality } from "./quality.ts";
-import { renderNeedle, stageNeedle } from "./needle.ts";
+import { renderNeedle, stageNeedle, stageNeedleMargin } from "./needle.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
 const RESULTS_JSON = join(ROOT, "bench", "kvquant_results.json");
 const RESULTS_MD = join(ROOT, "bench", "KVQUANT.md");
 
 export const FLAGS: FlagSpec[] = [
-  { name: "stage", kind: "string", valueName: "list", help: "memory,decode,quality,needle (comma-separated); render: only rewrite KVQUANT.md from the JSON", default: "memory,decode,quality" },
+  { name: "stage", kind: "string", valueName: "list", help: "memory,decode,quality,needle,needle-margin (comma-separated); render: only rewrite KVQUANT.md from the JSON", default: "memory,decode,quality" },
   { name: "contexts", kind: "string", valueName: "list", help: "memory: context lengths", default: "4096,32768" },
   { name: "pairs", kind: "int", help: "decode: measured TS/mlx-vlm pairs per scheme (after one warm-up each)", default: 3 },
   { name: "decode-prompt", kind: "int", help: "decode: prompt tokens (the conversion happens in the prefill)", default: 160 },
@@ -383,7 +384,7 @@ async function main(): Promise<void> {
     return;
   }
   const stages = String(a.stage).split(",");
-  for (const s of stages) if (!["memory", "decode", "quality", "needle", "render"].includes(s)) throw new UsageError(`--stage: unknown stage '${s}' (memory, decode, quality, needle, render)`);
+  for (const s of stages) if (!["memory", "decode", "quality", "needle", "needle-margin", "render"].includes(s)) throw new UsageError(`--stage: unknown stage '${s}' (memory, decode, quality, needle, needle-margin, render)`);
   if (stages.length === 1 && stages[0] === "render") {
     // re-renders bench/KVQUANT.md from bench/kvquant_results.json (no measurement)
     writeResults(readResults());
@@ -408,6 +409,12 @@ async function main(): Promise<void> {
     }
     if (stages.includes("needle")) {
       writeSection("needle", await stageNeedle(py, Number(a["quality-tokens"]), log));
+    }
+    if (stages.includes("needle-margin")) {
+      // adds to the needle section (run after --stage needle)
+      if (!readResults().needle) throw new UsageError("--stage needle-margin: run --stage needle first (it adds to that section)");
+      const margin = await stageNeedleMargin(log);
+      writeSection("needle", { ...readResults().needle!, margin });
     }
   } finally {
     py.close();
