@@ -27,7 +27,7 @@ import { type Mask, type MakeMaskOptions } from "../mask.ts";
 import { type BatchCacheLike, BatchKVCache, BatchRotatingKVCache, createCausalMaskPadded } from "./batch.ts";
 import { CacheError, KVCache, type KVCacheLike, RotatingKVCache } from "./index.ts";
 import { sharedDonors } from "./kv_quantize.ts";
-import { quantizedScaledDotProductAttention } from "./kv_quantize_uniform.ts";
+import { disposeTriple, type QuantTriple, quantizedScaledDotProductAttention, reserveQuantized, sliceTokens, writeTokens } from "./kv_quantize_uniform.ts";
 import type { QuantizedAttentionCache, TurboQuantOptions } from "./turboquant.ts";
 import { BatchTurboQuantKVCache } from "./turboquant_batch.ts";
 
@@ -41,20 +41,7 @@ function int32(v: readonly number[]): MlxArray {
   return mx.array(Int32Array.from(v), [v.length], "int32");
 }
 
-type Triple = [MlxArray, MlxArray, MlxArray];
-
-function disposeTriple(t: Triple | null): void {
-  if (t) for (const a of t) a.dispose();
-}
-
-function sliceTokens(a: MlxArray, start: number, end: number): MlxArray {
-  const s = a.shape;
-  const st = s.map(() => 0);
-  st[2] = start;
-  const stop = [...s];
-  stop[2] = end;
-  return mx.slice(a, st, stop);
-}
+type Triple = QuantTriple;
 
 /**
  * BatchQuantizedKVCache: BatchKVCache's bookkeeping over mx.quantize'd keys and values (packed
@@ -84,37 +71,9 @@ export class BatchQuantizedKVCache implements BatchCacheLike, QuantizedAttention
 
   updateAndFetch(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray] {
     if (keys.shape.length !== 4 || values.shape.length !== 4) throw new CacheError("BatchQuantizedKVCache.updateAndFetch", "keys and values must be 4-D (B, n_kv_heads, S, head_dim)");
-    const [B, H, S, Dk] = keys.shape as [number, number, number, number];
-    const Dv = values.shape[3]!;
+    const S = keys.shape[2]!;
     const prev = this.idx;
-    const step = BatchQuantizedKVCache.step;
-    if (this.keys === null || this.values === null || prev + S > this.keys[0].shape[2]!) {
-      const newSteps = Math.floor((step + S - 1) / step) * step;
-      const init = (dim: number): Triple => [
-        mx.zeros([B, H, newSteps, Math.floor((dim * this.bits) / 32)], "uint32"),
-        mx.zeros([B, H, newSteps, Math.floor(dim / this.groupSize)], keys.dtype),
-        mx.zeros([B, H, newSteps, Math.floor(dim / this.groupSize)], keys.dtype),
-      ];
-      const expand = (t: Triple): Triple =>
-        t.map((x) => {
-          using cut = prev % step !== 0 ? sliceTokens(x, 0, prev) : mx.alias(x);
-          const s = [...cut.shape];
-          s[2] = newSteps;
-          using z = mx.zeros(s, cut.dtype);
-          return mx.concatenate([cut, z], 2);
-        }) as Triple;
-      if (this.keys !== null && this.values !== null) {
-        const nk = expand(this.keys);
-        const nv = expand(this.values);
-        disposeTriple(this.keys);
-        disposeTriple(this.values);
-        this.keys = nk;
-        this.values = nv;
-      } else {
-        this.keys = init(Dk);
-        this.values = init(Dv);
-      }
-    }
+    reserveQuantized(this, keys, values, prev, BatchQuantizedKVCache.step);
     const off = mx.add(this.offset, S);
     this.offset.dispose();
     this.offset = off;
@@ -122,19 +81,8 @@ export class BatchQuantizedKVCache implements BatchCacheLike, QuantizedAttention
     const qk = mx.quantize(keys, { groupSize: this.groupSize, bits: this.bits }) as Triple;
     const qv = mx.quantize(values, { groupSize: this.groupSize, bits: this.bits }) as Triple;
     try {
-      const put = (dst: Triple, src: Triple): Triple =>
-        dst.map((d, i) => {
-          const s = d.shape;
-          const st = s.map(() => 0);
-          st[2] = prev;
-          const stop = [...s];
-          stop[2] = this.idx;
-          const r = mx.sliceUpdate(d, src[i]!, st, stop);
-          d.dispose();
-          return r;
-        }) as Triple;
-      this.keys = put(this.keys!, qk);
-      this.values = put(this.values!, qv);
+      this.keys = writeTokens(this.keys!, qk, prev, this.idx);
+      this.values = writeTokens(this.values!, qv, prev, this.idx);
     } finally {
       disposeTriple(qk);
       disposeTriple(qv);

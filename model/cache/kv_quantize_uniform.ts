@@ -106,37 +106,9 @@ export class QuantizedKVCache implements KVCacheLike, QuantizedAttentionCache {
 
   updateAndFetch(keys: MlxArray, values: MlxArray): [MlxArray, MlxArray] {
     if (keys.shape.length !== 4 || values.shape.length !== 4) throw new CacheError("QuantizedKVCache.updateAndFetch", "keys and values must be 4-D (B, n_kv_heads, S, head_dim)");
-    const [B, H, S, Dk] = keys.shape as [number, number, number, number];
-    const Dv = values.shape[3]!;
+    const S = keys.shape[2]!;
     const prev = this.offset;
-    const step = QuantizedKVCache.step;
-    if (this.keys === null || this.values === null || prev + S > this.keys[0].shape[2]!) {
-      const newSteps = Math.floor((step + S - 1) / step) * step;
-      if (this.keys !== null && this.values !== null) {
-        const grow = (t: QuantTriple): QuantTriple =>
-          t.map((x) => {
-            using cut = prev % step !== 0 ? sliceTokens(x, 0, prev) : mx.alias(x);
-            const s = [...cut.shape];
-            s[2] = newSteps;
-            using z = mx.zeros(s, cut.dtype);
-            return mx.concatenate([cut, z], 2);
-          }) as QuantTriple;
-        const nk = grow(this.keys);
-        const nv = grow(this.values);
-        disposeTriple(this.keys);
-        disposeTriple(this.values);
-        this.keys = nk;
-        this.values = nv;
-      } else {
-        const init = (dim: number): QuantTriple => [
-          mx.zeros([B, H, newSteps, Math.floor((dim * this.bits) / 32)], "uint32"),
-          mx.zeros([B, H, newSteps, Math.floor(dim / this.groupSize)], keys.dtype),
-          mx.zeros([B, H, newSteps, Math.floor(dim / this.groupSize)], keys.dtype),
-        ];
-        this.keys = init(Dk);
-        this.values = init(Dv);
-      }
-    }
+    reserveQuantized(this, keys, values, prev, QuantizedKVCache.step);
     this.offset += S;
     const qk = mx.quantize(keys, { groupSize: this.groupSize, bits: this.bits }) as QuantTriple;
     const qv = mx.quantize(values, { groupSize: this.groupSize, bits: this.bits }) as QuantTriple;
@@ -229,6 +201,51 @@ export class QuantizedKVCache implements KVCacheLike, QuantizedAttentionCache {
 
   [Symbol.dispose](): void {
     this.dispose();
+  }
+}
+
+/** The (packed, scales, biases) buffers of a uniform-quantized cache, single or batch. */
+export interface QuantizedBuffers {
+  keys: QuantTriple | null;
+  values: QuantTriple | null;
+  readonly groupSize: number;
+  readonly bits: number;
+}
+
+/**
+ * update_and_fetch's growth (QuantizedKVCache / BatchQuantizedKVCache): when the buffers lack room
+ * for these S tokens after `prev`, each is cut to prev (unless prev is a whole number of steps) and
+ * extended by ceil(S / step) * step zero columns; an empty cache gets that many zero columns,
+ * packed uint32 and the scales and biases in the keys' dtype (old buffers disposed).
+ */
+export function reserveQuantized(cache: QuantizedBuffers, keys: MlxArray, values: MlxArray, prev: number, step: number): void {
+  const [B, H, S, Dk] = keys.shape as [number, number, number, number];
+  const Dv = values.shape[3]!;
+  if (cache.keys !== null && cache.values !== null && prev + S <= cache.keys[0].shape[2]!) return;
+  const newSteps = Math.floor((step + S - 1) / step) * step;
+  if (cache.keys !== null && cache.values !== null) {
+    const grow = (t: QuantTriple): QuantTriple =>
+      t.map((x) => {
+        using cut = prev % step !== 0 ? sliceTokens(x, 0, prev) : mx.alias(x);
+        const s = [...cut.shape];
+        s[2] = newSteps;
+        using z = mx.zeros(s, cut.dtype);
+        return mx.concatenate([cut, z], 2);
+      }) as QuantTriple;
+    const nk = grow(cache.keys);
+    const nv = grow(cache.values);
+    disposeTriple(cache.keys);
+    disposeTriple(cache.values);
+    cache.keys = nk;
+    cache.values = nv;
+  } else {
+    const init = (dim: number): QuantTriple => [
+      mx.zeros([B, H, newSteps, Math.floor((dim * cache.bits) / 32)], "uint32"),
+      mx.zeros([B, H, newSteps, Math.floor(dim / cache.groupSize)], keys.dtype),
+      mx.zeros([B, H, newSteps, Math.floor(dim / cache.groupSize)], keys.dtype),
+    ];
+    cache.keys = init(Dk);
+    cache.values = init(Dv);
   }
 }
 
