@@ -23,9 +23,10 @@
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { fromLegacy, KVQuantError, type LegacyKVQuantArgs, turboquantEnabled } from "../kv_quant.ts";
-import { type Mask, type MakeMaskOptions } from "../mask.ts";
-import { type BatchCacheLike, BatchKVCache, BatchRotatingKVCache, createCausalMaskPadded } from "./batch.ts";
+import type { Mask } from "../mask.ts";
+import { type BatchCacheLike, BatchKVCache, BatchRotatingKVCache } from "./batch.ts";
 import { CacheError, KVCache, type KVCacheLike, RotatingKVCache } from "./index.ts";
+import { QuantizedBatchCacheBase } from "./batch_quantized.ts";
 import { sharedDonors } from "./kv_quantize.ts";
 import { disposeTriple, type QuantTriple, quantizedScaledDotProductAttention, reserveQuantized, sliceTokens, writeTokens } from "./kv_quantize_uniform.ts";
 import type { QuantizedAttentionCache, TurboQuantOptions } from "./turboquant.ts";
@@ -37,32 +38,23 @@ export function shouldQuantizeKvLayer(layerIdx: number, numLayers: number): bool
   return layerIdx < numLayers - 1;
 }
 
-function int32(v: readonly number[]): MlxArray {
-  return mx.array(Int32Array.from(v), [v.length], "int32");
-}
-
 type Triple = QuantTriple;
 
 /**
  * BatchQuantizedKVCache: BatchKVCache's bookkeeping over mx.quantize'd keys and values (packed
  * uint32, scales, biases; the scales and biases in the keys' dtype), grown by 256 columns.
  */
-export class BatchQuantizedKVCache implements BatchCacheLike, QuantizedAttentionCache {
+export class BatchQuantizedKVCache extends QuantizedBatchCacheBase<Triple> implements QuantizedAttentionCache {
   static readonly step = 256;
-  keys: Triple | null = null;
-  values: Triple | null = null;
-  leftPadding: MlxArray;
-  offset: MlxArray;
-  idx = 0;
+  protected readonly prefillRefusal = "right-padded (APC) prefill is not ported";
+  protected readonly extendRefusal = "continuous batching with quantized caches is not ported";
 
   constructor(
     leftPadding: readonly number[],
     readonly groupSize = 64,
     readonly bits = 8,
   ) {
-    if (!leftPadding.every((p) => Number.isSafeInteger(p))) throw new CacheError("BatchQuantizedKVCache", `left_padding must be integers, got ${JSON.stringify(leftPadding)}`);
-    this.leftPadding = int32(leftPadding);
-    this.offset = int32(leftPadding.map((p) => -p));
+    super("BatchQuantizedKVCache", leftPadding);
   }
 
   get batchSize(): number {
@@ -91,18 +83,10 @@ export class BatchQuantizedKVCache implements BatchCacheLike, QuantizedAttention
     return [sliceTokens(this.keys[0], 0, this.idx), sliceTokens(this.values[0], 0, this.idx)];
   }
 
-  makeMask(N: number, { windowSize = null }: MakeMaskOptions = {}): Mask {
-    return createCausalMaskPadded(N, this.idx, windowSize ?? null, null, this.leftPadding);
-  }
-
   /** The (packed, scales, biases) of keys then values, up to idx (caller-owned). */
   get quantizedState(): MlxArray[] {
     if (this.keys === null || this.values === null) return [];
     return [...this.keys, ...this.values].map((a) => sliceTokens(a, 0, this.idx));
-  }
-
-  get state(): MlxArray[] {
-    return [...this.quantizedState, mx.alias(this.offset), mx.alias(this.leftPadding)];
   }
 
   /** meta_state: (_idx, group_size, bits) as str. */
@@ -121,102 +105,12 @@ export class BatchQuantizedKVCache implements BatchCacheLike, QuantizedAttention
     }
   }
 
-  filter(batchIndices: readonly number[]): void {
-    if (batchIndices.length === 0) throw new CacheError("BatchQuantizedKVCache.filter", "an empty selection (mlx-vlm clears the cache list instead)");
-    for (const i of batchIndices) {
-      if (!Number.isInteger(i) || i < 0 || i >= this.batchSize) throw new CacheError("BatchQuantizedKVCache.filter", `index ${i} outside a batch of ${this.batchSize}`);
-    }
-    using idx = int32(batchIndices);
-    const take = (a: MlxArray) => {
-      const r = mx.take(a, idx, 0);
-      a.dispose();
-      return r;
-    };
-    if (this.keys !== null && this.values !== null) {
-      this.keys = this.keys.map(take) as Triple;
-      this.values = this.values.map(take) as Triple;
-    }
-    this.offset = take(this.offset);
-    this.leftPadding = take(this.leftPadding);
-    const minLp = Math.min(Math.min(...this.leftPadding.toNumbers()), this.idx);
-    if (minLp > 0) {
-      const drop = (a: MlxArray) => {
-        const r = sliceTokens(a, minLp, a.shape[2]!);
-        a.dispose();
-        return r;
-      };
-      if (this.keys !== null && this.values !== null) {
-        this.keys = this.keys.map(drop) as Triple;
-        this.values = this.values.map(drop) as Triple;
-      }
-      this.idx -= minLp;
-      const next = mx.subtract(this.leftPadding, minLp);
-      this.leftPadding.dispose();
-      this.leftPadding = next;
-    }
+  protected mapState(t: Triple, fn: (a: MlxArray) => MlxArray): Triple {
+    return t.map(fn) as Triple;
   }
 
-  isTrimmable(): boolean {
-    return true;
-  }
-
-  trim(n: number): number {
-    if (!Number.isInteger(n) || n < 0) throw new CacheError("BatchQuantizedKVCache.trim", `n must be a non-negative integer, got ${n}`);
-    n = Math.min(this.idx, n);
-    this.idx -= n;
-    const off = mx.subtract(this.offset, n);
-    this.offset.dispose();
-    this.offset = off;
-    return n;
-  }
-
-  size(): number {
-    return this.idx;
-  }
-
-  empty(): boolean {
-    return this.keys === null;
-  }
-
-  get nbytes(): number {
-    const st = this.quantizedState;
-    try {
-      return st.reduce((a, x) => a + x.nbytes, 0);
-    } finally {
-      for (const a of st) a.dispose();
-    }
-  }
-
-  prepare(): void {
-    throw new CacheError("BatchQuantizedKVCache.prepare", "right-padded (APC) prefill is not ported");
-  }
-
-  finalize(): void {
-    throw new CacheError("BatchQuantizedKVCache.finalize", "right-padded (APC) prefill is not ported");
-  }
-
-  extend(): void {
-    throw new CacheError("BatchQuantizedKVCache.extend", "continuous batching with quantized caches is not ported");
-  }
-
-  extract(): KVCacheLike {
-    throw new CacheError("BatchQuantizedKVCache.extract", "not ported");
-  }
-
-  copy(): BatchCacheLike {
-    throw new CacheError("BatchQuantizedKVCache.copy", "not ported");
-  }
-
-  dispose(): void {
-    disposeTriple(this.keys);
-    disposeTriple(this.values);
-    this.keys = this.values = null;
-    this.offset.dispose();
-    this.leftPadding.dispose();
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
+  protected disposeState(t: Triple | null): void {
+    disposeTriple(t);
   }
 }
 

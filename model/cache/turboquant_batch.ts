@@ -17,9 +17,9 @@
 import * as mx from "@mlx-bun/mlx";
 import type { MlxArray } from "@mlx-bun/mlx";
 import { resolveKvBits } from "../kv_quant.ts";
-import type { Mask, MakeMaskOptions } from "../mask.ts";
-import { type BatchCacheLike, createCausalMaskPadded } from "./batch.ts";
-import { CacheError, type KVCacheLike } from "./index.ts";
+import type { Mask } from "../mask.ts";
+import { QuantizedBatchCacheBase } from "./batch_quantized.ts";
+import { CacheError } from "./index.ts";
 import {
   allocLike,
   attendDequantized,
@@ -37,45 +37,32 @@ import {
   writeMSE,
 } from "./turboquant.ts";
 
-function int32(v: readonly number[]): MlxArray {
-  return mx.array(Int32Array.from(v), [v.length], "int32");
-}
-
 /** Python's str(float) for the bit widths in meta_state. */
 function pyFloatStr(x: number): string {
   return Number.isInteger(x) ? `${x}.0` : String(x);
 }
 
-function mapState(s: MSEState, fn: (a: MlxArray) => MlxArray): MSEState {
-  return { norms: fn(s.norms), indices: fn(s.indices) };
-}
-
-export class BatchTurboQuantKVCache implements BatchCacheLike, QuantizedAttentionCache {
+export class BatchTurboQuantKVCache extends QuantizedBatchCacheBase<MSEState> implements QuantizedAttentionCache {
   bits: number;
   keyBits: number;
   valueBits: number;
   seed: number;
-  keys: MSEState | null = null;
-  values: MSEState | null = null;
   keyCodec: TurboQuantMSECodec | null = null;
   valueCodec: TurboQuantMSECodec | null = null;
-  leftPadding: MlxArray;
-  offset: MlxArray;
-  /** Python's _idx: the columns written, shared by the batch. */
-  idx = 0;
   /** Python's _fused_attention_eligible: one row, no left padding (refreshed after filter). */
   fusedAttentionEligible: boolean;
   private readonly opts: CodecOptions;
+  protected readonly prefillRefusal = "not in mlx-vlm's class (right-padded prefill with TurboQuant is not a path mlx-vlm has)";
+  protected readonly extendRefusal = "continuous batching with TurboQuant caches is not ported";
 
   constructor(leftPadding: readonly number[], bits: number, opts: TurboQuantOptions = {}) {
-    [this.bits, this.keyBits, this.valueBits] = resolveKvBits(bits, opts.keyBits ?? null, opts.valueBits ?? null);
-    // the width check and the split-codec refusal are TurboQuantKVCache's
+    // the widths are checked before the left padding (the errors' order kept); the width check and the split-codec refusal are TurboQuantKVCache's
+    const widths = resolveKvBits(bits, opts.keyBits ?? null, opts.valueBits ?? null);
     new TurboQuantKVCache(bits, opts).dispose();
+    super("BatchTurboQuantKVCache", leftPadding);
+    [this.bits, this.keyBits, this.valueBits] = widths;
     this.seed = opts.seed ?? DEFAULT_TURBOQUANT_SEED;
     this.opts = { rotation: opts.rotation };
-    if (!leftPadding.every((p) => Number.isSafeInteger(p))) throw new CacheError("BatchTurboQuantKVCache", `left_padding must be integers, got ${JSON.stringify(leftPadding)}`);
-    this.leftPadding = int32(leftPadding);
-    this.offset = int32(leftPadding.map((p) => -p));
     this.fusedAttentionEligible = leftPadding.length === 1 && leftPadding[0] === 0;
   }
 
@@ -121,20 +108,10 @@ export class BatchTurboQuantKVCache implements BatchCacheLike, QuantizedAttentio
     return [sliceT(this.keys.indices, this.idx), sliceT(this.values.indices, this.idx)];
   }
 
-  /** make_mask: create_causal_mask(N, offset=_idx, left_padding, window_size=...). */
-  makeMask(N: number, { windowSize = null }: MakeMaskOptions = {}): Mask {
-    return createCausalMaskPadded(N, this.idx, windowSize ?? null, null, this.leftPadding);
-  }
-
   /** The state arrays up to idx: [key norms, key indices, value norms, value indices] (caller-owned). */
   get quantizedState(): MlxArray[] {
     if (this.keys === null || this.values === null) return [];
     return [sliceT(this.keys.norms, this.idx), sliceT(this.keys.indices, this.idx), sliceT(this.values.norms, this.idx), sliceT(this.values.indices, this.idx)];
-  }
-
-  /** Python's state: (keys state, values state, offset, left_padding), as caller-owned arrays. */
-  get state(): MlxArray[] {
-    return [...this.quantizedState, mx.alias(this.offset), mx.alias(this.leftPadding)];
   }
 
   /** meta_state: (_idx, bits, seed, key_bits, value_bits) as Python's str(). */
@@ -219,110 +196,24 @@ export class BatchTurboQuantKVCache implements BatchCacheLike, QuantizedAttentio
     return mx.astype(r, queries.dtype);
   }
 
-  /** filter(batch_indices): keep those rows, then drop the left padding they all share. */
-  filter(batchIndices: readonly number[]): void {
-    if (batchIndices.length === 0) throw new CacheError("BatchTurboQuantKVCache.filter", "an empty selection (mlx-vlm clears the cache list instead)");
-    for (const i of batchIndices) {
-      if (!Number.isInteger(i) || i < 0 || i >= this.batchSize) throw new CacheError("BatchTurboQuantKVCache.filter", `index ${i} outside a batch of ${this.batchSize}`);
-    }
-    using idx = int32(batchIndices);
-    const take = (a: MlxArray) => {
-      const r = mx.take(a, idx, 0);
-      a.dispose();
-      return r;
-    };
-    if (this.keys !== null && this.values !== null) {
-      this.keys = mapState(this.keys, take);
-      this.values = mapState(this.values, take);
-    }
-    this.offset = take(this.offset);
-    this.leftPadding = take(this.leftPadding);
-    const lp = this.leftPadding.toNumbers();
-    const minLp = Math.min(Math.min(...lp), this.idx);
-    if (minLp > 0) {
-      const drop = (a: MlxArray) => {
-        const s = a.shape;
-        const start = s.map(() => 0);
-        start[2] = minLp;
-        const r = mx.slice(a, start, s);
-        a.dispose();
-        return r;
-      };
-      if (this.keys !== null && this.values !== null) {
-        this.keys = mapState(this.keys, drop);
-        this.values = mapState(this.values, drop);
-      }
-      this.idx -= minLp;
-      const next = mx.subtract(this.leftPadding, minLp);
-      this.leftPadding.dispose();
-      this.leftPadding = next;
-    }
+  /** filter(batch_indices), then _fused_attention_eligible refreshed. */
+  override filter(batchIndices: readonly number[]): void {
+    super.filter(batchIndices);
     this.fusedAttentionEligible = this.batchSize === 1 && this.leftPadding.toNumbers()[0] === 0;
   }
 
-  isTrimmable(): boolean {
-    return true;
+  protected mapState(s: MSEState, fn: (a: MlxArray) => MlxArray): MSEState {
+    return { norms: fn(s.norms), indices: fn(s.indices) };
   }
 
-  trim(n: number): number {
-    if (!Number.isInteger(n) || n < 0) throw new CacheError("BatchTurboQuantKVCache.trim", `n must be a non-negative integer, got ${n}`);
-    n = Math.min(this.idx, n);
-    this.idx -= n;
-    const off = mx.subtract(this.offset, n);
-    this.offset.dispose();
-    this.offset = off;
-    return n;
+  protected disposeState(s: MSEState | null): void {
+    disposeState(s);
   }
 
-  size(): number {
-    return this.idx;
-  }
-
-  empty(): boolean {
-    return this.keys === null;
-  }
-
-  get nbytes(): number {
-    const st = this.quantizedState;
-    try {
-      return st.reduce((a, x) => a + x.nbytes, 0);
-    } finally {
-      for (const a of st) a.dispose();
-    }
-  }
-
-  prepare(): void {
-    throw new CacheError("BatchTurboQuantKVCache.prepare", "not in mlx-vlm's class (right-padded prefill with TurboQuant is not a path mlx-vlm has)");
-  }
-
-  finalize(): void {
-    throw new CacheError("BatchTurboQuantKVCache.finalize", "not in mlx-vlm's class (right-padded prefill with TurboQuant is not a path mlx-vlm has)");
-  }
-
-  extend(): void {
-    throw new CacheError("BatchTurboQuantKVCache.extend", "continuous batching with TurboQuant caches is not ported");
-  }
-
-  extract(): KVCacheLike {
-    throw new CacheError("BatchTurboQuantKVCache.extract", "not ported");
-  }
-
-  copy(): BatchCacheLike {
-    throw new CacheError("BatchTurboQuantKVCache.copy", "not ported");
-  }
-
-  dispose(): void {
-    disposeState(this.keys);
-    disposeState(this.values);
-    this.keys = this.values = null;
+  override dispose(): void {
+    super.dispose();
     this.keyCodec?.dispose();
     this.valueCodec?.dispose();
     this.keyCodec = this.valueCodec = null;
-    this.offset.dispose();
-    this.leftPadding.dispose();
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
   }
 }
