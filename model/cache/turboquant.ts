@@ -458,6 +458,23 @@ export abstract class TurboQuantCacheBase implements KVCacheLike, QuantizedAtten
   }
 }
 
+/** from_cache's body: an unquantized cache's keys and values (its state) written into t through updateAndFetch. */
+export function quantizeCacheInto(t: KVCacheLike, cache: KVCacheLike): void {
+  const st = cache.state;
+  try {
+    if (st.length === 2 && cache.offset > 0) {
+      // mlx-vlm's KVCache.state is keys[..., :offset, :]
+      using k = sliceT(st[0]!, cache.offset);
+      using v = sliceT(st[1]!, cache.offset);
+      const [a, b] = t.updateAndFetch(k, v);
+      a.dispose();
+      b.dispose();
+    }
+  } finally {
+    for (const s of st) s.dispose();
+  }
+}
+
 /** models/base.py's fallback: dequantized (keys, values) cast to the queries' dtype, through mx.fast.scaled_dot_product_attention (k and v disposed here). */
 export function attendDequantized(queries: MlxArray, [k, v]: [MlxArray, MlxArray], scale: number, mask: Mask): MlxArray {
   try {
@@ -498,19 +515,7 @@ export class TurboQuantKVCache extends TurboQuantCacheBase {
   /** TurboQuantKVCache.from_cache: quantize an unquantized cache's keys and values (its state). */
   static fromCache(cache: KVCacheLike, bits: number, opts: TurboQuantOptions = {}): TurboQuantKVCache {
     const t = new TurboQuantKVCache(bits, opts);
-    const st = cache.state;
-    try {
-      if (st.length === 2 && cache.offset > 0) {
-        // mlx-vlm's KVCache.state is keys[..., :offset, :]
-        using k = sliceT(st[0]!, cache.offset);
-        using v = sliceT(st[1]!, cache.offset);
-        const [a, b] = t.updateAndFetch(k, v);
-        a.dispose();
-        b.dispose();
-      }
-    } finally {
-      for (const s of st) s.dispose();
-    }
+    quantizeCacheInto(t, cache);
     return t;
   }
 

@@ -41,6 +41,7 @@ import {
   CACHE_STEP,
   type CodecOptions,
   type MSEState,
+  quantizeCacheInto,
   sliceT,
   TurboQuantCacheBase,
   TurboQuantMSECodec,
@@ -291,20 +292,11 @@ export class TurboQuantSplitKVCache extends TurboQuantCacheBase {
   /** TurboQuantKVCache.from_cache: quantize an unquantized cache's keys and values. */
   static fromCache(cache: KVCacheLike, bits: number, opts: TurboQuantOptions = {}): TurboQuantSplitKVCache {
     const t = new TurboQuantSplitKVCache(bits, opts);
-    const st = cache.state;
     try {
-      if (st.length === 2 && cache.offset > 0) {
-        using k = sliceT(st[0]!, cache.offset);
-        using v = sliceT(st[1]!, cache.offset);
-        const [a, b] = t.updateAndFetch(k, v);
-        a.dispose();
-        b.dispose();
-      }
+      quantizeCacheInto(t, cache);
     } catch (e) {
       t.dispose();
       throw e;
-    } finally {
-      for (const s of st) s.dispose();
     }
     return t;
   }
