@@ -31,7 +31,7 @@ const TOKENIZER_SOURCE = join(REPO_ROOT, "node_modules", "@lenml", "tokenizer-ge
 const TINY_DIR = join(REPO_ROOT, ".cache", "tokenizer-fixture");
 
 export const FLAGS: FlagSpec[] = [
-  { name: "workload", kind: "string", valueName: "name", help: "tiny (the tokenizer fixture: tiny bfloat16 Gemma 4 over the real 262,144-piece tokenizer) or e2b (full-width E2B-shaped, random 4-bit weights, the same tokenizer)", default: "tiny" },
+  { name: "workload", kind: "string", valueName: "name", help: "tiny (the tokenizer fixture: tiny bfloat16 Gemma 4 over the real 262,144-piece tokenizer), tiny-vocab (the same tiny model over a 1,024-piece byte-fallback BPE tokenizer: bench/serve_tiny_vocab.py) or e2b (full-width E2B-shaped, random 4-bit weights, the same tokenizer)", default: "tiny" },
   { name: "streams", kind: "string", valueName: "list", help: "comma-separated concurrency levels", default: "1,4,16" },
   { name: "rounds", kind: "int", help: "requests each client sends one after the other", default: 3 },
   { name: "pairs", kind: "int", help: "measured pairs per level (after one warm-up run per server)", default: 2 },
@@ -44,7 +44,7 @@ export const FLAGS: FlagSpec[] = [
 ];
 
 export interface BenchServePlan {
-  workload: "tiny" | "e2b";
+  workload: "tiny" | "tiny-vocab" | "e2b";
   streams: number[];
   rounds: number;
   pairs: number;
@@ -60,7 +60,7 @@ export function benchServePlan(argv: readonly string[]): BenchServePlan | null {
   const a = parseArgs(argv, FLAGS);
   if (a.help) return null;
   const workload = String(a.workload);
-  if (workload !== "tiny" && workload !== "e2b") throw new UsageError(`--workload must be tiny or e2b, not ${workload}`);
+  if (workload !== "tiny" && workload !== "tiny-vocab" && workload !== "e2b") throw new UsageError(`--workload must be tiny, tiny-vocab or e2b, not ${workload}`);
   const streams = String(a.streams).split(",").map(Number);
   if (streams.some((n) => !Number.isInteger(n) || n < 1 || n > 64)) throw new UsageError("--streams needs integers in 1..64");
   const ints = ["rounds", "pairs", "max-tokens", "prompt-words", "e2b-layers"].map((k) => Number(a[k]));
@@ -82,6 +82,12 @@ function run(cmd: string, args: string[]): void {
 function checkpoint(p: BenchServePlan): { dir: string; what: string } {
   run(PY, ["oracle/python/make_checkpoints.py", "--tokenizer-from", TOKENIZER_SOURCE, "--out", TINY_DIR]);
   if (p.workload === "tiny") return { dir: TINY_DIR, what: "tokenizer fixture: tiny Gemma 4 (2 layers, hidden 16, sliding window 8), bfloat16, over the real 262,144-piece tokenizer" };
+  if (p.workload === "tiny-vocab") {
+    // the same tiny model over a small vocabulary: the output layer no longer dominates a step
+    const dir = join(REPO_ROOT, ".cache", "bench", "tiny-vocab");
+    run(PY, ["bench/serve_tiny_vocab.py", "--out", dir, "--vocab", "1024", "--template-from", join(TINY_DIR, "tokenizer_config.json")]);
+    return { dir, what: "tiny Gemma 4 (2 layers, hidden 16, sliding window 8), bfloat16, seeded weights, over a 1,024-piece byte-fallback BPE tokenizer (Gemma special tokens and turn markers, 256 byte pieces, merges trained on a seeded word corpus; bench/serve_tiny_vocab.py --vocab 1024 --seed 0)" };
+  }
   const weights = join(REPO_ROOT, ".cache", "bench", `e2b-${p.e2bLayers}l${p.e2bDtype === "bfloat16" ? "" : `-${p.e2bDtype}`}`);
   if (!existsSync(join(weights, "config.json"))) run(PY, ["oracle/python/make_checkpoints.py", "--shape", "e2b", "--layers", String(p.e2bLayers), "--dtype", p.e2bDtype, "--out", weights]);
   // the servers need a tokenizer: the fixture's (same 262,144-entry vocabulary), weights linked
@@ -345,14 +351,14 @@ const FINDINGS = "## Findings";
 
 /** The page: method, one section per workload (tiny first), then the hand-written findings of the previous page, kept. */
 export function renderAll(runs: SavedRun[], previous = ""): string {
-  const order = ["tiny", "e2b"];
+  const order = ["tiny", "tiny-vocab", "e2b"];
   runs = [...runs].sort((a, b) => order.indexOf(a.workload) - order.indexOf(b.workload));
   const at = previous.indexOf(FINDINGS);
   const kept = at >= 0 ? ["", previous.slice(at).trimEnd(), ""] : [];
   const head = [
     "# Serving: `npm run serve` vs mlx_lm.server 0.32.2 under the same load",
     "",
-    "`npm run bench:serve -- --workload tiny|e2b` (bench/serve.ts). Both servers run on loopback on the same checkpoint with their defaults (mlx_lm.server from the project's venv, unmodified; decode/prompt concurrency 32/8, prefill step 2048, a prompt cache of 10 entries on both: every prompt is new, so neither gets a hit and both pay the insert). A level of N streams: N clients start together, each sends its requests one after the other. Aggregate decode tok/s = completion tokens of all requests (usage) / the level's wall time; TTFT = request sent to the first SSE event with a choice (nearest-rank p50/p95 over the level's requests). One warm-up run per server and level (excluded), then pairs alternating which server goes first; ratio = TS / mlx_lm.server per pair, the median in bold (tok/s: higher is better; TTFT: lower is better). \"same texts\": every request's streamed text equal between the servers in every pair (greedy; batch composition can change bits once a sliding window rotates, so this is reported, not required). Server CPU ms/token: the server process's user + system CPU time (all its threads, /proc) during the run / its completion tokens: a figure the other jobs on a shared host change less than wall time. Load avg: the host's 1-minute load average when each run started (the host is shared; the servers' own work counts in it).",
+    "`npm run bench:serve -- --workload tiny|tiny-vocab|e2b` (bench/serve.ts). Both servers run on loopback on the same checkpoint with their defaults (mlx_lm.server from the project's venv, unmodified; decode/prompt concurrency 32/8, prefill step 2048, a prompt cache of 10 entries on both: every prompt is new, so neither gets a hit and both pay the insert). A level of N streams: N clients start together, each sends its requests one after the other. Aggregate decode tok/s = completion tokens of all requests (usage) / the level's wall time; TTFT = request sent to the first SSE event with a choice (nearest-rank p50/p95 over the level's requests). One warm-up run per server and level (excluded), then pairs alternating which server goes first; ratio = TS / mlx_lm.server per pair, the median in bold (tok/s: higher is better; TTFT: lower is better). \"same texts\": every request's streamed text equal between the servers in every pair (greedy; batch composition can change bits once a sliding window rotates, so this is reported, not required). Server CPU ms/token: the server process's user + system CPU time (all its threads, /proc) during the run / its completion tokens: a figure the other jobs on a shared host change less than wall time. Load avg: the host's 1-minute load average when each run started (the host is shared; the servers' own work counts in it).",
     "",
   ];
   return [...head, ...runs.map(renderRun), ...kept].join("\n");
