@@ -111,6 +111,21 @@ function valueAt(row: MlxArray, id: number): number {
   return one.item() as number;
 }
 
+/**
+ * valueAt for every sequence of a step, read in one evaluation instead of one per sequence (each
+ * evaluation is a round trip to MLX's stream thread): the same elements, copied, so the same values.
+ */
+function valuesAt(rows: readonly { logprobs: MlxArray; token: number }[]): number[] {
+  if (rows.length <= 1) return rows.map((r) => valueAt(r.logprobs, r.token));
+  const parts = rows.map((r) => mx.slice(r.logprobs, [r.token], [r.token + 1]));
+  try {
+    using all = mx.concatenate(parts, 0);
+    return all.toNumbers();
+  } finally {
+    disposeList(parts);
+  }
+}
+
 /** _format_top_logprobs(logprobs, top_n, tokenizer). */
 function topTokens(row: MlxArray, n: number, tok: ServedTokenizer): TopToken[] {
   if (n <= 0) return [];
@@ -437,7 +452,8 @@ export class Engine {
           if (a && this.cancelled(a.job)) remove.add(p.uid);
         }
         this.storePrefixes(prompts);
-        for (const g of generated) {
+        const logprobs = valuesAt(generated);
+        for (const [i, g] of generated.entries()) {
           const a = this.active.get(g.uid);
           if (!a) continue;
           let text: string;
@@ -449,7 +465,7 @@ export class Engine {
             if (g.finishReason === "length") a.detok.finalize();
             text = a.detok.lastSegment();
           }
-          const logprob = valueAt(g.logprobs, g.token);
+          const logprob = logprobs[i]!;
           if (this.recording) {
             a.tokens.push(g.token);
             a.logprobs.push(logprob);
