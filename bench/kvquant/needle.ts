@@ -315,6 +315,14 @@ export function renderNeedle(s: Section): string[] {
       const tf = g.teacherForced as Record<string, { tokens_right: number; tokens: number }>;
       out.push("", `G = ${g.gain} (${g.checkpoint}; MLX teacher-forced: ${Object.entries(tf).map(([L, r]) => `${L}: ${r.tokens_right}/${r.tokens}`).join(", ")}):`, "", ...needleTable(g.results, [s.margin.context], p.needleLen));
     }
+    // which caches lose needles that their own path's unquantized cache keeps, per G (from the data)
+    const whole = (r: SchemeNeedle) => r.cells.filter((x) => x.copied === p.needleLen).length;
+    const losses = s.margin.gains.map((g) => {
+      const base = (path: string) => g.results.find((r) => r.path === path && r.scheme.startsWith("unquantized"))!;
+      const lost = g.results.filter((r) => !r.scheme.startsWith("unquantized") && whole(r) < whole(base(r.path)));
+      return `G = ${g.gain}: ${lost.length ? lost.map((r) => `${r.scheme} keeps ${whole(r)}/${r.cells.length} (unquantized ${whole(base(r.path))})`).join(", ") : "no cache loses a needle the unquantized cache keeps"}`;
+    });
+    out.push("", `Reading: ${losses.join("; ")}. Only the match strength differs from the full-strength model (where every cache keeps every needle), so what the quantized caches lose is the margin by which layer 4's attention singles out the right position; this grid does not separate the keys' share from the values'.`);
   }
   out.push("", `mlx-vlm 0.7.10 on the same prompts at context ${s.mlxVlm.context} (bench/python/kvquant_worker.py: generate_step with the same kv_bits, scheme, quantized_kv_start and prefill_step_size):`, "");
   out.push("| cache | prompts | tokens identical to the port's | mlx-vlm whole needles |", "|---|---:|---:|---:|");
