@@ -247,7 +247,7 @@ function writeResults(r: Results): void {
   };
   writeFileSync(RESULTS_JSON + ".tmp", JSON.stringify(r, null, 2) + "\n");
   renameSync(RESULTS_JSON + ".tmp", RESULTS_JSON);
-  const md = ["# KV-cache quantization: memory, decode speed and quality (issue 27)", "", "`npm run bench:kvquant -- --stage memory,decode,quality` (bench/kvquant/run.ts). The port's caches are bit-exact against mlx-vlm 0.7.10 per step (suites/kvquant/RESULTS.md); this file measures what they cost and what they lose.", ""];
+  const md = ["# KV-cache quantization: memory, decode speed and quality (issue 27)", "", "`npm run bench:kvquant -- --stage memory,decode,quality,needle,needle-margin` (bench/kvquant/run.ts). The port's caches are bit-exact against mlx-vlm 0.7.10 per step (suites/kvquant/RESULTS.md); this file measures what they cost and what they lose.", ""];
   for (const [k, v] of Object.entries(r.meta)) md.push(`- **${k}**: ${v}`);
   md.push("");
   if (r.memory) md.push(...memoryMarkdown(r.memory), "");
