@@ -152,7 +152,7 @@ describe("--adapter-path / --draft-model bad input: one line, exit 2", () => {
 });
 
 // skipped by default: two more servers on their own fixture (~25 s of CPU); SERVE_ADAPTER_DRAFT=1 runs it
-describe.skipIf(!RUN)("--adapter-path with --draft-model: npm run serve = mlx_lm.server (speculative, sequential)", () => {
+describe.skipIf(!RUN)("SERVE_ADAPTER_DRAFT: --adapter-path with --draft-model, npm run serve = mlx_lm.server (speculative, sequential) (set SERVE_ADAPTER_DRAFT=1 or SERVE_ADAPTER_FULL=1; starts mlx_lm.server, ~1 minute; results in serve/ADAPTERS.md)", () => {
   let ran = 0;
   let served: number[] = [];
 

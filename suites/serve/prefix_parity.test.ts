@@ -82,7 +82,7 @@ const RUN = process.env.SERVE_PREFIX_PARITY === "1";
 // skipped by default: ~19 s of server start-ups and requests (see the header); SERVE_PREFIX_PARITY=1 runs it
 const suite = RUN ? describe : describe.skip;
 
-suite("prefix reuse = mlx_lm.server's (default prompt cache), body for body", () => {
+suite("SERVE_PREFIX_PARITY: prefix reuse = mlx_lm.server's (default prompt cache), body for body (set SERVE_PREFIX_PARITY=1; two server start-ups, ~35 s; results in serve/PREFIX.md)", () => {
   beforeAll(async () => {
     await (await sharedOracle()).request("make_checkpoints", { tokenizer_from: SOURCE, out: DIR }, START);
     const [p1, p2] = [await freePort(), await freePort()];
@@ -139,7 +139,7 @@ suite("prefix reuse = mlx_lm.server's (default prompt cache), body for body", ()
   }, 10 * CASE);
 });
 
-suite("prefix snapshots under concurrency = mlx-lm's BatchGenerator on the replayed schedule", () => {
+suite("SERVE_PREFIX_PARITY: prefix snapshots under concurrency = mlx-lm's BatchGenerator on the replayed schedule (set SERVE_PREFIX_PARITY=1; results in serve/PREFIX.md)", () => {
   it("9 requests with snapshot and LRU hits: the replay reproduces every response and cached count", async () => {
     await (await sharedOracle()).request("make_checkpoints", { tokenizer_from: SOURCE, out: DIR }, START);
     const work = mkdtempSync(join(tmpdir(), "prefix-replay-"));
