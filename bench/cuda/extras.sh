@@ -11,6 +11,9 @@
 # only where the machine has none (their code is not on any compared path: scipy is imported by
 # mlx-audio's resampler, huggingface_hub, tqdm and yaml by its module imports, cffi and pycparser
 # by miniaudio's compiled module: without them mlx-vlm's audio path fails on `_cffi_backend`).
+# OpenCV (mlx-vlm's video decoder) travels as opencv-python-headless at the version of the pinned
+# opencv-python: the same cv2 module and bundled FFmpeg, without the GUI libraries (libGL) that a
+# bare GPU machine lacks.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PINNED=(mlx-vlm mlx-audio miniaudio pillow transformers tokenizers safetensors sentencepiece regex)
@@ -18,6 +21,7 @@ SUPPORT=(scipy huggingface-hub hf-xet tqdm pyyaml cffi pycparser)
 version() { .venv/bin/python -I -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
 specs=()
 for p in "${PINNED[@]}" "${SUPPORT[@]}"; do specs+=("$p==$(version "$p")"); done
+specs+=("opencv-python-headless==$(version opencv-python)"); PINNED+=(opencv-python-headless)
 
 tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
 part_mb=$(( (64 * 1024 * 1024 - tree) / 1000000 - 3 ))

@@ -33,4 +33,4 @@ except Exception: print('none')" "$dist")
   fi
 done
 (( ${#need[@]} )) && $py -I -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "${need[@]}"
-$py -I -c "import mlx_vlm, transformers, PIL, mlx_vlm.models.gemma4, mlx_audio.audio_io, mlx_audio.utils, mlx_audio.resample, miniaudio; print('mlx-vlm', mlx_vlm.__version__, 'transformers', transformers.__version__, 'pillow', PIL.__version__, 'mlx-audio: imports')"
+$py -I -c "import mlx_vlm, transformers, PIL, cv2, mlx_vlm.models.gemma4, mlx_audio.audio_io, mlx_audio.utils, mlx_audio.resample, miniaudio; print('mlx-vlm', mlx_vlm.__version__, 'transformers', transformers.__version__, 'pillow', PIL.__version__, 'opencv', cv2.__version__, 'mlx-audio: imports')"
