@@ -168,10 +168,10 @@ export function mediaTapConfig(config: Record<string, unknown>): MediaTapConfig 
 export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; audio: boolean; imageList?: boolean; video?: boolean }): string[] {
   // video: the frames through the vision tower as one batch (condition "video"); the scheme
   // covers images or videos in one embed call, not both (the tower would run twice)
-  if (media.video && (media.image || cfg.unified)) throw new Error("the tap scheme covers an embed call with images or videos, not both (or a gemma4_unified video)");
+  if (media.video && media.image) throw new Error("the tap scheme covers an embed call with images or videos, not both");
   const conds = new Set<string>();
   if (cfg.ple) conds.add("ple");
-  if (media.image && cfg.unified) {
+  if ((media.image || media.video) && cfg.unified) {
     conds.add("unified");
   } else if (media.image || media.video) {
     conds.add(media.video ? "video" : "image");
@@ -202,6 +202,9 @@ export function expandMediaTaps(cfg: MediaTapConfig, media: { image: boolean; au
     if (e.when.every((w) => conds.has(w))) out.push(e.name);
     k++;
   }
+  // a gemma4_unified video: get_video_features runs the image path (the "unified" entries, under
+  // their names); only its merge is the video one (video_features, merge/video at that place)
+  if (media.video && cfg.unified) return out.map((n) => (n === "image_features" ? "video_features" : n === "merge/image" ? "merge/video" : n));
   return out;
 }
 

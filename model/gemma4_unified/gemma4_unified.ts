@@ -153,6 +153,10 @@ export interface UnifiedMediaInputs {
   input_features?: MlxArray | null;
   /** (B, T) bool, True = a real frame. */
   input_features_mask?: MlxArray | null;
+  /** (sum of frames, N, p*p*3) float32 model patches of every video frame (Gemma4UnifiedVideoProcessor), or (videos, frames, N, p*p*3). */
+  pixel_values_videos?: MlxArray | null;
+  /** (sum of frames, N, 2) int positions [x, y], -1 at padding (or (videos, frames, N, 2)). */
+  video_position_ids?: MlxArray | null;
 }
 
 export function disposeUnifiedMedia(m: UnifiedMediaInputs): void {
@@ -160,6 +164,8 @@ export function disposeUnifiedMedia(m: UnifiedMediaInputs): void {
   m.image_position_ids?.dispose();
   m.input_features?.dispose();
   m.input_features_mask?.dispose();
+  m.pixel_values_videos?.dispose();
+  m.video_position_ids?.dispose();
 }
 
 /** Per row, how many entries of a (B, T) mask are true (the prefix _compact_prefix_rows keeps). */
@@ -177,10 +183,11 @@ export interface UnifiedCallOptions extends UnifiedMediaInputs {
   taps?: TapSink;
 }
 
-/** Valid rows per image: positions not all -1 (mx.all(image_position_ids == -1, -1) inverted), counted. */
+/** Valid rows per image (or video frame): positions not all -1 (mx.all(image_position_ids == -1, -1) inverted), counted. */
 export function validRowCounts(image_position_ids: MlxArray): number[] {
   const S = image_position_ids.shape;
-  const [B, N] = [S[0]!, S[1]!];
+  const N = S[S.length - 2]!;
+  const B = S.slice(0, -2).reduce((a, b) => a * b, 1);
   const flat = image_position_ids.toNumbers() as number[];
   const out: number[] = [];
   for (let b = 0; b < B; b++) {
@@ -225,9 +232,43 @@ export class Model extends Module {
    * placeholder count other than the valid rows the images give (mlx-vlm's masked_scatter wraps
    * the features around or drops the extra ones), images without positions.
    */
-  checkMedia(input_ids: MlxArray, media: UnifiedMediaInputs): { image: number[] | null; audio: number[] | null } {
+  checkMedia(input_ids: MlxArray, media: UnifiedMediaInputs): { image: number[] | null; video: number[] | null; audio: number[] | null } {
     const ids = input_ids.toNumbers() as number[];
-    return { image: this.checkImages(ids, media), audio: this.checkAudio(ids, media) };
+    return { image: this.checkImages(ids, media), video: this.checkVideos(ids, media), audio: this.checkAudio(ids, media) };
+  }
+
+  /**
+   * Videos: the embedder, a config video_token_id, positions of the patches' shape, and as many
+   * video placeholders as the frames' valid rows (get_video_features compacts each frame's rows).
+   */
+  private checkVideos(ids: readonly number[], media: UnifiedMediaInputs): number[] | null {
+    const vid = this.config.video_token_id;
+    const n = vid === null ? 0 : ids.filter((t) => t === vid).length;
+    const pv = media.pixel_values_videos;
+    if (!pv) {
+      if (this.vision_embedder && n > 0) throw new MediaError(`the prompt has ${n} video placeholder tokens (id ${vid}) but no video input`);
+      return null;
+    }
+    if (!this.vision_embedder) throw new MediaError("video input given, but this checkpoint has no vision embedder (no vision_embedder weights, or vision_config null)");
+    if (vid === null) throw new MediaError("video input given, but this checkpoint's config.json has video_token_id null: mlx-vlm would silently drop the video; set it to the tokenizer's <|video|> id");
+    const pos = media.video_position_ids;
+    if (!pos) throw new MediaError("video input given without video_position_ids (Gemma4UnifiedVideoProcessor gives both)");
+    const dim = this.vision_embedder.patch_dim;
+    const s = pv.shape;
+    if (!((s.length === 3 || s.length === 4) && s[s.length - 1] === dim)) throw new MediaError(`pixel_values_videos of shape (${s.join(", ")}): expected (frames, N, ${dim}) or (videos, frames, N, ${dim}) model patches`);
+    const ps = pos.shape;
+    if (ps.length !== s.length || ps[ps.length - 1] !== 2 || ps.slice(0, -1).join() !== s.slice(0, -1).join()) {
+      throw new MediaError(`video_position_ids of shape (${ps.join(", ")}) do not match pixel_values_videos of shape (${s.join(", ")}): expected (${[...s.slice(0, -1), 2].join(", ")})`);
+    }
+    const counts = validRowCounts(pos);
+    const rows = counts.reduce((a, b) => a + b, 0);
+    if (n !== rows) {
+      throw new MediaError(
+        `the prompt has ${n} video placeholder token${n === 1 ? "" : "s"} (id ${vid}) but the video frames give ${rows} valid patch row${rows === 1 ? "" : "s"}; ` +
+          `each frame needs exactly as many placeholders as its model patches (mlx-vlm would silently ${n > rows ? "wrap the features around" : "drop the extra features"})`,
+      );
+    }
+    return counts;
   }
 
   /** Audio: the placeholder count must equal the frames the clips give (their mask counts, or every frame). */
@@ -287,6 +328,20 @@ export class Model extends Module {
     return _compact_prefix_rows(projected, counts);
   }
 
+  /**
+   * get_video_features: (videos, frames, N, D) patches (and positions) reshaped to (videos*frames,
+   * N, ·), then get_image_features; each frame's valid prefix rows.
+   */
+  get_video_features(pixel_values_videos: MlxArray, video_position_ids: MlxArray, counts: readonly number[], taps?: TapSink): MlxArray {
+    if (pixel_values_videos.ndim === 4) {
+      const [v, f, n, d] = pixel_values_videos.shape as [number, number, number, number];
+      using pv = mx.reshape(pixel_values_videos, [v * f, n, d]);
+      using pos = mx.reshape(video_position_ids, [v * f, n, 2]);
+      return this.get_image_features(pv, pos, counts, taps);
+    }
+    return this.get_image_features(pixel_values_videos, video_position_ids, counts, taps);
+  }
+
   /** get_audio_features: embed_audio on the raw frames, each clip's valid prefix rows. */
   get_audio_features(input_features: MlxArray, input_features_mask: MlxArray | null, counts: readonly number[], taps?: TapSink): MlxArray {
     if (taps) {
@@ -298,9 +353,9 @@ export class Model extends Module {
     return _compact_prefix_rows(projected, counts);
   }
 
-  /** get_input_embeddings: scaled token embeddings, per-layer inputs (media ids → 0), image then audio features scattered. */
+  /** get_input_embeddings: scaled token embeddings, per-layer inputs (media ids → 0), image, video, then audio features scattered. */
   get_input_embeddings(input_ids: MlxArray, media: UnifiedMediaInputs = {}, taps?: TapSink): InputEmbeddings {
-    const { image: counts, audio: audioCounts } = this.checkMedia(input_ids, media);
+    const { image: counts, video: videoCounts, audio: audioCounts } = this.checkMedia(input_ids, media);
     const lm = this.language_model.model;
     using stack = new DisposableStack();
     if (taps) taps("inputs", input_ids);
@@ -312,7 +367,7 @@ export class Model extends Module {
     let per_layer_inputs: MlxArray | null = null;
     if (lm.hidden_size_per_layer_input) {
       let mm_mask = stack.use(mx.bitwiseOr(stack.use(mx.equal(input_ids, this.config.image_token_id)), stack.use(mx.equal(input_ids, this.config.audio_token_id))));
-      if (this.config.video_token_id !== null) mm_mask = stack.use(mx.bitwiseOr(mm_mask, stack.use(mx.equal(input_ids, this.config.video_token_id))));
+      if (this.config.video_token_id !== null && !unifiedMutated("unified_video_ple_ids_kept")) mm_mask = stack.use(mx.bitwiseOr(mm_mask, stack.use(mx.equal(input_ids, this.config.video_token_id))));
       const text_mask = stack.use(mx.logicalNot(mm_mask));
       const tokens = stack.use(mx.where(text_mask, input_ids, stack.use(mx.zerosLike(input_ids))));
       if (taps) taps("per_layer_input_ids", tokens);
@@ -328,6 +383,16 @@ export class Model extends Module {
         using mask = mx.broadcastTo(ee, inputs_embeds.shape);
         inputs_embeds = stack.use(masked_scatter(inputs_embeds, mask, features));
         if (taps) taps("merge/image", inputs_embeds);
+      }
+      if (media.pixel_values_videos && videoCounts) {
+        using projected = this.get_video_features(media.pixel_values_videos, media.video_position_ids!, videoCounts, taps);
+        using features = mx.astype(projected, inputs_embeds.dtype);
+        if (taps) taps("video_features", features);
+        using e = mx.equal(input_ids, this.config.video_token_id!);
+        using ee = mx.expandDims(e, -1);
+        using mask = mx.broadcastTo(ee, inputs_embeds.shape);
+        inputs_embeds = stack.use(masked_scatter(inputs_embeds, mask, features));
+        if (taps) taps("merge/video", inputs_embeds);
       }
       if (media.input_features && audioCounts) {
         using projected = this.get_audio_features(media.input_features, media.input_features_mask ?? null, audioCounts, taps);

@@ -1,16 +1,23 @@
 // mlx_vlm/models/gemma4_unified/processing_gemma4_unified.py (mlx-vlm 0.7.10), the image and audio
 // parts: _convert_image_to_model_patches, _pad_patches, Gemma4UnifiedImageProcessor.preprocess (on
 // gemma4's resize / rescale / normalize, ../gemma4/processing_gemma4.ts), the audio feature
-// extractor (raw waveform frames), and the configuration part of Gemma4UnifiedProcessor.
-// from_pretrained. The prompt expansion is gemma4's (expandPrompt there, with these counts).
-// Gemma4UnifiedVideoProcessor is not ported here (the video work lives in ../gemma4/ and ../media/).
+// extractor (raw waveform frames), Gemma4UnifiedVideoProcessor (on gemma4's video processor:
+// _sample_frames, _resize_frames, rescale, normalize, then this file's model patches per frame),
+// and the configuration part of Gemma4UnifiedProcessor.from_pretrained. The prompt expansion is
+// gemma4's (expandPrompt / expandVideoPrompt there, with these counts: a video frame gets as many
+// video tokens as it has model patches).
 
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { ConfigError } from "../gemma4/config.ts";
 import { Gemma4ImageProcessor, type ImageKwargs, type ImageProcessorConfig, imageProcessorConfig } from "../gemma4/processing_gemma4.ts";
+import { Gemma4VideoProcessor, type VideoFrames, type VideoProcessorConfig } from "../gemma4/processing_gemma4_video.ts";
 import type { HostArray } from "../media/host.ts";
 import type { RgbImage } from "../media/image.ts";
+import { MediaError } from "../media/errors.ts";
+import { resizeBicubic } from "../media/pil_resample.ts";
+import { linspace, roundHalfEven } from "../media/video.ts";
+import { unifiedMutated } from "./mutations.ts";
 
 /**
  * _convert_image_to_model_patches(image (C, H, W) float32, p): the (pH*pW, p*p*C) patches in
@@ -139,6 +146,160 @@ export class Gemma4UnifiedImageProcessor {
   }
 }
 
+/** Gemma4UnifiedVideoProcessor's settings: gemma4's video processor's, plus the model patch side. */
+export interface UnifiedVideoProcessorConfig extends VideoProcessorConfig {
+  /** The attribute (patch_size * pooling_kernel_size unless given): __call__ cuts frames into patches of this side. */
+  model_patch_size: number;
+  mm_posemb_size: number | null;
+}
+
+/** The fields Gemma4VideoProcessor.__init__ takes (the rest of the kwargs it ignores). */
+const VIDEO_KEYS = ["patch_size", "max_soft_tokens", "pooling_kernel_size", "num_frames", "do_resize", "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std", "default_fps"] as const;
+
+/**
+ * `Gemma4UnifiedVideoProcessor(**d)`: num_soft_tokens stands for max_soft_tokens when that is
+ * absent; do_resize defaults to True; image_mean / image_std `None` (or empty) give gemma4's
+ * defaults (`image_mean or [0, 0, 0]`); model_patch_size `or` patch_size * pooling_kernel_size.
+ */
+export function unifiedVideoProcessorConfig(d: Record<string, unknown>, file = "<video processor>", where = ""): UnifiedVideoProcessorConfig {
+  const given: Record<string, unknown> = { ...d };
+  if (given.num_soft_tokens !== undefined && given.num_soft_tokens !== null && !("max_soft_tokens" in given)) given.max_soft_tokens = given.num_soft_tokens;
+  const base: Partial<VideoProcessorConfig> = {};
+  for (const k of VIDEO_KEYS) {
+    const v = given[k];
+    if (v === undefined) continue;
+    if (k === "image_mean" || k === "image_std") {
+      if (v === null || (Array.isArray(v) && v.length === 0)) continue; // `or` the default
+      // normalize broadcasts a scalar or a 1-list over the 3 channels
+      const xs = typeof v === "number" ? [v, v, v] : Array.isArray(v) && v.length === 1 ? [v[0], v[0], v[0]] : v;
+      if (!Array.isArray(xs) || xs.length !== 3 || !xs.every((x) => typeof x === "number")) throw new ConfigError(file, `${where}${k}`, `expected 3 numbers, got ${JSON.stringify(v)}`);
+      base[k] = xs as number[];
+      continue;
+    }
+    const bool = k === "do_resize" || k === "do_rescale" || k === "do_normalize";
+    if (bool ? typeof v !== "boolean" : typeof v !== "number" || !Number.isFinite(v)) throw new ConfigError(file, `${where}${k}`, `expected a ${bool ? "boolean" : "number"}, got ${JSON.stringify(v)}`);
+    (base as Record<string, unknown>)[k] = v;
+  }
+  for (const k of ["patch_size", "pooling_kernel_size", "num_frames"] as const) {
+    const v = base[k];
+    if (v !== undefined && !(Number.isInteger(v) && v > 0)) throw new ConfigError(file, `${where}${k}`, `must be a positive integer, got ${v}`);
+  }
+  const vp = new Gemma4VideoProcessor(base); // max_soft_tokens must be one of gemma4's supported counts
+  const mps = given.model_patch_size;
+  if (mps !== undefined && mps !== null && !(typeof mps === "number" && Number.isInteger(mps) && mps >= 0)) {
+    throw new ConfigError(file, `${where}model_patch_size`, `must be a positive integer, got ${JSON.stringify(mps)}`);
+  }
+  const posemb = given.mm_posemb_size;
+  return { ...vp.config, model_patch_size: (mps as number | undefined | null) || vp.config.patch_size * vp.config.pooling_kernel_size, mm_posemb_size: typeof posemb === "number" ? posemb : null };
+}
+
+export interface UnifiedVideoProcessorOutput {
+  /** (sum of frames, max_soft_tokens, p*p*3) float32: every video's frames, concatenated. */
+  pixel_values_videos: HostArray & { dtype: "float32" };
+  /** (sum of frames, max_soft_tokens, 2) int64 [x, y], -1 at padding. */
+  video_position_ids: HostArray & { dtype: "int64" };
+  num_frames_per_video: number[];
+  /** Per video: the model patches of its first frame (each frame gets as many video tokens). */
+  num_soft_tokens_per_frame: number[];
+  frame_timestamps: number[][];
+}
+
+export class Gemma4UnifiedVideoProcessor {
+  readonly config: UnifiedVideoProcessorConfig;
+  private readonly base: Gemma4VideoProcessor;
+
+  constructor(config: Record<string, unknown> = {}) {
+    this.config = unifiedVideoProcessorConfig(config);
+    const { model_patch_size: _m, mm_posemb_size: _p, ...rest } = this.config;
+    this.base = new Gemma4VideoProcessor(rest);
+  }
+
+  /** video_sampling_defaults: the decoder reads at most the frames this processor keeps. */
+  video_sampling_defaults(): { max_frames: number } {
+    return { max_frames: this.config.num_frames };
+  }
+
+  /** _sample_frames: T <= num_frames keeps every frame, else np.linspace(0, T - 1, num_frames).round() of them. */
+  _sample_frames<F>(frames: readonly F[], num_frames: number): F[] {
+    if (frames.length <= num_frames) return [...frames];
+    return linspace(frames.length - 1, num_frames).map((x) => frames[roundHalfEven(x)]!);
+  }
+
+  /**
+   * __call__(videos, fps): per video, its frames sampled to num_frames, resized as gemma4's
+   * _resize_frames does (Pillow BICUBIC to multiples of patch_size * pooling_kernel_size), cast to
+   * float32, rescaled and normalized, cut into model patches of `model_patch_size` with their
+   * [x, y] positions and padded to max_soft_tokens rows; all frames concatenated. `fps` is one
+   * rate for every video or one per video (the timestamps j / fps; unset or <= 0: default_fps).
+   */
+  call(videos: readonly VideoFrames[], fps: number | readonly (number | null)[] | null = null, files: readonly string[] = []): UnifiedVideoProcessorOutput {
+    const c = this.config;
+    const rates = fps === null ? videos.map(() => c.default_fps) : typeof fps === "number" ? videos.map(() => fps) : fps;
+    if (rates.length < videos.length) throw new RangeError(`${rates.length} fps values for ${videos.length} videos (mlx-vlm: IndexError)`);
+    const p = c.model_patch_size;
+    const dim = p * p * 3;
+    const maxSoft = c.max_soft_tokens;
+    const rf = Math.fround(c.rescale_factor);
+    const mean = c.image_mean.map(Math.fround);
+    const std = c.image_std.map(Math.fround);
+    const pvs: Float32Array[] = [];
+    const poss: BigInt64Array[] = [];
+    const out: Omit<UnifiedVideoProcessorOutput, "pixel_values_videos" | "video_position_ids"> = { num_frames_per_video: [], num_soft_tokens_per_frame: [], frame_timestamps: [] };
+    videos.forEach((video, i) => {
+      const file = files[i] ?? "video";
+      if (video.frames.length === 0) throw new MediaError(file, "empty", "the video has no frames");
+      let frames = this._sample_frames(video.frames, c.num_frames);
+      let [H, W] = [video.height, video.width];
+      if (c.do_resize) {
+        const [th, tw] = this.base.targetSize(H, W);
+        if (th !== H || tw !== W) {
+          frames = frames.map((f) => resizeBicubic(f, W, H, tw, th));
+          [H, W] = [th, tw];
+        }
+      }
+      let tokensPerFrame: number | null = null;
+      for (const f of frames) {
+        // video_f = float32(frame) [* float32(rescale)] [(x - mean) / std], channel first
+        const chw = new Float32Array(3 * H * W);
+        for (let y = 0; y < H; y++) {
+          for (let x = 0; x < W; x++) {
+            for (let ch = 0; ch < 3; ch++) {
+              let v = f[(y * W + x) * 3 + ch]!;
+              if (c.do_rescale) v = Math.fround(v * rf);
+              if (c.do_normalize) v = Math.fround(Math.fround(v - mean[ch]!) / std[ch]!);
+              chw[(ch * H + y) * W + x] = v;
+            }
+          }
+        }
+        const { patches, positions, n } = _convert_image_to_model_patches(chw, [3, H, W], p);
+        if (unifiedMutated("unified_video_positions_xy_swapped")) {
+          for (let k = 0; k < n; k++) [positions[2 * k], positions[2 * k + 1]] = [positions[2 * k + 1]!, positions[2 * k]!];
+        }
+        tokensPerFrame ??= n;
+        const padded = _pad_patches(patches, positions, n, dim, maxSoft);
+        pvs.push(padded.patches);
+        poss.push(padded.positions);
+      }
+      const T = frames.length;
+      out.num_frames_per_video.push(T);
+      out.num_soft_tokens_per_frame.push(tokensPerFrame ?? 0);
+      const r = rates[i];
+      const sr = r && r > 0 ? r : c.default_fps;
+      out.frame_timestamps.push(Array.from({ length: T }, (_, j) => j / sr));
+    });
+    const total = pvs.length;
+    const pv = new Float32Array(total * maxSoft * dim);
+    const pos = new BigInt64Array(total * maxSoft * 2);
+    pvs.forEach((a, k) => pv.set(a, k * maxSoft * dim));
+    poss.forEach((a, k) => pos.set(a, k * maxSoft * 2));
+    return {
+      pixel_values_videos: { dtype: "float32", shape: [total, maxSoft, dim], data: pv },
+      video_position_ids: { dtype: "int64", shape: [total, maxSoft, 2], data: pos },
+      ...out,
+    };
+  }
+}
+
 /** Gemma4UnifiedAudioFeatureExtractor: the waveform cut into frames of audio_samples_per_token samples. */
 export class Gemma4UnifiedAudioFeatureExtractor {
   readonly feature_size: number;
@@ -187,6 +348,8 @@ export class Gemma4UnifiedAudioFeatureExtractor {
 export interface UnifiedProcessorConfig {
   file: string | undefined;
   image_processor: UnifiedImageProcessorConfig;
+  /** The "video_processor" block, else the image block's geometry and pixel settings. */
+  video_processor: UnifiedVideoProcessorConfig;
   feature_extractor: Record<string, unknown>;
   image_seq_length: number;
   audio_seq_length: number;
@@ -222,6 +385,10 @@ export function loadUnifiedProcessorConfig(dir: string): UnifiedProcessorConfig 
   const f = file ?? join(dir, "processor_config.json");
   const ip: Record<string, unknown> = isDict(cfg.image_processor) ? { ...cfg.image_processor } : {};
   delete ip.image_processor_type;
+  let vp: Record<string, unknown> = {};
+  if (isDict(cfg.video_processor)) vp = { ...cfg.video_processor };
+  else for (const k of ["patch_size", "pooling_kernel_size", "model_patch_size", "mm_posemb_size", "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std"]) if (k in ip) vp[k] = ip[k];
+  delete vp.video_processor_type;
   const fe: Record<string, unknown> = isDict(cfg.feature_extractor) ? { ...cfg.feature_extractor } : {};
   delete fe.feature_extractor_type;
   const num = (v: unknown, key: string): number => {
@@ -231,6 +398,7 @@ export function loadUnifiedProcessorConfig(dir: string): UnifiedProcessorConfig 
   return {
     file,
     image_processor: unifiedImageProcessorConfig(ip, f, "image_processor."),
+    video_processor: unifiedVideoProcessorConfig(vp, f, isDict(cfg.video_processor) ? "video_processor." : "image_processor."),
     feature_extractor: fe,
     image_seq_length: num(cfg.image_seq_length ?? ip.max_soft_tokens ?? 280, "image_seq_length"),
     audio_seq_length: num(cfg.audio_seq_length ?? 750, "audio_seq_length"),

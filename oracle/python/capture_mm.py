@@ -141,11 +141,19 @@ def unified_file_image_processor(model_dir: str | Path | None):
     checkpoint (Gemma4UnifiedProcessor.from_pretrained reads processor_config.json /
     preprocessor_config.json): that same from_pretrained body, run with the tokenizer stubbed out
     (a checkpoint may have none: --tokens), so that mlx-vlm's own code reads the config files."""
+    return unified_file_processor(model_dir)["image_processor"]
+
+
+def unified_file_processor(model_dir: str | Path | None) -> dict:
+    """Everything Gemma4UnifiedProcessor.from_pretrained(model_dir) builds from the config files
+    (image_processor, video_processor, feature_extractor, audio_ms_per_token, audio_seq_length),
+    its own body run with the tokenizer stubbed out; no directory: the classes' defaults."""
     import transformers
     from mlx_vlm.models.gemma4_unified import processing_gemma4_unified as pu
 
     if model_dir is None:
-        return pu.Gemma4UnifiedImageProcessor()
+        return {"image_processor": pu.Gemma4UnifiedImageProcessor(), "video_processor": pu.Gemma4UnifiedVideoProcessor(),
+                "feature_extractor": pu.Gemma4UnifiedAudioFeatureExtractor(), "audio_ms_per_token": 40, "audio_seq_length": 750}
     got: dict[str, Any] = {}
 
     class Capture:
@@ -159,7 +167,7 @@ def unified_file_image_processor(model_dir: str | Path | None):
         pu.Gemma4UnifiedProcessor.from_pretrained.__func__(Capture, str(model_dir))
     finally:
         transformers.AutoTokenizer.from_pretrained, pu.load_chat_template = saved
-    return got["image_processor"]
+    return got
 
 
 def build_media(spec: dict, proc: SimpleNamespace | None = None, unified: bool = False,
@@ -191,9 +199,18 @@ def build_media(spec: dict, proc: SimpleNamespace | None = None, unified: bool =
         # clips in build_inputs); the placeholder count as Gemma4Processor counts it
         from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedAudioFeatureExtractor
 
-        fe = Gemma4UnifiedAudioFeatureExtractor()
-        wave = pattern_wave(spec["seed"], spec["samples"])
-        n = Gemma4Processor._compute_audio_num_tokens(SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750), wave, fe.sampling_rate)
+        if "path" in spec:
+            # a file: mlx_vlm.utils.load_audio at the checkpoint's extractor rate, counted with its
+            # processor's audio_ms_per_token / audio_seq_length (Gemma4UnifiedProcessor.from_pretrained)
+            up = unified_file_processor(model_dir)
+            fe = up["feature_extractor"]
+            wave = load_audio(spec["path"], sr=fe.sampling_rate)
+            counts = SimpleNamespace(audio_ms_per_token=up["audio_ms_per_token"], audio_seq_length=up["audio_seq_length"])
+        else:
+            fe = Gemma4UnifiedAudioFeatureExtractor()
+            wave = pattern_wave(spec["seed"], spec["samples"])
+            counts = SimpleNamespace(audio_ms_per_token=40, audio_seq_length=750)
+        n = Gemma4Processor._compute_audio_num_tokens(counts, wave, fe.sampling_rate)
         return {"kind": "audio", "wave": wave, "extractor": fe, "n": int(n)}
     if spec["kind"] == "image":
         if "path" in spec:
@@ -257,6 +274,27 @@ def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None, u
             raise ValueError("a video scenario needs a checkpoint whose config sets video_token_id")
         tt[arr == config["video_token_id"]] = 2
         pvs, poss = [], []
+        if unified:
+            # gemma4_unified: the checkpoint's Gemma4UnifiedVideoProcessor (from_pretrained's, or
+            # the scenario's processor_config) on every video at once, as Gemma4Processor.__call__
+            # calls it: the frames' model patches concatenated, (sum T, N, p*p*3) and (sum T, N, 2)
+            from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedVideoProcessor
+
+            vps = {json.dumps(v.get("processor_config"), sort_keys=True) for v in scn["videos"]}
+            if len(vps) != 1:
+                raise ValueError("gemma4_unified video scenario: one processor_config for every video of a prompt")
+            pc = scn["videos"][0].get("processor_config")
+            vp = Gemma4UnifiedVideoProcessor(**pc) if pc is not None else unified_file_processor(model_dir)["video_processor"]
+            frames_list, rates = [], []
+            for vspec in scn["videos"]:
+                sampling = {k: vspec.get(k) for k in ("fps", "nframes", "min_frames", "max_frames")}
+                got = video_media.video_load(vspec["path"], owner=vp, **sampling)
+                frames_list.append(got["frames"][: vspec.get("frames")])
+                rates.append(got["sampled_fps"])
+            data = vp(frames_list, fps=rates)
+            out_v = {"pixel_values_videos": mx.array(np.ascontiguousarray(data["pixel_values_videos"], np.float32)),
+                     "video_position_ids": mx.array(np.ascontiguousarray(data["video_position_ids"], np.int64))}
+            scn = {**scn, "videos": []}
         for vspec in scn["videos"]:
             sampling = {k: vspec.get(k) for k in ("fps", "nframes", "min_frames", "max_frames")}
             got = video_media.video_load(vspec["path"], processor_config=vspec.get("processor_config"), **sampling)
@@ -264,9 +302,10 @@ def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None, u
             proc = video_media.video_process(frames, got["sampled_fps"], processor_config=vspec.get("processor_config"))
             pvs.append(proc["pixel_values_videos"][0])
             poss.append(proc["video_position_ids"][0])
-        if len({p.shape for p in pvs}) != 1:
-            raise ValueError("video scenario: every video of a prompt needs the same frame count and size (one stacked batch)")
-        out_v = {"pixel_values_videos": mx.array(np.stack(pvs)), "video_position_ids": mx.array(np.stack(poss))}
+        if not unified:
+            if len({p.shape for p in pvs}) != 1:
+                raise ValueError("video scenario: every video of a prompt needs the same frame count and size (one stacked batch)")
+            out_v = {"pixel_values_videos": mx.array(np.stack(pvs)), "video_position_ids": mx.array(np.stack(poss))}
     else:
         out_v = {}
     out: dict[str, Any] = {"input_ids": mx.array([ids], dtype=mx.int32), "mm_token_type_ids": mx.array(tt[None]), **out_v}
@@ -320,6 +359,7 @@ class MMRecorder(cap.Recorder):
         self._meta: dict[int, dict] = {}  # call index -> flags for verify
         self._last_media: str | None = None
         self._video_pixels: Any = None  # the embed call's pixel_values_videos (the tower's video call)
+        self._unified_video = False  # inside gemma4_unified's get_video_features
         self._vision_ropes: dict[str, int] = {}
 
     # ---------------------------------------------------------------- patching
@@ -332,6 +372,7 @@ class MMRecorder(cap.Recorder):
         self._patch(v.unified.Model, "get_input_embeddings", self._wrap_embed(v.unified.Model.__dict__["get_input_embeddings"]))
         self._patch(v.unified, "masked_scatter", self._wrap_scatter(v.unified.masked_scatter))
         self._patch(v.unified.Model, "get_audio_features", self._wrap_unified_audio(v.unified.Model.__dict__["get_audio_features"]))
+        self._patch(v.unified.Model, "get_video_features", self._wrap_unified_video(v.unified.Model.__dict__["get_video_features"]))
         self._patch(v.lang, "scaled_dot_product_attention", self._wrap_sdpa(v.lang.scaled_dot_product_attention))
         self._patch(v.lang, "geglu", self._wrap_geglu(v.lang.geglu))
         self._patch(nn, "gelu_approx", self._wrap_gelu(nn.gelu_approx))
@@ -393,8 +434,8 @@ class MMRecorder(cap.Recorder):
             has_aud = (kwargs.get("input_features") is not None or kwargs.get("audio_features") is not None) and \
                 (model.embed_audio if unified else model.audio_tower) is not None
             videos = kwargs.get("pixel_values_videos")
-            has_vid = videos is not None and not unified and tower is not None and getattr(model.config, "video_token_id", None) is not None
-            rec._video_pixels = videos if has_vid else None
+            has_vid = videos is not None and tower is not None and getattr(model.config, "video_token_id", None) is not None
+            rec._video_pixels = videos if has_vid and not unified else None
             rec.begin("embed/", "embed", 0, input_ids, int(input_ids.shape[1]), int(input_ids.shape[0]), None,
                       {"image": has_img, "audio": has_aud, "image_list": isinstance(pixel_values, list), "unified": unified,
                        "video": has_vid})
@@ -497,7 +538,8 @@ class MMRecorder(cap.Recorder):
             self.record("vision_embedder/pixel_values", x)
             self.record("vision_embedder/image_position_ids", args[1] if len(args) > 1 else kwargs["image_position_ids"])
             out = orig(mod, *args, **kwargs)
-            self._last_media = "image"
+            # (get_video_features runs the same embedder on the frames: _wrap_unified_video)
+            self._last_media = "video" if self._unified_video else "image"
             return out
         if isinstance(mod, v.vision.VisionPatchEmbedder):
             # (video frames come through embed_patches instead: _wrap_embed_patches)
@@ -576,6 +618,17 @@ class MMRecorder(cap.Recorder):
             out = orig(obj, pixel_values, patch_positions, padding_positions)
             self.record("vision_tower/patch_embedder", out)
             return out
+        return wrapper
+
+    def _wrap_unified_video(self, orig: Callable) -> Callable:
+        def wrapper(model, *args, **kwargs):
+            # gemma4_unified: the frames' model patches through the image path (get_image_features);
+            # the embedder's taps keep their names, the merge is video_features / merge/video
+            self._unified_video = True
+            try:
+                return orig(model, *args, **kwargs)
+            finally:
+                self._unified_video = False
         return wrapper
 
     def _wrap_unified_audio(self, orig: Callable) -> Callable:

@@ -111,12 +111,12 @@ def media_conditions(text: Any, vision: Any, audio: Any, *, image: bool, with_au
     `unified`: a gemma4_unified model, whose images go through its encoder-free VisionEmbedder
     (condition "unified" instead of "image"). `video`: video frames through the vision tower, as
     one batch (condition "video"; not with images in the same call: the tower would run twice)."""
-    if video and (image or unified):
-        raise ValueError("the tap scheme covers an embed call with images or videos, not both (or a gemma4_unified video)")
+    if video and image:
+        raise ValueError("the tap scheme covers an embed call with images or videos, not both")
     conds: set[str] = set()
     if _get(text, "hidden_size_per_layer_input", 0):
         conds.add("ple")
-    if image and unified:
+    if (image or video) and unified:
         conds.add("unified")
     elif image or video:
         conds.add("video" if video else "image")
@@ -159,4 +159,9 @@ def expand_media(text: Any, vision: Any, audio: Any, *, image: bool, with_audio:
         if all(c in conds for c in e["when"]):
             out.append(e["name"])
         idx += 1
+    if video and unified:
+        # a gemma4_unified video: get_video_features runs the image path (the "unified" entries,
+        # under their names); only its merge is the video one (taps.json's video_features and
+        # merge/video names, at the unified merge's place)
+        out = [{"image_features": "video_features", "merge/image": "merge/video"}.get(n, n) for n in out]
     return out

@@ -71,7 +71,41 @@ def unified_processor_config(model_dir: str) -> dict:
     }
 
 
-FUNCTIONS = {f.__name__: f for f in (unified_image, unified_audio, unified_processor_config)}
+def unified_video(frames: np.ndarray, fps: float | None = None, config: dict | None = None,
+                  frames_2: np.ndarray | None = None, fps_2: float | None = None) -> dict:
+    """Gemma4UnifiedVideoProcessor(**config)(videos, fps=[...]) on uint8 (T, C, H, W) frames (one
+    video, or two), as Gemma4Processor.__call__ calls it."""
+    from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedVideoProcessor
+
+    videos, rates = [frames], [fps]
+    if frames_2 is not None:
+        videos.append(frames_2)
+        rates.append(fps_2)
+    out = Gemma4UnifiedVideoProcessor(**(config or {}))(videos, fps=None if all(r is None for r in rates) else rates)
+    return {"pixel_values_videos": np.ascontiguousarray(out["pixel_values_videos"], dtype=np.float32),
+            "video_position_ids": np.ascontiguousarray(out["video_position_ids"], dtype=np.int64),
+            "num_frames_per_video": [int(n) for n in out["num_frames_per_video"]],
+            "num_soft_tokens_per_frame": [int(n) for n in out["num_soft_tokens_per_frame"]],
+            "frame_timestamps": [[float(t) for t in ts] for ts in out["frame_timestamps"]]}
+
+
+def unified_video_processor_config(model_dir: str) -> dict:
+    """The Gemma4UnifiedVideoProcessor that Gemma4UnifiedProcessor.from_pretrained(model_dir)
+    builds (its "video_processor" block, else the image block's keys), as its attributes."""
+    import capture_mm
+
+    vp = capture_mm.unified_file_processor(model_dir)["video_processor"]
+    # mean / std as normalize broadcasts them over the 3 channels
+    return {k: ([float(x) for x in np.broadcast_to(np.asarray(v, np.float64), (3,))] if isinstance(v, (list, tuple)) else v) for k, v in (
+        ("patch_size", int(vp.patch_size)), ("max_soft_tokens", int(vp.max_soft_tokens)),
+        ("pooling_kernel_size", int(vp.pooling_kernel_size)), ("num_frames", int(vp.num_frames)),
+        ("do_resize", bool(vp.do_resize)), ("do_rescale", bool(vp.do_rescale)), ("rescale_factor", float(vp.rescale_factor)),
+        ("do_normalize", bool(vp.do_normalize)), ("image_mean", vp.image_mean), ("image_std", vp.image_std),
+        ("default_fps", float(vp.default_fps)), ("model_patch_size", int(vp.model_patch_size)), ("mm_posemb_size", vp.mm_posemb_size))}
+
+
+FUNCTIONS = {f.__name__: f for f in (unified_image, unified_audio, unified_processor_config, unified_video,
+                                     unified_video_processor_config)}
 
 
 _models: dict = {}

@@ -44,14 +44,23 @@ def _model(model_dir: str):
 
 
 def video_load(path: str, fps: float | None = None, nframes: int | None = None, min_frames: int | None = None,
-               max_frames: int | None = None, processor_config: dict | None = None) -> dict:
-    """What prepare_inputs hands a Gemma 4 processor for one video file: the frames and fps."""
+               max_frames: int | None = None, processor_config: dict | None = None, owner: Any = None,
+               unified: bool = False) -> dict:
+    """What prepare_inputs hands a Gemma 4 processor for one video file: the frames and fps.
+    The sampling defaults come from `owner` (a video processor object) when given, else from a
+    Gemma4VideoProcessor (Gemma4UnifiedVideoProcessor when `unified`) built from processor_config."""
     from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4VideoProcessor
     from mlx_vlm.utils import load_video, resolve_video_sampling
 
     overrides = {k: v for k, v in (("fps", fps), ("nframes", nframes), ("min_frames", min_frames),
                                    ("max_frames", max_frames)) if v is not None}
-    owner = SimpleNamespace(video_processor=Gemma4VideoProcessor(**(processor_config or {})))
+    if owner is None:
+        if unified:
+            from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedVideoProcessor as cls
+        else:
+            cls = Gemma4VideoProcessor
+        owner = cls(**(processor_config or {}))
+    owner = SimpleNamespace(video_processor=owner)
     sampling = resolve_video_sampling(owner, overrides)
     arr, meta = load_video(str(path), sampling)
     return {"frames": np.ascontiguousarray(arr), "frames_indices": [int(i) for i in meta.frames_indices],
