@@ -4,7 +4,7 @@
 // Writes report/parity.json, report/parity.md and report/parity.html. Exit status: 0 within
 // budget (PASS, or PASS with known MLX bugs without --strict), 1 on divergence beyond the --ulp /
 // --atol budget (default: bit-exact), 2 on bad usage or input, 3 when the oracle itself fails.
-import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { basename, join, resolve } from "node:path";
 import * as mx from "@mlx-bun/mlx";
 import { OracleClient, OracleError, REPO_ROOT } from "../oracle/client.ts";
@@ -18,7 +18,7 @@ import { applyDeviceFlag, DEVICE_FLAG, type DeviceInfo } from "./device.ts";
 import { type Budget, type Capture, captureOracle, runParity, type RunSpec } from "./engine.ts";
 import { checkMediaCheckpoint, checkpointTowers, MEDIA_FLAGS, type MediaRequest, mediaRequest, prepareMedia, VIDEO_FLAGS, wantsMedia } from "./media.ts";
 import { videoParity, videoParityPreflight } from "./video_parity.ts";
-import { checkUnifiedCheckpoint, isUnifiedCheckpoint, type UnifiedMediaPlan, unifiedMediaPlan, unifiedScenarioOf } from "./unified_face.ts";
+import { checkUnifiedCheckpoint, isUnifiedCheckpoint, type UnifiedMediaPlan, unifiedMediaPlan, unifiedScenarioOf, useOpenCvFrames } from "./unified_face.ts";
 import { disposeMediaInputs } from "../model/gemma4/gemma4.ts";
 import { modelConfigFromDict } from "../model/gemma4_unified/index.ts";
 import { inlineScenario, unifiedInputs, unifiedScenario } from "../oracle/unified_fixtures.ts";
@@ -295,7 +295,7 @@ async function compareTokenization(oracle: OracleClient, dir: string, prompt: st
 }
 
 /** A --model run's spec: a gemma4 media run keeps its request; a gemma4_unified one its prompt's ids before expansion. */
-type ModelSpec = RunSpec & { mediaRequest?: MediaRequest; unifiedTokenized?: UnifiedMediaPlan["tokenized"] };
+type ModelSpec = RunSpec & { mediaRequest?: MediaRequest; unifiedTokenized?: UnifiedMediaPlan["tokenized"]; unifiedPlan?: UnifiedMediaPlan };
 
 /** A --model run after its pre-flight: the prompt's tokenization against mlx-lm's, then the tap-by-tap run. */
 export async function modelRun(oracle: OracleClient, plan: { a: Parsed; spec: ModelSpec | null }): Promise<RunResult> {
@@ -304,7 +304,11 @@ export async function modelRun(oracle: OracleClient, plan: { a: Parsed; spec: Mo
   // a media prompt: its text tokens (before the placeholders are expanded), the media's
   // typed parts in the user message when --chat placed them
   const tok = spec.mediaRequest?.tokenized ?? spec.unifiedTokenized;
-  if (typeof a.prompt === "string") await compareTokenization(oracle, spec.oracleCheckpoint, a.prompt, a.chat === true, tok?.ids ?? spec.prompt, tok?.content);
+  // a gemma4_unified video: both sides from OpenCV's frames (the decoders differ by a few levels)
+  if (spec.unifiedPlan) await useOpenCvFrames(oracle, spec.unifiedPlan);
+  // (a unified --video prompt: the expanded text, as Gemma4Processor hands it to the tokenizer)
+  const text = spec.unifiedTokenized?.text ?? a.prompt;
+  if (typeof text === "string") await compareTokenization(oracle, spec.oracleCheckpoint, text, a.chat === true, tok?.ids ?? spec.prompt, tok?.content);
   return runOne(oracle, spec);
 }
 
@@ -362,10 +366,12 @@ async function unifiedSpec(dir: string, a: Parsed, variant: string, budget: Budg
   const prefill = Number(a["prefill-step-size"]);
   if (steps < 1) throw new UsageError("--steps must be at least 1");
   if (prefill < 1) throw new UsageError("--prefill-step-size must be at least 1");
+  // the tap scheme covers one vision pass per embed call (oracle/TAPS.md): images or videos
+  if (a.image !== undefined && a.video !== undefined) throw new UsageError("npm run parity takes --video with --audio, not with --image (the tap scheme covers an embed call with images or videos, not both; npm run generate takes both)");
   checkUnifiedCheckpoint(dir);
   const plan = await unifiedMediaPlan(dir, a);
   const scenario = unifiedScenarioOf(plan, prefill, steps);
-  return { tsDir: dir, oracleCheckpoint: dir, model: basename(dir), variant, prompt: [], prefillStepSize: prefill, steps, budget, media: { scenario, unified: () => plan }, unifiedTokenized: plan.tokenized };
+  return { tsDir: dir, oracleCheckpoint: dir, model: basename(dir), variant, prompt: [], prefillStepSize: prefill, steps, budget, media: { scenario, unified: () => plan }, unifiedTokenized: plan.tokenized, ...(plan.videos ? { unifiedPlan: plan } : {}) };
 }
 
 function writeReports(rep: ParityReport, out: string): string[] {
@@ -458,8 +464,9 @@ export async function parityPlan(argv: readonly string[]): Promise<ParityPlan | 
   if (kvBatch) return { a, dev, mode: () => kvBatch(), budget, spec: null };
   // --kv-bits: a KV-quantized --model run against mlx-vlm's generate_step (parity/kv_quant_flags.ts)
   if (a.video !== undefined || mode) kvQuantParityRun(a, null, null);
-  if (a.video !== undefined) {
+  if (a.video !== undefined && !(a.model !== undefined && existsSync(String(a.model)) && isUnifiedCheckpoint(resolve(String(a.model))))) {
     // video: block by block, then tap by tap against mlx-vlm (parity/video_parity.ts), files checked before the oracle starts
+    // (a gemma4_unified checkpoint's video is a --model media run: unifiedSpec)
     if (mode) throw new UsageError("--video does not take --mode");
     await videoParityPreflight(a);
     return { a, dev, mode: videoParity, budget, spec: null };
