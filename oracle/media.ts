@@ -11,7 +11,7 @@ export type MediaFn = "decode_image" | "image" | "pil_resize" | "target_sizes" |
   // the video path (oracle/python/video_media.py)
   | "video_load" | "video_process" | "video_expand" | "video_forward" | "video_generate" | "video_prepare" | "make_video_variant"
   // the gemma4_unified processor (oracle/python/unified_media.py)
-  | "unified_image" | "unified_audio" | "unified_processor_config" | "unified_embed" | "unified_video" | "unified_video_processor_config";
+  | "unified_image" | "unified_audio" | "unified_processor_config" | "unified_embed" | "unified_video" | "unified_video_processor_config" | "unified_prepare_video";
 
 function isRef(v: unknown): v is { npy: string; dtype: string; shape: number[] } {
   return typeof v === "object" && v !== null && typeof (v as { npy?: unknown }).npy === "string";

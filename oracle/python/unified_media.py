@@ -104,8 +104,30 @@ def unified_video_processor_config(model_dir: str) -> dict:
         ("default_fps", float(vp.default_fps)), ("model_patch_size", int(vp.model_patch_size)), ("mm_posemb_size", vp.mm_posemb_size))}
 
 
+def unified_prepare_video(model_dir: str, prompt: str, paths: list, fps: float | None = None, nframes: int | None = None,
+                          min_frames: int | None = None, max_frames: int | None = None) -> dict:
+    """mlx-vlm's own Gemma4UnifiedProcessor (from_pretrained(model_dir), the checkpoint's tokenizer)
+    on a text prompt and video files: each file through load_video with the sampling
+    prepare_inputs resolves (the caller's flags, then the processor's video_sampling_defaults),
+    then Gemma4Processor.__call__ (the <|video|> expansion, the tokenizer, mm_token_type_ids).
+    The expanded ids and token types, the model inputs' shapes."""
+    import video_media
+    from mlx_vlm.models.gemma4_unified import processing_gemma4_unified as pu
+
+    proc = pu.Gemma4UnifiedProcessor.from_pretrained(model_dir)
+    frames, rates = [], []
+    for p in paths:
+        got = video_media.video_load(p, fps=fps, nframes=nframes, min_frames=min_frames, max_frames=max_frames, owner=proc.video_processor)
+        frames.append(got["frames"])
+        rates.append(got["sampled_fps"])
+    out = proc(text=prompt, videos=frames, fps=rates)
+    return {"input_ids": [int(t) for t in np.array(out["input_ids"][0])],
+            "mm_token_type_ids": [int(t) for t in np.array(out["mm_token_type_ids"][0])],
+            "pixel_values_videos_shape": [int(d) for d in out["pixel_values_videos"].shape]}
+
+
 FUNCTIONS = {f.__name__: f for f in (unified_image, unified_audio, unified_processor_config, unified_video,
-                                     unified_video_processor_config)}
+                                     unified_video_processor_config, unified_prepare_video)}
 
 
 _models: dict = {}

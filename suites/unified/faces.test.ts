@@ -19,6 +19,8 @@ import { join } from "node:path";
 import { DEFAULT_PYTHON, REPO_ROOT, sharedOracle } from "../../oracle/client.ts";
 import { CKPT_ROOT } from "./run.ts";
 import { modelRun, parityPlan } from "../../parity/cli.ts";
+import { oracleMedia } from "../../oracle/media.ts";
+import { mmTokenTypes } from "../../model/runtime.ts";
 import { limit } from "../../tests/time_limit.ts";
 
 await (await sharedOracle()).request("make_checkpoints", { only: ["u1_dense/f32", "u2_e2b/f32"] }, limit(600_000));
@@ -103,8 +105,13 @@ describe("gemma4_unified faces", () => {
     expect({ code: v.code, prompt: /Prompt: 274 tokens/.test(v.out), out: v.code === 0 ? "" : v.out }).toEqual({ code: 0, prompt: true, out: "" });
   }, limit(120_000));
 
-  it("parity --video (in process, OpenCV's frames on both sides): every tap of generate_step byte-identical, the expanded text tokenized as mlx-lm does", async () => {
+  it("parity --video (in process, OpenCV's frames on both sides): the expanded ids and token types equal mlx-vlm's Gemma4UnifiedProcessor's; every tap of generate_step byte-identical, the expanded text tokenized as mlx-lm does", async () => {
     const plan = await parityPlan(["--model", CK, "--video", avi, "--prompt", "<|video|> describe this", "--steps", "2", "--video-num-frames", "2"]);
+    // the expansion: mlx-vlm's own Gemma4UnifiedProcessor (from_pretrained, its tokenizer) on the same file and flags gives the same ids, token type 2 on the video tokens
+    const theirs = (await oracleMedia(await sharedOracle(), "unified_prepare_video", { model_dir: CK, prompt: "<|video|> describe this", paths: [avi], nframes: 2 })) as { input_ids: number[]; mm_token_type_ids: number[] };
+    const ids = plan!.spec!.unifiedPlan!.ids;
+    expect({ ids, types: mmTokenTypes(ids, { image_token_id: 250, audio_token_id: 251, video_token_id: 249 }) }).toEqual({ ids: theirs.input_ids, types: theirs.mm_token_type_ids });
+    expect(theirs.mm_token_type_ids.filter((t) => t === 2).length).toBe(2 * 63);
     const r = await modelRun(await sharedOracle(), plan!);
     expect({ first: r.firstDivergence, exact: r.bitExact }).toEqual({ first: null, exact: r.tapsCompared });
     expect(r.tokens.ts).toEqual(r.tokens.oracle);
