@@ -104,12 +104,13 @@ describe("gemma4_unified processor vs mlx-vlm", () => {
     }
   }, 60_000);
 
-  it("Gemma4UnifiedProcessor.from_pretrained's configuration: nested block, flat file (ignored), none, sequence lengths", async () => {
+  it("Gemma4UnifiedProcessor.from_pretrained's configuration: nested block, flat file (ignored), none, sequence lengths, the video processor (its block, else the image block's keys)", async () => {
     const dirs = makeProcessorDirs(join(tmp.dir, "proc"), [
       { name: "none", config: null },
       { name: "nested", config: { image_processor: { image_processor_type: "Gemma4UnifiedImageProcessor", num_soft_tokens: 64, model_patch_size: 32, do_normalize: true, image_mean: [0.2], mm_posemb_size: 40 }, audio_seq_length: 300, audio_ms_per_token: 80, feature_extractor: { audio_samples_per_token: 320 } } },
       { name: "flat", config: { max_soft_tokens: 140, pooling_kernel_size: 2 }, flat: true },
       { name: "seq", config: { image_seq_length: 12, image_processor: { max_soft_tokens: 70, do_rescale: false } } },
+      { name: "video", config: { image_processor: { patch_size: 14 }, video_processor: { video_processor_type: "Gemma4UnifiedVideoProcessor", num_soft_tokens: 140, num_frames: 8, default_fps: 1.5, do_normalize: true, image_std: [0.3] } } },
     ]);
     for (const d of dirs) {
       const ours = loadUnifiedProcessorConfig(d.dir);
@@ -126,7 +127,16 @@ describe("gemma4_unified processor vs mlx-vlm", () => {
         audio_seq_length: ours.audio_seq_length,
         audio_ms_per_token: ours.audio_ms_per_token,
       }).toEqual({ name: d.name, ...theirs });
+      // the video processor: its own block, else the image block's geometry and pixel settings
+      const vp = ours.video_processor;
+      const theirsV = await oracleMedia(oracle, "unified_video_processor_config", { model_dir: d.dir });
+      expect({
+        name: d.name,
+        patch_size: vp.patch_size, max_soft_tokens: vp.max_soft_tokens, pooling_kernel_size: vp.pooling_kernel_size, num_frames: vp.num_frames, do_resize: vp.do_resize,
+        do_rescale: vp.do_rescale, rescale_factor: vp.rescale_factor, do_normalize: vp.do_normalize, image_mean: vp.image_mean, image_std: vp.image_std, default_fps: vp.default_fps,
+        model_patch_size: vp.model_patch_size, mm_posemb_size: vp.mm_posemb_size,
+      }).toEqual({ name: d.name, ...theirsV });
     }
-    expect(dirs.length).toBe(4);
+    expect(dirs.length).toBe(5);
   }, 60_000);
 });
