@@ -3,7 +3,7 @@
 # imports (the image processor, the tokenizers, mlx-audio's WAV reader), for an offline CUDA
 # machine, in parts that travel one per call beside the working tree like the bundle's.
 #
-#   bash bench/cuda/extras.sh            # here, after npm test set up .venv
+#   bash bench/cuda/extras.sh [PART_MB]  # here, after npm test set up .venv
 #   bash .gpu-extra/pK/unpack.sh         # there, after the bundle's last part, K = 1 … N in turn
 #
 # Versions are this machine's .venv's (the pins of requirements.txt and what they resolved to).
@@ -23,8 +23,8 @@ specs=()
 for p in "${PINNED[@]}" "${SUPPORT[@]}"; do specs+=("$p==$(version "$p")"); done
 specs+=("opencv-python-headless==$(version opencv-python)"); PINNED+=(opencv-python-headless)
 
-tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
-part_mb=$(( (64 * 1024 * 1024 - tree) / 1000000 - 3 ))
+tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1) || true # a tracked file deleted here is not sent
+part_mb=${1:-$(( (64 * 1024 * 1024 - tree) / 1000000 - 3 ))}
 (( part_mb >= 5 )) || { echo "the working tree ($((tree / 1000000)) MB) leaves no room for parts" >&2; exit 2; }
 
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
