@@ -9,9 +9,9 @@
 // config sets it to 249 (oracle video_media.make_video_variant). The prompt's timestamps are
 // stand-in ids (40 + frame); the expansion itself is gemma4's (suites/multimodal/video.test.ts).
 //
-// Default (a few seconds): the processor on the first video (4 frames, default settings), and
-// u1_dense/f32 with its first frame, 3 greedy steps: every tap byte-identical, the TS expansion of
-// the embed call equal to mlx-vlm's recorded names.
+// Default (about 1-2 s after the shared oracle is up): the processor on the first video (4 frames,
+// default settings); u1_dense/f32 with its first frame, 3 greedy steps: every tap byte-identical,
+// the TS expansion of the embed call equal to mlx-vlm's recorded names; the model's refusals.
 // UNIFIED_FULL=1: the processor on 3 videos × 5 settings; 4 checkpoints (u1_dense f32, bf16,
 // q4g64; u2_e2b f32) × 3 videos (every sampled frame), a chunked prefill on u2, a video + audio
 // prompt on u1 (chunked: audio present), the counts equal to the video table of RESULTS.md;
@@ -29,7 +29,9 @@ import { hostBytes, type HostArray } from "../../model/media/host.ts";
 import { computeAudioNumTokens } from "../../model/gemma4/processing_gemma4.ts";
 import { Gemma4UnifiedAudioFeatureExtractor, Gemma4UnifiedVideoProcessor, type UnifiedVideoMutation, type UnifiedVideoProcessorOutput, withUnifiedMutationAsync } from "../../model/gemma4_unified/index.ts";
 import { patternWave, UNIFIED_MEDIA } from "../../oracle/unified_fixtures.ts";
-import { openCvFrames, unifiedProcessFromOpenCv, unifiedVideoTapParity } from "../../parity/unified_video_taps.ts";
+import { openCvFrames, unifiedProcessFromOpenCv, unifiedVideoInputs, unifiedVideoTapParity } from "../../parity/unified_video_taps.ts";
+import { disposeUnifiedMedia, loadUnifiedModel } from "../../model/gemma4_unified/index.ts";
+import { MediaError } from "../../model/gemma4/gemma4.ts";
 import type { VideoTapFile } from "../../parity/video_taps.ts";
 import type { RunResult } from "../../parity/schema.ts";
 import { makeVideos, makeVideoVariants, tempDir, type VideoFile } from "../multimodal/media_fixtures.ts";
@@ -38,6 +40,8 @@ import { limit } from "../../tests/time_limit.ts";
 const FULL = process.env.UNIFIED_FULL === "1";
 const VIDEO_TOKEN = 249;
 const STEPS = 3;
+/** make_video.py's default videos, in order. */
+const VIDEO_NAMES = ["v1_4x3_10fps", "v2_tall_24fps", "v3_wide_5fps"] as const;
 const CHECKPOINTS = FULL ? ["u1_dense/f32", "u1_dense/bf16", "u1_dense/q4g64", "u2_e2b/f32"] : ["u1_dense/f32"];
 /** Where each mutation must first show, and on which checkpoint it runs. */
 const CAUGHT_AT: Record<UnifiedVideoMutation, { ckpt: string; tap: string }> = {
@@ -160,6 +164,29 @@ describe("gemma4_unified video vs mlx-vlm (same OpenCV frames)", () => {
     expect(want).toContain("embed/vision_embedder/image_position_ids");
   }, limit(120_000));
 
+  it("bad input: one MediaError each (video placeholders other than the frames' valid rows, positions missing or of another shape, video tokens without a video)", async () => {
+    const { model } = loadUnifiedModel(variants.get("u1_dense/f32")!);
+    const processed = await unifiedProcessFromOpenCv(oracle, [{ path: videos[0]!.path, frames: 1 }]);
+    const ids = promptIds(processed) as number[];
+    const media = unifiedVideoInputs(processed);
+    try {
+      const call = (xs: number[], md: Parameters<typeof model.call>[1]) => {
+        using x = mx.array(Int32Array.from(xs), [1, xs.length], "int32");
+        model.call(x, md).dispose();
+      };
+      call(ids, media); // the well-formed prompt runs
+      expect(() => call([...ids.slice(0, 4), VIDEO_TOKEN, ...ids.slice(4)], media)).toThrow(/64 video placeholder tokens .* 63 valid patch rows/);
+      expect(() => call(ids.filter((t, i) => t !== VIDEO_TOKEN || i !== 6), media)).toThrow(MediaError);
+      expect(() => call(ids, { pixel_values_videos: media.pixel_values_videos })).toThrow(/without video_position_ids/);
+      using wrong = mx.zeros([1, 8, 2], "int64");
+      expect(() => call(ids, { pixel_values_videos: media.pixel_values_videos, video_position_ids: wrong })).toThrow(/do not match pixel_values_videos/);
+      expect(() => call(ids, {})).toThrow(/no video input/);
+    } finally {
+      disposeUnifiedMedia(media);
+      model.dispose();
+    }
+  }, limit(60_000));
+
   if (FULL) {
     const settings: { label: string; config: Record<string, unknown>; files?: (v: VideoFile[]) => VideoTapFile[] }[] = [
       { label: "default", config: {} },
@@ -184,14 +211,15 @@ describe("gemma4_unified video vs mlx-vlm (same OpenCV frames)", () => {
     const table = resultsTable();
     const lines: string[] = [];
     const runs = [
-      ...CHECKPOINTS.flatMap((ckpt) => [0, 1, 2].map((k) => ({ ckpt, id: `uv_${videos[k]?.name ?? `v${k + 1}`}`, k, opts: {} as { audio?: boolean; prefill?: number } }))),
+      ...CHECKPOINTS.flatMap((ckpt) => VIDEO_NAMES.map((name, k) => ({ ckpt, id: `uv_${name}`, k, opts: {} as { audio?: boolean; prefill?: number } }))),
       { ckpt: "u2_e2b/f32", id: "uv_chunked_16", k: 0, opts: { prefill: 16 } },
       { ckpt: "u1_dense/f32", id: "uv_audio", k: 0, opts: { audio: true, prefill: 32 } },
     ];
     for (const x of runs) {
       it(`UNIFIED_FULL ${x.ckpt} ${x.id}: every tap byte-identical, counts as RESULTS.md`, async () => {
         const { r, prompt, frames } = await run(x.ckpt, [{ path: videos[x.k]!.path }], x.opts);
-        const id = x.id.startsWith("uv_v") ? `uv_${videos[x.k]!.name}` : x.id;
+        const id = x.id;
+        if (x.id.startsWith("uv_v")) expect(`uv_${videos[x.k]!.name}`).toBe(x.id);
         expectExact(`${x.ckpt} ${id}`, r);
         lines.push(`| ${x.ckpt} | ${id} | ${frames} | ${prompt.toLocaleString("en")} | ${r.tapsCompared.toLocaleString("en")} | ${r.bitExact.toLocaleString("en")} |`);
         expect({ pair: `${x.ckpt} ${id}`, frames, prompt, taps: r.tapsCompared }).toEqual({ pair: `${x.ckpt} ${id}`, ...table.get(`${x.ckpt} ${id}`) });
