@@ -267,7 +267,8 @@ def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None, u
     if scn.get("videos"):
         # video (the tap-level video capture): the prompt's ids come expanded (per frame its
         # timestamp ids, boi, video_token * n, eoi); each file decoded by mlx_vlm.utils.load_video
-        # (OpenCV), its first `frames` sampled frames through Gemma4VideoProcessor
+        # (OpenCV), its first `frames` sampled frames through Gemma4VideoProcessor (gemma4_unified:
+        # Gemma4UnifiedVideoProcessor, below)
         import video_media
 
         if config.get("video_token_id") is None:
@@ -294,15 +295,14 @@ def build_inputs(scn: dict, config: dict, model_dir: str | Path | None = None, u
             data = vp(frames_list, fps=rates)
             out_v = {"pixel_values_videos": mx.array(np.ascontiguousarray(data["pixel_values_videos"], np.float32)),
                      "video_position_ids": mx.array(np.ascontiguousarray(data["video_position_ids"], np.int64))}
-            scn = {**scn, "videos": []}
-        for vspec in scn["videos"]:
-            sampling = {k: vspec.get(k) for k in ("fps", "nframes", "min_frames", "max_frames")}
-            got = video_media.video_load(vspec["path"], processor_config=vspec.get("processor_config"), **sampling)
-            frames = got["frames"][: vspec.get("frames")]
-            proc = video_media.video_process(frames, got["sampled_fps"], processor_config=vspec.get("processor_config"))
-            pvs.append(proc["pixel_values_videos"][0])
-            poss.append(proc["video_position_ids"][0])
-        if not unified:
+        else:
+            for vspec in scn["videos"]:
+                sampling = {k: vspec.get(k) for k in ("fps", "nframes", "min_frames", "max_frames")}
+                got = video_media.video_load(vspec["path"], processor_config=vspec.get("processor_config"), **sampling)
+                frames = got["frames"][: vspec.get("frames")]
+                proc = video_media.video_process(frames, got["sampled_fps"], processor_config=vspec.get("processor_config"))
+                pvs.append(proc["pixel_values_videos"][0])
+                poss.append(proc["video_position_ids"][0])
             if len({p.shape for p in pvs}) != 1:
                 raise ValueError("video scenario: every video of a prompt needs the same frame count and size (one stacked batch)")
             out_v = {"pixel_values_videos": mx.array(np.stack(pvs)), "video_position_ids": mx.array(np.stack(poss))}
