@@ -142,6 +142,12 @@ export async function unifiedMediaPlan(dir: string, a: Parsed): Promise<UnifiedM
         throw e;
       }
     }
+    // as gemma4's face: more frames than the processor keeps is refused (mlx-vlm's _sample_frames
+    // subsamples them again and times the kept frames j / fps as if they were consecutive)
+    decoded.forEach((v, k) => {
+      if (v.frames.length > proc.config.num_frames)
+        throw new UsageError(`${videoPaths[k]}: ${v.frames.length} frames sampled, the processor keeps at most num_frames = ${proc.config.num_frames} (mlx-vlm would subsample them again and time the kept frames as if consecutive); sample at most ${proc.config.num_frames} frames`);
+    });
     const processed = usage(() => proc.call(decoded, decoded.map((v) => v.sampled_fps), videoPaths));
     video = { paths: videoPaths, sampling, config: vconfig, processed };
   }

@@ -47,6 +47,10 @@ for t in range(12):
     y, x = np.mgrid[0:48, 0:64]
     vw.write(np.clip(np.stack([128 + 100 * np.sin((x + 3 * t) / 7.0), 128 + 100 * np.cos((y - 2 * t) / 5.0), (x * 4.0 + 9 * t) % 256], -1) + rng.normal(0, 12, (48, 64, 3)), 0, 255).astype(np.uint8))
 vw.release()
+vw = cv2.VideoWriter(d + "/long.avi", cv2.VideoWriter_fourcc(*"MJPG"), 10.0, (32, 32))
+for t in range(40):
+    vw.write(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+vw.release()
 ck = d + "/ck"; os.mkdir(ck)
 cfg = json.load(open(src + "/config.json")); cfg["video_token_id"] = 249; json.dump(cfg, open(ck + "/config.json", "w"))
 os.symlink(os.path.realpath(src + "/model.safetensors"), ck + "/model.safetensors")
@@ -129,6 +133,7 @@ describe("gemma4_unified faces", () => {
       ["generate_cli.ts", ["--model", CK, "--video", badAvi, "--prompt", "describe"], /bad\.avi/],
       ["cli.ts", ["--model", CK, "--video", badAvi, "--prompt", "describe"], /bad\.avi/],
       ["generate_cli.ts", ["--model", CK, "--video", avi, "--prompt", "<|video|> and <|video|>"], /2 <\|video\|> placeholders but 1 video/],
+      ["generate_cli.ts", ["--model", CK, "--video", join(tmp, "long.avi"), "--prompt", "describe", "--video-max-frames", "40", "--fps", "10"], /40 frames sampled, the processor keeps at most num_frames = 32/],
       ["cli.ts", ["--model", CK, "--video", avi, "--image", png, "--prompt", "<|video|> <|image|>"], /not with --image/],
       ["generate_cli.ts", ["--model", U2, "--audio", wav, "--tokens", "2,audio,5"], /no embed_audio/],
       ["cli.ts", ["--model", U2, "--audio", wav, "--tokens", "2,audio,5"], /no embed_audio/],
@@ -140,6 +145,6 @@ describe("gemma4_unified faces", () => {
       expect(r.out.trim().split("\n").filter((l) => l.startsWith("error")).length).toBe(1);
       n++;
     }
-    expect(n).toBe(11);
+    expect(n).toBe(12);
   }, limit(180_000));
 });
