@@ -6,6 +6,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DEFAULT_PYTHON, type OracleClient, REPO_ROOT } from "../../oracle/client.ts";
 import { oracleMedia } from "../../oracle/media.ts";
+import { keepMlxBugNote } from "../../oracle/mlx_bugs.ts";
+import type { RunResult } from "../../parity/schema.ts";
+import { expect } from "vitest";
 
 export interface MediaItem {
   name: string;
@@ -68,4 +71,24 @@ export interface ProcessorSpec {
 /** Processor directories under `out` (tokenizer + config.json + each processor config). */
 export function makeProcessorDirs(out: string, specs: ProcessorSpec[]): { name: string; dir: string; vocab: Record<string, number> }[] {
   return makeMedia(out, "processors", ["--configs", JSON.stringify(specs)]);
+}
+
+/**
+ * A video tap run (parity/engine.ts runParity) checked: every tap byte-identical, the tokens equal,
+ * or, only on the backend where a recorded MLX bug lives, a first divergent tap that an op on the
+ * bug's path produced (oracle/mlx_bugs.ts mlxBugAtTap, as `npm run parity` attributes it): that run
+ * is counted apart in `atBugs`, its taps from there on unverified, never a pass. Returns whether
+ * the run was bit-exact.
+ */
+export function expectExactOrAtMlxBug(label: string, r: RunResult, o: { steps: number; minTaps: number; suite: string; atBugs: string[] }): boolean {
+  expect(r.tapsCompared, label).toBeGreaterThan(o.minTaps);
+  if (r.firstDivergence && r.mlxBug) {
+    expect(r.firstDivergence.tap, label).toBe(r.mlxBug.tap);
+    keepMlxBugNote(o.atBugs, o.suite, `${label}: first divergent tap ${r.mlxBug.tap} (MLX bug ${r.mlxBug.id}, ${r.mlxBug.reproducer}); ${r.tapsCompared - (r.unverifiedTaps ?? 0)} taps bit-exact before it, ${r.unverifiedTaps} unverified`);
+    return false;
+  }
+  expect({ label, first: r.firstDivergence?.tap ?? null, exact: r.bitExact }).toEqual({ label, first: null, exact: r.tapsCompared });
+  expect(r.tokens.ts, label).toEqual(r.tokens.oracle);
+  expect(r.tokens.ts.length, label).toBe(o.steps);
+  return true;
 }

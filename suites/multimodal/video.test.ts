@@ -55,6 +55,7 @@ import { mediaPlan } from "../../parity/media.ts";
 import { parseArgs } from "../../parity/args.ts";
 import { FLAGS as GENERATE_FLAGS } from "../../parity/generate_cli.ts";
 import { limit } from "../../tests/time_limit.ts";
+import { reachableMlxBug } from "../../oracle/mlx_bugs.ts";
 
 const FULL = process.env.VIDEO_FULL === "1";
 /** Measured max |d| between libjpeg-turbo's and OpenCV's (libavcodec + swscale) MJPEG frames over the 5 videos (README "Video"). */
@@ -238,6 +239,14 @@ describe("the model on video (same processor outputs on both sides)", () => {
           })) as Record<string, NpyRecord>;
           const got = tsForward(model, ids, types, p);
           for (const k of ["vision_tower", "video_features", "merged", "inputs_embeds", "per_layer_inputs", "logits"]) {
+            // the language model's prefill on a checkpoint whose layers take a recorded MLX bug's
+            // path on this backend (a GPU only): its logits are left out, said aloud; the tap runs
+            // (video_taps.test.ts) attribute the first divergent tap on the same checkpoint
+            const bug = k === "logits" ? reachableMlxBug(variants.get(c)!) : null;
+            if (bug) {
+              console.log(`[video] ${c} ${v.name}: logits not compared on ${mx.backend()}: the prefill takes the path of MLX bug ${bug.id} (${bug.reproducer})`);
+              continue;
+            }
             if (!(k in ref)) {
               expect(k === "per_layer_inputs" && !model.language_model.model.hidden_size_per_layer_input, `${c} ${v.name} ${k} missing`).toBe(true);
               continue;

@@ -30,7 +30,7 @@ import type { ProcessedVideo } from "../../model/gemma4/processing_gemma4_video.
 import { type VideoMutation, withMutationAsync } from "../../model/gemma4/mutations.ts";
 import { processFromOpenCv, type VideoTapFile, videoTapParity } from "../../parity/video_taps.ts";
 import type { RunResult } from "../../parity/schema.ts";
-import { makeVideos, makeVideoVariants, tempDir, type VideoFile } from "./media_fixtures.ts";
+import { expectExactOrAtMlxBug, makeVideos, makeVideoVariants, tempDir, type VideoFile } from "./media_fixtures.ts";
 import { limit } from "../../tests/time_limit.ts";
 
 const FULL = process.env.VIDEO_FULL === "1";
@@ -74,12 +74,9 @@ async function run(ckpt: string, files: VideoTapFile[]): Promise<{ r: RunResult;
   return { r, ids, frames: processed.reduce((n, p) => n + p.num_frames, 0) };
 }
 
-function expectExact(label: string, r: RunResult): void {
-  expect({ label, first: r.firstDivergence?.tap ?? null, exact: r.bitExact }).toEqual({ label, first: null, exact: r.tapsCompared });
-  expect(r.tapsCompared, label).toBeGreaterThan(500);
-  expect(r.tokens.ts, label).toEqual(r.tokens.oracle);
-  expect(r.tokens.ts.length, label).toBe(STEPS);
-}
+/** Runs counted apart at a recorded MLX bug (on a GPU backend only; oracle/mlx_bugs.ts). */
+const atBugs: string[] = [];
+const expectExact = (label: string, r: RunResult): boolean => expectExactOrAtMlxBug(label, r, { steps: STEPS, minTaps: 500, suite: "video taps", atBugs });
 
 /** The checked-in table of VIDEO.md: `| checkpoint | video | frames | prompt tokens | taps | bit-exact |`. */
 function resultsTable(): Map<string, { frames: number; prompt: number; taps: number }> {
@@ -129,7 +126,7 @@ describe("video tap by tap (TS vs mlx-vlm generate_step, same OpenCV frames)", (
       expect(caught).toBe(3);
     }, limit(300_000));
     it("VIDEO_FULL: all 14 runs (4 checkpoints x 3 videos, and 2 more videos on m2_e2b/f32)", () => {
-      console.log(`[video taps] rows:\n${lines.join("\n")}`);
+      console.log(`[video taps] rows:\n${lines.join("\n")}${atBugs.length ? `\n${atBugs.length} run(s) at recorded MLX bugs (named above), not counted as bit-exact` : ""}`);
       expect(lines.length).toBe(runs.length);
       expect(lines.length).toBe(14);
     });

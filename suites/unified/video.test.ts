@@ -34,7 +34,7 @@ import { disposeUnifiedMedia, loadUnifiedModel } from "../../model/gemma4_unifie
 import { MediaError } from "../../model/gemma4/gemma4.ts";
 import type { VideoTapFile } from "../../parity/video_taps.ts";
 import type { RunResult } from "../../parity/schema.ts";
-import { makeVideos, makeVideoVariants, tempDir, type VideoFile } from "../multimodal/media_fixtures.ts";
+import { expectExactOrAtMlxBug, makeVideos, makeVideoVariants, tempDir, type VideoFile } from "../multimodal/media_fixtures.ts";
 import { limit } from "../../tests/time_limit.ts";
 
 const FULL = process.env.UNIFIED_FULL === "1";
@@ -131,12 +131,9 @@ async function run(ckpt: string, files: VideoTapFile[], opts: { audio?: boolean;
   return { r, prompt: ids.length, frames: processed.num_frames_per_video.reduce((a, b) => a + b, 0) };
 }
 
-function expectExact(label: string, r: RunResult): void {
-  expect({ label, first: r.firstDivergence?.tap ?? null, exact: r.bitExact }).toEqual({ label, first: null, exact: r.tapsCompared });
-  expect(r.tapsCompared, label).toBeGreaterThan(100);
-  expect(r.tokens.ts, label).toEqual(r.tokens.oracle);
-  expect(r.tokens.ts.length, label).toBe(STEPS);
-}
+/** Runs counted apart at a recorded MLX bug (on a GPU backend only; oracle/mlx_bugs.ts). */
+const atBugs: string[] = [];
+const expectExact = (label: string, r: RunResult): boolean => expectExactOrAtMlxBug(label, r, { steps: STEPS, minTaps: 100, suite: "unified video", atBugs });
 
 /** The video table of RESULTS.md: `| checkpoint | video run | frames | prompt tokens | taps | bit-exact |`. */
 function resultsTable(): Map<string, { frames: number; prompt: number; taps: number }> {
@@ -235,7 +232,7 @@ describe("gemma4_unified video vs mlx-vlm (same OpenCV frames)", () => {
       expect(caught).toBe(2);
     }, limit(300_000));
     it(`UNIFIED_FULL: all ${runs.length} video runs`, () => {
-      console.log(`[unified video] rows:\n${lines.join("\n")}`);
+      console.log(`[unified video] rows:\n${lines.join("\n")}${atBugs.length ? `\n${atBugs.length} run(s) at recorded MLX bugs (named above), not counted as bit-exact` : ""}`);
       expect(lines.length).toBe(runs.length);
     });
   }
