@@ -19,7 +19,7 @@ import { disposeUnifiedMedia } from "../model/gemma4_unified/gemma4_unified.ts";
 import { hostBytes } from "../model/media/host.ts";
 import { runParity } from "./engine.ts";
 import type { RunResult } from "./schema.ts";
-import { framesHWC, type VideoTapFile } from "./video_taps.ts";
+import { framesHWC, type VideoTapFile, videoRunSpec } from "./video_taps.ts";
 
 /** OpenCV's sampled frames of each file (mlx-vlm's load_video, sampling defaults from the unified processor) and their sampled fps. */
 export async function openCvFrames(oracle: OracleClient, files: readonly VideoTapFile[], config: Record<string, unknown> = {}): Promise<{ videos: VideoFrames[]; rates: number[]; records: NpyRecord[] }> {
@@ -71,24 +71,9 @@ export interface UnifiedVideoTapRun {
 
 /** Every tap of generate_step on the unified video prompt, TS against mlx-vlm (runParity's verdict). */
 export async function unifiedVideoTapParity(oracle: OracleClient, r: UnifiedVideoTapRun): Promise<RunResult> {
-  const scenario = {
-    id: "unified-video-taps",
-    kind: "generate",
-    prompt: [...(r.items ?? r.ids)],
-    ...(r.mediaSpecs ? { media: r.mediaSpecs } : {}),
-    videos: r.files.map((f) => ({ path: f.path, ...(f.frames === undefined ? {} : { frames: f.frames }), ...(f.sampling ?? {}), ...(r.processorConfig ? { processor_config: r.processorConfig } : {}) })),
-    prefill_step_size: r.prefillStepSize,
-    max_tokens: r.steps,
-  };
+  const { scenario, spec } = videoRunSpec("unified-video-taps", r.items ?? r.ids, r, r.mediaSpecs ? { media: r.mediaSpecs } : {});
   return await runParity(oracle, {
-    tsDir: r.dir,
-    oracleCheckpoint: r.dir,
-    model: r.dir.split("/").pop() ?? r.dir,
-    variant: "video",
-    prompt: [],
-    prefillStepSize: r.prefillStepSize,
-    steps: r.steps,
-    budget: { ulp: 0, atol: 0 },
+    ...spec,
     media: {
       scenario,
       unified: () => {

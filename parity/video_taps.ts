@@ -13,7 +13,7 @@ import type { NpyRecord } from "../oracle/npy.ts";
 import * as mx from "@mlx-bun/mlx";
 import { Gemma4VideoProcessor, type ProcessedVideo, type VideoProcessorConfig } from "../model/gemma4/processing_gemma4_video.ts";
 import type { VideoSampling } from "../model/media/video.ts";
-import { runParity } from "./engine.ts";
+import { type RunSpec, runParity } from "./engine.ts";
 import type { RunResult } from "./schema.ts";
 
 /** One video of a tap-level run: the file, the sampling overrides, and how many sampled frames to keep (all when absent). */
@@ -60,6 +60,30 @@ export interface VideoTapRun {
   processorConfig?: Partial<VideoProcessorConfig>;
 }
 
+/**
+ * What a video tap run (gemma4's or gemma4_unified's) gives the oracle and runParity: the scenario
+ * (generate_step on `prompt`, the files as load_video samples them, the schedule; `extra` for
+ * other media) and the spec's fields, bit-exact bar.
+ */
+export function videoRunSpec(
+  id: string,
+  prompt: readonly (number | string)[],
+  r: { dir: string; files: readonly VideoTapFile[]; steps: number; prefillStepSize: number; processorConfig?: object },
+  extra: Record<string, unknown> = {},
+): { scenario: Record<string, unknown>; spec: Omit<RunSpec, "media"> } {
+  const scenario = {
+    id,
+    kind: "generate",
+    prompt: [...prompt],
+    ...extra,
+    videos: r.files.map((f) => ({ path: f.path, ...(f.frames === undefined ? {} : { frames: f.frames }), ...(f.sampling ?? {}), ...(r.processorConfig ? { processor_config: r.processorConfig } : {}) })),
+    prefill_step_size: r.prefillStepSize,
+    max_tokens: r.steps,
+  };
+  const spec = { tsDir: r.dir, oracleCheckpoint: r.dir, model: r.dir.split("/").pop() ?? r.dir, variant: "video", prompt: [], prefillStepSize: r.prefillStepSize, steps: r.steps, budget: { ulp: 0, atol: 0 } };
+  return { scenario, spec };
+}
+
 /** Every tap of generate_step on the video prompt, TS against mlx-vlm (runParity's verdict). */
 export async function videoTapParity(oracle: OracleClient, r: VideoTapRun): Promise<RunResult> {
   const shapes = new Set(r.processed.map((p) => JSON.stringify(p.pixel_values_videos.shape)));
@@ -73,24 +97,10 @@ export async function videoTapParity(oracle: OracleClient, r: VideoTapRun): Prom
   };
   const pv = mx.array(cat(r.processed.map((p) => p.pixel_values_videos.data), (n) => new Float32Array(n)), [r.processed.length, ...first.pixel_values_videos.shape.slice(1)], "float32");
   const pos = mx.array(cat(r.processed.map((p) => p.video_position_ids.data), (n) => new BigInt64Array(n)), [r.processed.length, ...first.video_position_ids.shape.slice(1)], "int64");
-  const scenario = {
-    id: "video-taps",
-    kind: "generate",
-    prompt: [...r.ids],
-    videos: r.files.map((f) => ({ path: f.path, ...(f.frames === undefined ? {} : { frames: f.frames }), ...(f.sampling ?? {}), ...(r.processorConfig ? { processor_config: r.processorConfig } : {}) })),
-    prefill_step_size: r.prefillStepSize,
-    max_tokens: r.steps,
-  };
+  const { scenario, spec } = videoRunSpec("video-taps", r.ids, r);
   try {
     return await runParity(oracle, {
-      tsDir: r.dir,
-      oracleCheckpoint: r.dir,
-      model: r.dir.split("/").pop() ?? r.dir,
-      variant: "video",
-      prompt: [],
-      prefillStepSize: r.prefillStepSize,
-      steps: r.steps,
-      budget: { ulp: 0, atol: 0 },
+      ...spec,
       media: { scenario, prepared: { ids: [...r.ids], media: { pixel_values_videos: pv, video_position_ids: pos } } },
     });
   } finally {
