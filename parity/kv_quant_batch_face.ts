@@ -11,13 +11,10 @@
 import * as mx from "@mlx-bun/mlx";
 import { existsSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { kvSharedBatchConflict, shouldQuantizeKvLayer } from "../model/cache/kv_quantize_batch.ts";
-import { codebookValues } from "../model/cache/turboquant.ts";
-import { modelArgsFromDict } from "../model/gemma4/config.ts";
 import { loadModel } from "../model/gemma4/index.ts";
-import { fromLegacy, KVQuantError, resolveKvBits, TURBOQUANT_SCHEME, turboquantEnabled, UNIFORM_SCHEME, validateUniformGroup } from "../model/kv_quant.ts";
 import { compareBatchGenerations, type BatchGenerationRecord, type KvQuantBatchCase, oracleBatchGenerations, portBatchGeneration } from "../oracle/kv_quant_batch.ts";
 import { type FlagSpec, type Parsed, UsageError } from "./args.ts";
+import { checkKvBatchFlags } from "./kv_quant_batch_generate.ts";
 
 export const KV_BATCH_FLAG: FlagSpec = {
   name: "kv-batch-tokens",
@@ -55,40 +52,13 @@ export function kvQuantBatchParityRun(a: Parsed): (() => Promise<boolean>) | nul
   const prefill = Number(a["prefill-step-size"]);
   if (!(steps >= 1)) throw new UsageError("--steps must be at least 1");
   if (!(prefill >= 1)) throw new UsageError("--prefill-step-size must be at least 1");
-  const scheme = String(a["kv-quant-scheme"] ?? UNIFORM_SCHEME);
-  if (scheme !== UNIFORM_SCHEME && scheme !== TURBOQUANT_SCHEME) throw new UsageError(`argument --kv-quant-scheme: invalid choice: '${scheme}' (choose from 'uniform', 'turboquant')`);
-  const start = Number(a["quantized-kv-start"]);
-  if (!Number.isSafeInteger(start) || start < 0) throw new UsageError("--quantized-kv-start must be a non-negative integer");
-  const bits = Number(a["kv-bits"]);
-  const groupSize = Number(a["kv-group-size"]);
-  try {
-    fromLegacy({ kvBits: bits, kvQuantScheme: scheme, kvGroupSize: groupSize });
-    const args = modelArgsFromDict(text);
-    const conflict = kvSharedBatchConflict(args.layer_types, args.num_kv_shared_layers);
-    if (conflict) throw new UsageError(`--kv-bits on the batch path of this model: KV-shared layer(s) ${conflict.readers.join(", ")} read layer ${conflict.donor}'s cache, which mlx-vlm's batch path quantizes; its attention then fails, so the port refuses`);
-    const nCaches = args.layer_types.length - args.num_kv_shared_layers;
-    const quantized = args.layer_types.slice(0, nCaches).some((t, i) => t === "full_attention" && shouldQuantizeKvLayer(i, nCaches));
-    const d = args.global_head_dim || args.head_dim;
-    if (quantized && turboquantEnabled(bits, scheme)) {
-      if ((d & (d - 1)) !== 0) throw new UsageError(`TurboQuant on head dim ${d} (not a power of two) needs mlx-vlm's numpy-QR rotation matrix, which this face does not take`);
-      const [, kb, vb] = resolveKvBits(bits);
-      codebookValues(d, kb);
-      codebookValues(d, vb);
-    } else if (quantized) {
-      validateUniformGroup(Math.trunc(bits), groupSize, d);
-    }
-  } catch (e) {
-    if (e instanceof KVQuantError) throw new UsageError(e.message);
-    throw e;
-  }
+  // the same checks as `npm run generate` with several prompts and --kv-bits (one error each)
+  const { kv } = checkKvBatchFlags(a, text);
   const k: KvQuantBatchCase = {
     checkpoint: dir,
     prompts,
     maxTokens: prompts.map(() => steps),
-    kvBits: bits,
-    kvQuantScheme: turboquantEnabled(bits, scheme) ? "turboquant" : "uniform",
-    kvGroupSize: groupSize,
-    quantizedKvStart: start,
+    ...kv,
     prefillStepSize: prefill,
   };
   return async () => {
@@ -101,7 +71,7 @@ export function kvQuantBatchParityRun(a: Parsed): (() => Promise<boolean>) | nul
       loaded.model.dispose();
     }
     const c = compareBatchGenerations(got, want!);
-    process.stdout.write(`KV quantization ${k.kvQuantScheme === "turboquant" ? "TurboQuant" : "uniform"} ${bits} bits, ${prompts.length} prompts through mlx-vlm's batch path: the port vs mlx-vlm's BatchGenerator, per next() call\n`);
+    process.stdout.write(`KV quantization ${k.kvQuantScheme === "turboquant" ? "TurboQuant" : "uniform"} ${k.kvBits} bits, ${prompts.length} prompts through mlx-vlm's batch path: the port vs mlx-vlm's BatchGenerator, per next() call\n`);
     for (const l of batchCallVerdicts(got, want!)) process.stdout.write(`${l}\n`);
     process.stdout.write(
       c.firstMismatch !== null

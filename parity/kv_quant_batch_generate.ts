@@ -52,7 +52,7 @@ export function checkKvBatchFlags(a: Parsed, text: Record<string, unknown>): { k
     const d = args.global_head_dim || args.head_dim;
     const turbo = turboquantEnabled(bits, scheme);
     if (quantizedCaches > 0 && turbo) {
-      if ((d & (d - 1)) !== 0) throw new UsageError(`TurboQuant on head dim ${d} (not a power of two) needs mlx-vlm's numpy-QR rotation matrix, which the generate face does not take`);
+      if ((d & (d - 1)) !== 0) throw new UsageError(`TurboQuant on head dim ${d} (not a power of two) needs mlx-vlm's numpy-QR rotation matrix, which the faces do not take`);
       const [, kb, vb] = resolveKvBits(bits);
       codebookValues(d, kb);
       codebookValues(d, vb);
